@@ -1,0 +1,40 @@
+"""pytest-robust: robustness requirements for PyTorch classifiers as ordinary pytest tests.
+
+Library use (no pytest needed)::
+
+    from pytest_robust import tsrm, UniformLinf
+    result = tsrm(model, (x, y), UniformLinf(eps=0.1), threshold=0.9)
+    print(result.message())
+
+Names are imported lazily so that loading the pytest plugin does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "tsrm": "pytest_robust.metrics.tsrm",
+    "Perturbation": "pytest_robust.perturbations",
+    "UniformLinf": "pytest_robust.perturbations",
+    "GaussianNoise": "pytest_robust.perturbations",
+    "CauchyNoise": "pytest_robust.perturbations",
+    "Result": "pytest_robust.results",
+    "RobustDataError": "pytest_robust.engine",
+    "RobustModelError": "pytest_robust.engine",
+    "RobustWarning": "pytest_robust.engine",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'pytest_robust' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,249 @@
+"""The evaluation engine shared by every check: data, devices, random streams, guarded forward passes.
+
+Guarantees (each one is tested):
+- randomness comes from generators derived from (seed, stream keys), never from the global RNG,
+  so a check's numbers depend on its seed and not on batch size or on what ran before it;
+- the model is evaluated in eval mode without gradients; its train/eval mode, requires_grad
+  flags and the global torch RNG state are restored afterwards, and in-place changes to its
+  parameters or buffers are detected;
+- a CUDA out-of-memory error halves the batch and retries the same samples (none lost, none repeated);
+- malformed logits (wrong shape, NaN/inf) and labels out of range raise a descriptive error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from . import validation
+
+class RobustDataError(ValueError):
+    """The data cannot be evaluated as given (empty, wrong shape or type, labels out of range)."""
+
+
+class RobustModelError(RuntimeError):
+    """The model cannot be evaluated as given (wrong device, bad logits, modifies itself)."""
+
+
+class RobustWarning(UserWarning):
+    """Something the user should know about how a check was evaluated."""
+
+
+def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.device:
+    """``auto`` -> CUDA when available else CPU; ``None`` -> the model's device; else as given.
+
+    Asking for CUDA where none exists is an error, never a silent fallback.
+    """
+    if spec is None:
+        param = next(iter(model.parameters()), None) if model is not None else None
+        return param.device if param is not None else torch.device("cpu")
+    spec = validation.device("device", spec)
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {spec!r} requested but torch sees no CUDA device on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {spec!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device 'mps' requested but MPS is not available on this machine")
+    return device
+
+
+def stream_generator(seed: int, *keys, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded from (seed, *keys) by a stable hash: one independent stream per key tuple."""
+    digest = hashlib.blake2b(repr((int(seed),) + keys).encode(), digest_size=8).digest()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+    return gen
+
+
+@dataclass
+class TensorData:
+    """Inputs and integer labels held as two tensors, x of shape (n, ...) and y of shape (n,)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def load_data(data) -> TensorData:
+    """Materialise an (x, y) pair, a torch Dataset of (x, y) items, or a DataLoader into tensors."""
+    if isinstance(data, TensorData):
+        return data
+    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list)):
+        x, y = data
+    elif isinstance(data, torch.utils.data.DataLoader) or isinstance(data, torch.utils.data.Dataset):
+        loader = data
+        if not isinstance(data, torch.utils.data.DataLoader):
+            loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False)
+        xs, ys = [], []
+        for batch in loader:
+            if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+                raise RobustDataError(
+                    f"each data item must be an (input, label) pair, got {type(batch).__name__}"
+                )
+            xs.append(torch.as_tensor(batch[0]))
+            ys.append(torch.as_tensor(batch[1]))
+        if not xs:
+            raise RobustDataError("the data is empty: the dataset or loader yielded no items")
+        x, y = torch.cat(xs), torch.cat(ys)
+    else:
+        raise RobustDataError(
+            "data must be an (x, y) tensor pair, a torch Dataset of (input, label) items or a "
+            f"DataLoader, got {type(data).__name__}"
+        )
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    if len(x) == 0:
+        raise RobustDataError("the data is empty: x has no rows")
+    if y.ndim != 1 or len(y) != len(x):
+        raise RobustDataError(
+            f"labels must have shape (n,) with n = len(x) = {len(x)}, got {tuple(y.shape)}"
+        )
+    if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
+        raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}")
+    if not x.dtype.is_floating_point:
+        raise RobustDataError(
+            f"inputs must be floating point (got {x.dtype}): convert images with "
+            "torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
+        )
+    if (y < 0).any():
+        raise RobustDataError(f"labels must be >= 0, got minimum {int(y.min())}")
+    return TensorData(x, y.long())
+
+
+def _check_model_device(model: torch.nn.Module, device: torch.device) -> None:
+    param = next(iter(model.parameters()), None)
+    if param is None:
+        return
+    here = param.device
+    same = here.type == device.type and (
+        device.index is None or here.index is None or here.index == device.index
+    )
+    if not same:
+        raise RobustModelError(
+            f"the model's parameters are on {here} but the check runs on {device}: move the model "
+            f"there (model.to(robust_device) in your fixture) or choose --robust-device {here}"
+        )
+
+
+@contextlib.contextmanager
+def guarded(model: torch.nn.Module, device: torch.device):
+    """Evaluate ``model`` in eval mode without gradients, restoring its state and the global RNG.
+
+    Yields a dict with ``model_was_training``. Raises RobustModelError if the forward passes
+    modified parameters or buffers in place.
+    """
+    _check_model_device(model, device)
+    modes = [(m, m.training) for m in model.modules()]
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    versions = [t._version for _, t in tensors]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    info = {"model_was_training": any(m.training for m in model.modules())}
+    if info["model_was_training"]:
+        warnings.warn(
+            "the model was in training mode; pytest-robust evaluates it in eval mode (dropout off, "
+            "batch-norm running statistics) and restores training mode afterwards",
+            RobustWarning,
+            stacklevel=3,
+        )
+    model.eval()
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield info
+    finally:
+        for m, mode in modes:
+            m.training = mode
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    changed = [name for (name, t), v in zip(tensors, versions) if t._version != v]
+    if changed:
+        raise RobustModelError(
+            f"the model modified {', '.join(changed[:5])} in place during evaluation; a robustness "
+            "check needs a model whose forward pass leaves its parameters and buffers unchanged"
+        )
+
+
+def _is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+@dataclass
+class Forward:
+    """Batched, validated forward passes with OOM back-off. Counts every input it evaluates."""
+
+    model: torch.nn.Module
+    batch_size: int
+    n_classes: int | None = None
+    passes: int = 0
+    halvings: int = field(default=0)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for every row of x, computed in chunks of at most ``batch_size`` rows."""
+        out, start = [], 0
+        while start < len(x):
+            chunk = x[start : start + self.batch_size]
+            try:
+                with torch.inference_mode():
+                    z = self.model(chunk)
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                if not _is_oom(err):
+                    raise
+                if self.batch_size == 1:
+                    raise RobustModelError(
+                        "out of memory even with batch size 1: use a smaller model or another device"
+                    ) from err
+                self.batch_size = max(1, self.batch_size // 2)
+                self.halvings += 1
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            out.append(self._validated(z, len(chunk)))
+            self.passes += len(chunk)
+            start += len(chunk)
+        return torch.cat(out)
+
+    def _validated(self, z, n: int) -> torch.Tensor:
+        if not isinstance(z, torch.Tensor):
+            raise RobustModelError(f"the model must return a logits tensor, got {type(z).__name__}")
+        if z.ndim != 2 or z.shape[0] != n or z.shape[1] < 2:
+            raise RobustModelError(
+                f"the model must return logits of shape (batch, classes) with at least 2 classes; "
+                f"for a batch of {n} it returned shape {tuple(z.shape)}"
+            )
+        if self.n_classes is None:
+            self.n_classes = z.shape[1]
+        elif z.shape[1] != self.n_classes:
+            raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
+        if not torch.isfinite(z).all():
+            raise RobustModelError(
+                "the model returned NaN or infinite logits; check the model on perturbed inputs "
+                "(e.g. inputs outside its training range) and its numerical stability"
+            )
+        return z
+
+
+def correct_predictions(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Boolean per row: the true class has the strictly largest logit (a tie is an error)."""
+    if int(y.max()) >= logits.shape[1]:
+        raise RobustDataError(
+            f"label {int(y.max())} is out of range for a model with {logits.shape[1]} classes"
+        )
+    true = logits.gather(1, y[:, None]).squeeze(1)
+    others = logits.scatter(1, y[:, None], float("-inf")).amax(dim=1)
+    return true > others

@@ -1,0 +1,1 @@
+"""The robustness metrics; each module exposes one function returning a ``Result``."""

@@ -1,0 +1,115 @@
+"""Total statistical robustness metric (TSRM; Wang, Webb & Rainforth, eq. 5), in its accuracy form.
+
+    TSRM(f) = P_{(X, Y) ~ data, X' ~ p(. | X)} ( argmax f(X') = Y )     (a tie counts as an error)
+
+with the data distribution taken to be the uniform distribution over the given inputs. Each draw
+picks an input uniformly at random (with replacement) and one fresh perturbation of it, so the
+correct/incorrect outcomes form an i.i.d. Bernoulli(TSRM) stream. The gate "TSRM >= threshold" is
+the anytime-valid betting test of ``stats.SequentialGate`` at level alpha = 1 - confidence: it
+stops as soon as pass or fail is proven and returns "inconclusive" when the draw budget runs out.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..engine import Forward, correct_predictions, guarded, load_data, resolve_device, stream_generator
+from ..perturbations import as_perturbation
+from ..results import Result
+from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
+from ..validation import check_run_args
+
+#: Draws generated from one random stream; a fixed size, so results do not depend on batch size.
+BLOCK = 256
+
+
+def _block(ds, perturbation, seed: int, index: int, device: torch.device):
+    """Block ``index`` of the draw stream: input indices and their perturbed inputs."""
+    idx = torch.randint(len(ds), (BLOCK,), generator=stream_generator(seed, "tsrm-index", index))
+    x = ds.x[idx.to(ds.x.device)].to(device)
+    x = perturbation(x, stream_generator(seed, "tsrm-noise", index, device=device))
+    return idx, x
+
+
+def tsrm(
+    model: torch.nn.Module,
+    data,
+    perturbation,
+    threshold: float | None = None,
+    *,
+    confidence: float = 0.95,
+    budget: int = 100_000,
+    seed: int = 0,
+    batch_size: int = 1024,
+    device=None,
+) -> Result:
+    """Estimate the TSRM accuracy of ``model`` on ``data`` under ``perturbation`` and gate it.
+
+    With ``threshold`` set, draws continue until the sequential test proves TSRM >= threshold
+    ("pass") or TSRM < threshold ("fail"), each with error probability <= 1 - confidence, or
+    until ``budget`` draws ("inconclusive"). Without a threshold exactly ``budget`` draws are made.
+    ``lower``/``upper`` of the result form an anytime-valid confidence sequence at that level;
+    ``details`` adds the fixed-sample Clopper–Pearson bounds and bookkeeping.
+    """
+    check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
+    perturbation = as_perturbation(perturbation)
+    ds = load_data(data)
+    device = resolve_device(device, model)
+    alpha = 1.0 - confidence
+    started = time.perf_counter()
+    gate = SequentialGate(threshold, alpha) if threshold is not None else None
+    outcomes, indices = [], []
+    drawn = 0
+    with guarded(model, device) as info:
+        forward = Forward(model, batch_size)
+        block = 0
+        while drawn < budget and (gate is None or gate.decision is None):
+            per_step = -(-forward.batch_size // BLOCK)  # enough blocks to fill one batch
+            blocks = [_block(ds, perturbation, seed, block + i, device) for i in range(per_step)]
+            block += len(blocks)
+            idx = torch.cat([b[0] for b in blocks])[: budget - drawn]
+            x = torch.cat([b[1] for b in blocks])[: budget - drawn]
+            y = ds.y[idx.to(ds.y.device)].to(device)
+            hits = correct_predictions(forward.logits(x), y).cpu().numpy()
+            outcomes.append(hits)
+            indices.append(idx.numpy())
+            drawn += len(hits)
+            if gate is not None:
+                gate.update(hits)
+    used = gate.decision.at if gate is not None and gate.decision is not None else drawn
+    stream = np.concatenate(outcomes)[:used]
+    seen = np.concatenate(indices)[:used]
+    correct = int(stream.sum())
+    lower, upper = confidence_sequence(stream, alpha)
+    verdict = "estimate" if gate is None else (gate.decision.verdict if gate.decision else "inconclusive")
+    return Result(
+        metric="tsrm",
+        estimate=correct / used,
+        lower=lower,
+        upper=upper,
+        threshold=threshold,
+        confidence=confidence,
+        verdict=verdict,
+        n_inputs=len(ds),
+        draws=used,
+        forward_passes=forward.passes,
+        seconds=time.perf_counter() - started,
+        device=str(device),
+        seed=seed,
+        perturbation=repr(perturbation),
+        budget=budget,
+        details={
+            "correct": correct,
+            "cp_lower": clopper_pearson_lower(correct, used, alpha),
+            "cp_upper": clopper_pearson_upper(correct, used, alpha),
+            "cp_note": "Clopper-Pearson bounds are valid for a fixed number of draws only",
+            "test": f"anytime-valid betting test (Waudby-Smith & Ramdas 2024), one-sided, alpha={alpha:g}",
+            "inputs_seen": int(len(np.unique(seen))),
+            "batch_size": forward.batch_size,
+            "oom_halvings": forward.halvings,
+            "model_was_training": info["model_was_training"],
+        },
+    )

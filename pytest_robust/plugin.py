@@ -1,0 +1,170 @@
+"""pytest hooks of pytest-robust: options, marker, fixtures, report header and terminal summary.
+
+Only glue lives here; the statistics and evaluation live in the library core. Importing this
+module does not import torch (pytest loads it on every run): torch is imported when a check runs
+or when a CUDA device is requested.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from . import checks
+from .fixture import RobustFixture
+from .report.terminal import summary_lines
+from .settings import KEYS, Settings, read_yaml, resolve
+from .validation import SettingError
+
+SETTINGS = pytest.StashKey[Settings]()
+SPECS = pytest.StashKey[list]()
+ITEM_RESULTS = pytest.StashKey[list]()
+
+MARKER_DOC = (
+    "robust(<metric>=<threshold>, **params): a robustness requirement checked after the test body. "
+    "tsrm=0.9, perturbation=UniformLinf(eps=0.1): accuracy under random corruption is at least 0.9 "
+    "at the configured confidence. Per-check settings: "
+    + ", ".join(f"{k.name}=" for k in KEYS)
+    + " (model=/data= name the fixtures to use)."
+)
+
+
+def _flag(name: str) -> str:
+    return "--robust-" + name.replace("_", "-")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("robust", "robustness checks (pytest-robust)")
+    for key in KEYS:
+        group.addoption(
+            _flag(key.name),
+            dest=f"robust_{key.name}",
+            default=None,
+            help=f"{key.help} (default: {key.default}; ini: robust_{key.name}).",
+        )
+        parser.addini(f"robust_{key.name}", f"{key.help} (default: {key.default}).", default="")
+    group.addoption(
+        "--robust-config",
+        dest="robust_config",
+        default=None,
+        metavar="YAML",
+        help="YAML file of robust settings (keys: " + ", ".join(k.name for k in KEYS) + "); "
+        "precedence: marker > command line > YAML > ini > defaults (ini: robust_config).",
+    )
+    parser.addini("robust_config", "YAML file of robust settings, relative to the ini file.", default="")
+
+
+def _yaml_layer(config: pytest.Config) -> tuple[dict, str]:
+    path = config.getoption("robust_config")
+    if not path and config.getini("robust_config"):
+        base = config.inipath.parent if config.inipath else config.rootpath
+        path = str(base / config.getini("robust_config"))
+    if not path:
+        return {}, "no YAML file"
+    return read_yaml(Path(path)), f"in {path}"
+
+
+def _check_device_exists(device: str) -> None:
+    if device in ("auto", "cpu"):
+        return
+    from .engine import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as err:
+        raise pytest.UsageError(
+            f"--robust-device / robust_device: {err}; use --robust-device cpu, or auto to use CUDA "
+            "only when present"
+        ) from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER_DOC)
+    try:
+        yaml_values, yaml_source = _yaml_layer(config)
+        settings = resolve(
+            ini={k.name: config.getini(f"robust_{k.name}") or None for k in KEYS},
+            yaml_values=yaml_values,
+            yaml_source=yaml_source,
+            cli={k.name: config.getoption(f"robust_{k.name}") for k in KEYS},
+        )
+    except SettingError as err:
+        raise pytest.UsageError(f"pytest-robust: {err}") from None
+    _check_device_exists(settings.device)
+    config.stash[SETTINGS] = settings
+    config.pluginmanager.register(ResultCollector(), "robust-results")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    s = config.stash[SETTINGS]
+    return (
+        f"robust: device={s.device}, seed={s.seed}, confidence={s.confidence:g}, "
+        f"batch_size={s.batch_size}, budget={s.budget} draws, inconclusive={s.inconclusive}"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        markers = list(item.iter_markers("robust"))
+        if not markers:
+            continue
+        try:
+            specs = [checks.parse_marker(m.args, m.kwargs) for m in reversed(markers)]
+        except checks.MarkerError as err:
+            raise pytest.UsageError(f"{item.nodeid}: {err}") from None
+        item.stash[SPECS] = specs
+        if "robust" not in getattr(item, "fixturenames", ["robust"]):
+            item.fixturenames.append("robust")
+
+
+@pytest.fixture
+def robust(request: pytest.FixtureRequest) -> RobustFixture:
+    """Programmatic checks: ``robust.tsrm(model, data, perturbation, threshold=...)`` returns a
+    Result recorded in the reports; ``robust.check()`` runs this test's robust markers now."""
+    item = request.node
+    item.stash.setdefault(ITEM_RESULTS, [])
+    return RobustFixture(request, request.config.stash[SETTINGS], item.stash.get(SPECS, []),
+                         item.stash[ITEM_RESULTS])
+
+
+@pytest.fixture(scope="session")
+def robust_device(request: pytest.FixtureRequest):
+    """The torch.device checks run on (from --robust-device); move your model there."""
+    from .engine import resolve_device
+
+    return resolve_device(request.config.stash[SETTINGS].device)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    result = yield
+    fixture = getattr(item, "funcargs", {}).get("robust")
+    if item.stash.get(SPECS, None) and fixture is not None and not fixture.checked:
+        fixture.check()
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if call.when == "call" and item.stash.get(ITEM_RESULTS, None):
+        report.robust_results = [dict(r, test_id=item.nodeid) for r in item.stash[ITEM_RESULTS]]
+    return report
+
+
+class ResultCollector:
+    """Gathers results from test reports (local or from xdist workers) and prints them once."""
+
+    def __init__(self) -> None:
+        self.results: list[dict] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.results.extend(getattr(report, "robust_results", None) or [])
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.results:
+            terminalreporter.section("robustness checks")
+            for line in summary_lines(self.results):
+                terminalreporter.write_line(line)

@@ -1,0 +1,1 @@
+"""Renderings of results for people and tools (terminal table; more formats build on ``Result``)."""

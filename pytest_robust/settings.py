@@ -1,0 +1,115 @@
+"""Settings: one table of keys, resolved once with precedence marker > command line > YAML > ini > default.
+
+Every key is spelled the same way everywhere: ``--robust-batch-size`` on the command line,
+``robust_batch_size`` in ini (``[tool.pytest.ini_options]``), ``batch_size:`` in the YAML file
+named by ``--robust-config`` / ``robust_config``, and ``batch_size=`` on a ``robust`` marker.
+Pure Python (no pytest, no torch): errors are ``SettingError`` naming the key, where it came from
+and what is accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from . import validation
+from .validation import SettingError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings of a session (or of one check, after its marker's overrides)."""
+
+    device: str = "auto"
+    seed: int = 0
+    confidence: float = 0.95
+    batch_size: int = 1024
+    budget: int = 100_000
+    inconclusive: str = "fail"
+    model: str = "robust_model"
+    data: str = "robust_data"
+
+    def replace(self, values: dict, source: str) -> "Settings":
+        """A copy with ``values`` (raw, validated here) applied; ``source`` names their origin."""
+        return Settings(**{**self.__dict__, **parse_layer(values, source)})
+
+
+@dataclass(frozen=True)
+class Key:
+    """A setting's name, validator and help text (its default is the ``Settings`` field's)."""
+
+    name: str
+    parse: object
+    help: str
+
+    @property
+    def default(self):
+        return getattr(Settings(), self.name)
+
+
+KEYS = (
+    Key("device", validation.device,
+        "device for robustness checks: auto (CUDA when present, else CPU), cpu, cuda, cuda:N, mps; "
+        "asking for cuda where none exists is a usage error"),
+    Key("seed", validation.non_negative_int,
+        "seed of every check's random streams (a rerun with the same seed repeats the numbers)"),
+    Key("confidence", validation.open_unit,
+        "confidence of each check's verdict and bounds; each check has error probability "
+        "<= 1 - confidence on its own"),
+    Key("batch_size", validation.positive_int,
+        "inputs per forward pass (halved automatically on CUDA out-of-memory)"),
+    Key("budget", validation.positive_int,
+        "cap on random draws per check; a check undecided at the cap is inconclusive"),
+    Key("inconclusive", validation.choice("fail", "skip"),
+        "what an inconclusive check does to its test: fail or skip"),
+    Key("model", validation.identifier, "name of the fixture that returns the model"),
+    Key("data", validation.identifier, "name of the fixture that returns the data"),
+)
+KEY_NAMES = tuple(k.name for k in KEYS)
+assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"
+
+
+def parse_layer(values: dict, source: str) -> dict:
+    """Validate one layer of raw values (None means unset); errors name the key and ``source``."""
+    by_name = {k.name: k for k in KEYS}
+    parsed = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name not in by_name:
+            raise SettingError(
+                f"{name} ({source})", value, "one of the keys " + ", ".join(KEY_NAMES)
+            )
+        try:
+            parsed[name] = by_name[name].parse(name, value)
+        except SettingError as err:
+            raise SettingError(f"{name} ({source})", value, err.accepted) from None
+    return parsed
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a settings YAML file: a mapping of keys from ``KEYS``."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise SettingError("config", str(path), f"a readable YAML file ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise SettingError("config", str(path), f"valid YAML ({err})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingError("config", str(path), "a YAML mapping of setting keys to values")
+    return data
+
+
+def resolve(*, ini: dict, yaml_values: dict, yaml_source: str, cli: dict) -> Settings:
+    """Session settings from defaults < ini < YAML < command line (markers apply per test)."""
+    return (
+        Settings()
+        .replace(ini, "ini option robust_<key>")
+        .replace(yaml_values, yaml_source)
+        .replace(cli, "command line --robust-<key>")
+    )

@@ -1,0 +1,226 @@
+"""Statistics for robustness gates: exact binomial bounds and anytime-valid sequential tests.
+
+Pure Python and NumPy; nothing here knows about torch or pytest.
+
+Clopper–Pearson (fixed sample size n, k successes, one-sided level alpha):
+    lower = BetaInv(alpha; k, n - k + 1)     (0 when k = 0; alpha**(1/n) when k = n)
+    upper = BetaInv(1 - alpha; k + 1, n - k) (1 when k = n)
+
+Betting test of H0: E[X] <= m for X_i in [0, 1] (Waudby-Smith & Ramdas, JRSS-B 2024):
+    K_t = prod_{i <= t} (1 + lambda_i (X_i - m)),   0 <= lambda_i <= c / m,
+with lambda_i a function of X_1..X_{i-1} only (a plug-in Kelly bet, see ``_advance``). Under H0,
+K_t is a non-negative supermartingale, so by Ville's inequality P(sup_t K_t >= 1/alpha) <= alpha:
+rejecting H0 the first time K_t >= 1/alpha has false-rejection probability <= alpha at *any*
+stopping time. Inverting the test over m gives a confidence sequence for the mean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Largest fraction of the admissible bet 1/m that is ever staked (keeps each factor >= 1 - BET_CAP).
+BET_CAP = 0.9
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction for the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 100_000):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            return h
+    raise ArithmeticError(f"incomplete beta continued fraction did not converge (a={a}, b={b}, x={x})")
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta function I_x(a, b) for a, b > 0 and x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def betaincinv(a: float, b: float, y: float) -> float:
+    """The x in [0, 1] with I_x(a, b) = y, by bisection (I_x is increasing in x)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if betainc(a, b, mid) < y:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """P(Bin(n, p) >= k), exactly, via I_p(k, n - k + 1)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    return betainc(k, n - k + 1, p)
+
+
+def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
+    """One-sided (1 - alpha) Clopper–Pearson lower bound on a binomial proportion."""
+    _check_counts(k, n, alpha)
+    if k == 0:
+        return 0.0
+    if k == n:
+        return alpha ** (1.0 / n)
+    return betaincinv(k, n - k + 1, alpha)
+
+
+def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:
+    """One-sided (1 - alpha) Clopper–Pearson upper bound on a binomial proportion."""
+    _check_counts(k, n, alpha)
+    return 1.0 - clopper_pearson_lower(n - k, n, alpha)
+
+
+def _check_counts(k: int, n: int, alpha: float) -> None:
+    if not (n >= 1 and 0 <= k <= n):
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+
+
+@dataclass
+class _Running:
+    """Sufficient statistics of a betting process: count, sum of observations, log capital."""
+
+    t: int = 0
+    total: float = 0.0
+    log_capital: float = 0.0
+
+
+def _advance(x: np.ndarray, m: float, state: _Running) -> np.ndarray:
+    """Log capital after each element of block x for H0: E[X] <= m; updates ``state`` in place.
+
+    The bet is the plug-in Kelly fraction for a Bernoulli mean, from past data only:
+    mu_{t-1} = (1/2 + sum_{i<t} x_i) / t,  lambda_t = clip((mu_{t-1} - m) / (m (1 - m)), 0, BET_CAP / m).
+    (For X in {0, 1} it maximises E log(1 + lambda (X - m)) at mean mu; the cap keeps every factor
+    1 + lambda (X - m) >= 1 - BET_CAP > 0 for any X in [0, 1].)
+    """
+    if len(x) == 0:
+        return np.empty(0)
+    seen_before = state.t + np.arange(len(x), dtype=np.float64)
+    sum_before = state.total + np.concatenate(([0.0], np.cumsum(x)[:-1]))
+    mu_before = (0.5 + sum_before) / (seen_before + 1.0)
+    lam = np.clip((mu_before - m) / (m * (1.0 - m)), 0.0, BET_CAP / m)
+    log_k = state.log_capital + np.cumsum(np.log1p(lam * (x - m)))
+    state.t += len(x)
+    state.total += float(np.sum(x))
+    state.log_capital = float(log_k[-1])
+    return log_k
+
+
+def rejects_at(x: np.ndarray, m: float, alpha: float) -> int | None:
+    """First index t (0-based) at which the betting test rejects H0: E[X] <= m, or None."""
+    if m <= 0.0:
+        return 0 if len(x) else None
+    if m >= 1.0:
+        return None
+    log_k = _advance(np.asarray(x, dtype=np.float64), m, _Running())
+    hits = np.flatnonzero(log_k >= math.log(1.0 / alpha))
+    return int(hits[0]) if len(hits) else None
+
+
+def confidence_sequence(x: np.ndarray, alpha: float, tol: float = 1e-6) -> tuple[float, float]:
+    """Anytime-valid (1 - alpha) one-sided lower and upper bounds on E[X] after observing x.
+
+    lower = sup{m : the betting test of E[X] <= m has rejected by now}, found by bisection (the
+    rejection region is an interval [0, lower)); upper is the mirror image on 1 - x.
+    """
+    x = np.asarray(x, dtype=np.float64)
+
+    def bound(data: np.ndarray) -> float:
+        if len(data) == 0 or rejects_at(data, tol, alpha) is None:
+            return 0.0
+        lo, hi = tol, 1.0
+        while hi - lo > tol:
+            mid = 0.5 * (lo + hi)
+            if rejects_at(data, mid, alpha) is not None:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    return bound(x), 1.0 - bound(1.0 - x)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Outcome of a sequential gate: ``verdict`` is "pass" or "fail"; ``at`` counts the draws used."""
+
+    verdict: str
+    at: int
+
+
+class SequentialGate:
+    """Anytime-valid one-sided test of "mean >= threshold" on a stream of values in [0, 1].
+
+    Two betting processes run side by side, each at level alpha:
+    pass when the test of H0: mean <= threshold rejects (false pass <= alpha whenever the true mean
+    is at most the threshold), fail when the mirror test of H0: mean >= threshold rejects (false
+    fail <= alpha whenever the true mean is at least the threshold). Feed blocks with ``update``;
+    once decided, further updates are ignored.
+    """
+
+    def __init__(self, threshold: float, alpha: float):
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must lie strictly between 0 and 1, got {threshold}")
+        self.threshold = threshold
+        self.alpha = alpha
+        self._log_level = math.log(1.0 / alpha)
+        self._pass_state = _Running()
+        self._fail_state = _Running()
+        self.seen = 0
+        self.decision: Decision | None = None
+
+    def update(self, x: np.ndarray) -> Decision | None:
+        """Consume a block of observations; return the decision once one is reached."""
+        if self.decision is not None:
+            return self.decision
+        x = np.asarray(x, dtype=np.float64)
+        log_pass = _advance(x, self.threshold, self._pass_state)
+        log_fail = _advance(1.0 - x, 1.0 - self.threshold, self._fail_state)
+        crossings = {
+            "pass": np.flatnonzero(log_pass >= self._log_level),
+            "fail": np.flatnonzero(log_fail >= self._log_level),
+        }
+        hits = [(int(v[0]), k) for k, v in crossings.items() if len(v)]
+        if hits:
+            at, verdict = min(hits)
+            self.decision = Decision(verdict, self.seen + at + 1)
+        self.seen += len(x)
+        return self.decision

@@ -1,0 +1,87 @@
+"""Validators for settings and check arguments; each names the problem and what is accepted.
+
+Pure Python: the library raises ``SettingError`` (a ValueError), the pytest layer turns it into a
+``pytest.UsageError`` that also names where the value came from.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class SettingError(ValueError):
+    """An invalid value for a named setting or argument."""
+
+    def __init__(self, key: str, value, accepted: str):
+        self.key, self.value, self.accepted = key, value, accepted
+        super().__init__(f"{key}={value!r} is invalid: expected {accepted}")
+
+
+def _number(key, value, kind, accepted):
+    if isinstance(value, bool):
+        raise SettingError(key, value, accepted)
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise SettingError(key, value, accepted) from None
+    if kind is int and isinstance(value, float) and value != number:
+        raise SettingError(key, value, accepted)
+    return number
+
+
+def positive_int(key: str, value) -> int:
+    number = _number(key, value, int, "an integer >= 1")
+    if number < 1:
+        raise SettingError(key, value, "an integer >= 1")
+    return number
+
+
+def non_negative_int(key: str, value) -> int:
+    number = _number(key, value, int, "an integer >= 0")
+    if number < 0:
+        raise SettingError(key, value, "an integer >= 0")
+    return number
+
+
+def open_unit(key: str, value) -> float:
+    """A probability strictly between 0 and 1 (confidence levels, thresholds)."""
+    accepted = "a number strictly between 0 and 1"
+    number = _number(key, value, float, accepted)
+    if not (math.isfinite(number) and 0.0 < number < 1.0):
+        raise SettingError(key, value, accepted)
+    return number
+
+
+def device(key: str, value) -> str:
+    text = str(value)
+    if not DEVICE_RE.match(text):
+        raise SettingError(key, value, "auto, cpu, cuda, cuda:N or mps")
+    return text
+
+
+def identifier(key: str, value) -> str:
+    if not (isinstance(value, str) and value.isidentifier()):
+        raise SettingError(key, value, "a fixture name (a Python identifier)")
+    return value
+
+
+def choice(*options: str):
+    def check(key: str, value) -> str:
+        if value not in options:
+            raise SettingError(key, value, " or ".join(options))
+        return value
+
+    return check
+
+
+def check_run_args(*, threshold, confidence, budget, seed: int, batch_size) -> None:
+    """Validate the common arguments of a metric function (raises SettingError)."""
+    if threshold is not None:
+        open_unit("threshold", threshold)
+    open_unit("confidence", confidence)
+    positive_int("budget", budget)
+    non_negative_int("seed", seed)
+    positive_int("batch_size", batch_size)
