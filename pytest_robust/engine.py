@@ -140,7 +140,8 @@ def _check_model_device(model: torch.nn.Module, device: torch.device) -> None:
 def guarded(model: torch.nn.Module, device: torch.device):
     """Evaluate ``model`` in eval mode without gradients, restoring its state and the global RNG.
 
-    Yields a dict with ``model_was_training``. Raises RobustModelError if the forward passes
+    Yields a dict with ``model_was_training`` (True when dropout or normalisation layers were in
+    training mode: they are evaluated in eval mode, with a RobustWarning). Raises RobustModelError if the forward passes
     modified parameters or buffers in place.
     """
     _check_model_device(model, device)
@@ -150,11 +151,13 @@ def guarded(model: torch.nn.Module, device: torch.device):
     versions = [t._version for _, t in tensors]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    info = {"model_was_training": any(m.training for m in model.modules())}
-    if info["model_was_training"]:
+    mode_dependent = [m for m in model.modules() if m.training and isinstance(m, MODE_DEPENDENT)]
+    info = {"model_was_training": bool(mode_dependent)}
+    if mode_dependent:
         warnings.warn(
-            "the model was in training mode; pytest-robust evaluates it in eval mode (dropout off, "
-            "batch-norm running statistics) and restores training mode afterwards",
+            f"the model was in training mode with {type(mode_dependent[0]).__name__} layers; "
+            "pytest-robust evaluates it in eval mode (dropout off, batch-norm running statistics) "
+            "and restores training mode afterwards",
             RobustWarning,
             stacklevel=3,
         )
@@ -177,6 +180,10 @@ def guarded(model: torch.nn.Module, device: torch.device):
             f"the model modified {', '.join(changed[:5])} in place during evaluation; a robustness "
             "check needs a model whose forward pass leaves its parameters and buffers unchanged"
         )
+
+
+#: Layers that behave differently in training mode (dropout, batch/instance norm).
+MODE_DEPENDENT = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase)
 
 
 def _is_oom(err: BaseException) -> bool:

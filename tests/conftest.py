@@ -1,0 +1,9 @@
+"""Shared test set-up.
+
+torch is imported here, once, on purpose: pytester's in-process runs remove modules first
+imported during the run, and re-importing torch's C extension in the same process crashes.
+"""
+
+import torch  # noqa: F401
+
+import pytest_robust.metrics.tsrm  # noqa: F401  (same reason: keep the core imported once)
