@@ -1,0 +1,33 @@
+# Set-up and everyday commands. `make demo` and `make test` each create the virtual environment
+# (.venv) if it is missing and install everything into it, pinned by .ci/constraints.txt.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONSTRAINTS := .ci/constraints.txt
+REPORTS ?= reports
+
+.PHONY: demo test bench train clean
+
+$(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+	touch $@
+
+## demo: run the example robustness suite on the digits models, JUnit XML in reports/
+demo: $(BIN)/.installed
+	$(BIN)/python -m pytest examples/digits -rxs -p no:cacheprovider --junitxml=$(REPORTS)/demo-junit.xml
+
+## test: the project's test suite (CPU; CUDA tests skip without a GPU)
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest tests -p no:cacheprovider
+
+## bench: the TSRM benchmarks (throughput vs a bare model loop; sequential vs fixed design)
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/bench_tsrm.py
+
+## train: retrain the digits checkpoints shipped in examples/digits/checkpoints
+train: $(BIN)/.installed
+	cd examples/digits && ../../$(BIN)/python train.py
+
+clean:
+	rm -rf $(VENV) $(REPORTS) *.egg-info
