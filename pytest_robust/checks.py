@@ -1,21 +1,47 @@
 """Robustness requirements as data: parse a ``robust(...)`` marker into a ``CheckSpec`` and run it.
 
-A marker names exactly one metric with its threshold (``tsrm=0.9``), the metric's own parameters
-(``perturbation=UniformLinf(eps=0.1)``) and optionally per-check settings (``seed=``, ``budget=``,
-``model=``, ...; see ``settings.KEYS``). Pure Python; torch is imported only when a check runs.
+A marker names exactly one metric with its threshold (``tsrm=0.9``; for the q-loss metric the
+metric keyword carries q and the threshold has its own keyword: ``q=100, max_loss=0.5``), the
+metric's own parameters (``perturbation=UniformLinf(eps=0.1)``) and optionally per-check settings
+(``seed=``, ``budget=``, ``model=``, ...; see ``settings.KEYS``). Pure Python; torch is imported
+only when a check runs.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 from . import validation
 from .settings import KEY_NAMES, Settings, parse_layer
 from .validation import SettingError
 
-#: metric keyword -> (its required parameters, its optional parameters)
+
+@dataclass(frozen=True)
+class Metric:
+    """A marker metric: where its threshold is, its parameters, the function that evaluates it.
+
+    The runner is called as ``runner(model, data, threshold=..., confidence=..., budget=...,
+    seed=..., batch_size=..., device=..., **params)`` and returns a ``Result``. When
+    ``threshold_key`` differs from the metric keyword, the metric keyword's value is passed as a
+    parameter of the same name (``q=100``). ``threshold_kind`` is "probability" (strictly between
+    0 and 1) or "loss" (>= 0). A metric listing ``perturbation`` as optional gets
+    ``UniformLinf(eps=<settings.eps>)`` when the marker gives none.
+    """
+
+    runner: str  # "module:function", imported when the check runs (keeps torch out of collection)
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    threshold_key: str | None = None
+    threshold_kind: str = "probability"
+
+    def load(self):
+        module, name = self.runner.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
 METRICS = {
-    "tsrm": (("perturbation",), ()),
+    "tsrm": Metric("pytest_robust.metrics.tsrm:tsrm", required=("perturbation",)),
 }
 
 
@@ -24,7 +50,9 @@ class MarkerError(ValueError):
 
 
 def valid_keywords() -> str:
-    params = sorted({p for req, opt in METRICS.values() for p in req + opt})
+    params = sorted(
+        {p for k, m in METRICS.items() for p in m.required + m.optional + ((m.threshold_key,) if m.threshold_key else ())}
+    )
     return (
         f"metrics: {', '.join(METRICS)}; metric parameters: {', '.join(params)}; "
         f"settings: {', '.join(KEY_NAMES)}"
@@ -33,15 +61,21 @@ def valid_keywords() -> str:
 
 @dataclass
 class CheckSpec:
-    """One requirement: ``metric >= threshold`` with its parameters and per-check settings."""
+    """One requirement on ``metric`` against ``threshold``, its parameters and per-check settings."""
 
     metric: str
-    threshold: float
+    threshold: float | None
     params: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)
 
     def settings(self, base: Settings) -> Settings:
         return base.replace(self.overrides, "on the robust marker")
+
+
+def _threshold(metric: Metric, key: str, value) -> float:
+    if metric.threshold_kind == "loss":
+        return validation.non_negative_float(key, value)
+    return validation.open_unit(key, value)
 
 
 def parse_marker(args: tuple, kwargs: dict) -> CheckSpec:
@@ -51,49 +85,54 @@ def parse_marker(args: tuple, kwargs: dict) -> CheckSpec:
             f"robust markers take keywords only, got positional {args!r}; valid keywords: "
             + valid_keywords()
         )
-    metrics = [k for k in kwargs if k in METRICS]
-    if len(metrics) != 1:
-        found = f"several ({', '.join(metrics)})" if metrics else "none"
+    names = [k for k in kwargs if k in METRICS]
+    if len(names) != 1:
+        found = f"several ({', '.join(names)})" if names else "none"
         raise MarkerError(
             f"a robust marker names exactly one metric with its threshold, e.g. "
             f"robust(tsrm=0.9, perturbation=UniformLinf(eps=0.1)); found {found}. Use one marker per "
             f"metric. Valid keywords: " + valid_keywords()
         )
-    metric = metrics[0]
-    required, optional = METRICS[metric]
-    unknown = [k for k in kwargs if k != metric and k not in required + optional + KEY_NAMES]
+    name = names[0]
+    metric = METRICS[name]
+    threshold_key = metric.threshold_key or name
+    params_allowed = metric.required + metric.optional + ((name,) if metric.threshold_key else ())
+    unknown = [k for k in kwargs if k not in (threshold_key,) + params_allowed + KEY_NAMES]
     if unknown:
         raise MarkerError(
-            f"unknown keyword(s) {', '.join(unknown)} on robust({metric}=...). Valid keywords: "
+            f"unknown keyword(s) {', '.join(unknown)} on robust({name}=...). Valid keywords: "
             + valid_keywords()
         )
-    missing = [k for k in required if k not in kwargs]
+    missing = [k for k in (threshold_key,) + metric.required if k not in kwargs]
     if missing:
         raise MarkerError(
-            f"robust({metric}=...) needs {', '.join(missing)}=, e.g. "
-            f"robust({metric}=0.9, perturbation=UniformLinf(eps=0.1))"
+            f"robust({name}=...) needs {', '.join(k + '=' for k in missing)}; valid keywords: "
+            + valid_keywords()
         )
     try:
-        threshold = validation.open_unit(metric, kwargs[metric])
+        threshold = _threshold(metric, threshold_key, kwargs[threshold_key])
         overrides = {k: v for k, v in kwargs.items() if k in KEY_NAMES}
         parse_layer(overrides, "on the robust marker")
     except SettingError as err:
         raise MarkerError(str(err)) from None
-    params = {k: kwargs[k] for k in required + optional if k in kwargs}
+    params = {k: kwargs[k] for k in params_allowed if k in kwargs}
     if "perturbation" in params and not callable(params["perturbation"]):
         raise MarkerError(
             f"perturbation must be a perturbation such as UniformLinf(eps=0.1) or a callable "
             f"(x, generator) -> x', got {params['perturbation']!r}"
         )
-    return CheckSpec(metric, threshold, params, overrides)
+    return CheckSpec(name, threshold, params, overrides)
 
 
 def run(spec: CheckSpec, model, data, settings: Settings, device):
     """Evaluate one spec with resolved settings on a resolved device; returns a ``Result``."""
-    from .metrics.tsrm import tsrm
+    metric = METRICS[spec.metric]
+    params = dict(spec.params)
+    if "perturbation" in metric.optional and "perturbation" not in params:
+        from .perturbations import UniformLinf
 
-    runners = {"tsrm": tsrm}
-    return runners[spec.metric](
+        params["perturbation"] = UniformLinf(eps=settings.eps)
+    return metric.load()(
         model,
         data,
         threshold=spec.threshold,
@@ -102,5 +141,5 @@ def run(spec: CheckSpec, model, data, settings: Settings, device):
         seed=settings.seed,
         batch_size=settings.batch_size,
         device=device,
-        **spec.params,
+        **params,
     )

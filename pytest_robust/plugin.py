@@ -7,12 +7,14 @@ or when a CUDA device is requested.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from . import checks
 from .fixture import RobustFixture
+from .report.plots import write_plots
 from .report.terminal import summary_lines
 from .settings import KEYS, Settings, read_yaml, resolve
 from .validation import SettingError
@@ -30,6 +32,10 @@ MARKER_DOC = (
 )
 
 
+def _shown(default) -> str:
+    return "none" if default is None else f"{default:.6g}" if isinstance(default, float) else str(default)
+
+
 def _flag(name: str) -> str:
     return "--robust-" + name.replace("_", "-")
 
@@ -41,9 +47,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             _flag(key.name),
             dest=f"robust_{key.name}",
             default=None,
-            help=f"{key.help} (default: {key.default}; ini: robust_{key.name}).",
+            help=f"{key.help} (default: {_shown(key.default)}; ini: robust_{key.name}).",
         )
-        parser.addini(f"robust_{key.name}", f"{key.help} (default: {key.default}).", default="")
+        parser.addini(f"robust_{key.name}", f"{key.help} (default: {_shown(key.default)}).", default="")
     group.addoption(
         "--robust-config",
         dest="robust_config",
@@ -93,7 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
     _check_device_exists(settings.device)
     config.stash[SETTINGS] = settings
-    config.pluginmanager.register(ResultCollector(), "robust-results")
+    config.pluginmanager.register(ResultCollector(config), "robust-results")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -154,17 +160,35 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 class ResultCollector:
-    """Gathers results from test reports (local or from xdist workers) and prints them once."""
+    """Gathers results from test reports (local or from xdist workers); on the controller only,
+    writes the report directory and prints the summary table once."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
         self.results: list[dict] = []
+        self.written: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
             self.results.extend(getattr(report, "robust_results", None) or [])
+
+    def pytest_sessionfinish(self) -> None:
+        directory = self.config.stash[SETTINGS].report
+        if not directory or hasattr(self.config, "workerinput") or not self.results:
+            return
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "results.json").write_text(json.dumps(self.results, indent=2, default=str))
+        self.written = [str(directory / "results.json")]
+        try:
+            self.written += [str(p) for p in write_plots(self.results, directory)]
+        except RuntimeError as err:
+            self.written.append(f"(no plots: {err})")
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.results:
             terminalreporter.section("robustness checks")
             for line in summary_lines(self.results):
                 terminalreporter.write_line(line)
+        for path in self.written:
+            terminalreporter.write_line(f"robust report: {path}")

@@ -39,8 +39,10 @@ class Result:
     ``estimate`` is the point estimate; ``lower``/``upper`` are one-sided bounds, each holding with
     probability ``confidence``; ``verdict`` compares them with ``threshold``: "pass" (the bound
     proves the requirement), "fail" (the bound proves it violated), "inconclusive" (the budget ran
-    out first) or "estimate" (no threshold given). ``draws`` counts the random perturbations the
-    verdict rests on; ``forward_passes`` counts every input the model evaluated, clean ones included.
+    out first) or "estimate" (no threshold given). ``direction`` is ">=" when the requirement is
+    estimate >= threshold (accuracies) and "<=" when it is estimate <= threshold (losses).
+    ``draws`` counts the random perturbations the verdict rests on; ``forward_passes`` counts every
+    input the model evaluated. ``note`` is appended to the message (e.g. diagnostics, caveats).
     """
 
     metric: str
@@ -59,6 +61,8 @@ class Result:
     perturbation: str
     budget: int
     details: dict = field(default_factory=dict)
+    direction: str = ">="
+    note: str = ""
     test_id: str = ""
 
     @property
@@ -76,18 +80,20 @@ class Result:
         cond = (
             f"under {self.perturbation}, {self.draws} draws on {self.n_inputs} inputs, seed {self.seed}"
         )
+        note = f"; {self.note}" if self.note else ""
+        at_least = self.direction == ">="
         if self.verdict == "pass":
-            return f"{head} >= required {self.threshold:g} {cond}"
+            return f"{head} {self.direction} {'required' if at_least else 'allowed'} {self.threshold:g} {cond}{note}"
         if self.verdict == "fail":
-            return f"{head} < required {self.threshold:g} {cond}"
+            return f"{head} {'<' if at_least else '>'} {'required' if at_least else 'allowed'} {self.threshold:g} {cond}{note}"
         if self.verdict == "inconclusive":
             return (
-                f"{head} is inconclusive against required {self.threshold:g} {cond}: the budget of "
+                f"{head} is inconclusive against {self.direction} {self.threshold:g} {cond}: the budget of "
                 f"{self.budget} draws ran out before the {pct} bounds left the threshold; raise it "
                 f"(--robust-budget, robust_budget in ini, or budget= on the marker) or move the "
-                f"threshold away from the estimate"
+                f"threshold away from the estimate{note}"
             )
-        return f"{head} {cond}"
+        return f"{head} {cond}{note}"
 
     def properties(self) -> list[tuple[str, str]]:
         """``robust.*`` name/value pairs for JUnit XML (values as strings, None as empty)."""

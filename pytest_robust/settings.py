@@ -28,6 +28,8 @@ class Settings:
     inconclusive: str = "fail"
     model: str = "robust_model"
     data: str = "robust_data"
+    eps: float = 8 / 255
+    report: str | None = None
 
     def replace(self, values: dict, source: str) -> "Settings":
         """A copy with ``values`` (raw, validated here) applied; ``source`` names their origin."""
@@ -64,6 +66,11 @@ KEYS = (
         "what an inconclusive check does to its test: fail or skip"),
     Key("model", validation.identifier, "name of the fixture that returns the model"),
     Key("data", validation.identifier, "name of the fixture that returns the data"),
+    Key("eps", validation.positive_float,
+        "radius of the default perturbation UniformLinf(eps) for checks given none "
+        "(in the units of your inputs; 8/255 = 8 grey levels in [0, 1] pixel space)"),
+    Key("report", validation.path,
+        "directory for report files (plots of curves); written once, on the controller"),
 )
 KEY_NAMES = tuple(k.name for k in KEYS)
 assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"

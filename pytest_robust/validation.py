@@ -55,6 +55,28 @@ def open_unit(key: str, value) -> float:
     return number
 
 
+def non_negative_float(key: str, value) -> float:
+    accepted = "a finite number >= 0"
+    number = _number(key, value, float, accepted)
+    if not (math.isfinite(number) and number >= 0.0):
+        raise SettingError(key, value, accepted)
+    return number
+
+
+def positive_float(key: str, value) -> float:
+    accepted = "a finite number > 0"
+    number = _number(key, value, float, accepted)
+    if not (math.isfinite(number) and number > 0.0):
+        raise SettingError(key, value, accepted)
+    return number
+
+
+def path(key: str, value) -> str:
+    if not (isinstance(value, str) and value.strip()):
+        raise SettingError(key, value, "a directory path")
+    return value
+
+
 def device(key: str, value) -> str:
     text = str(value)
     if not DEVICE_RE.match(text):

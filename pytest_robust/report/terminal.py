@@ -17,7 +17,7 @@ def _row(r: Result) -> tuple[str, ...]:
         r.perturbation,
         f"{r.estimate:.4f}",
         f"[{r.lower:.4f}, {r.upper:.4f}] @{r.confidence:.0%}",
-        "-" if r.threshold is None else f">= {r.threshold:g}",
+        "-" if r.threshold is None else f"{r.direction} {r.threshold:g}",
         f"{r.draws}/{r.budget}",
         str(r.forward_passes),
         f"{r.seconds:.2f}",

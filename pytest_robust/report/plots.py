@@ -1,0 +1,55 @@
+"""PNG line plots of the curves that results carry in ``details["curves"]``.
+
+A curve is a JSON-able dict: ``{"title", "xlabel", "ylabel", "x": [...], "series": {label: [...]},
+"logx": bool}``; every series has one y per x (None for a missing point). Rendering needs
+matplotlib (the ``plots`` extra); without it no plot is written and the caller is told why.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120] or "check"
+
+
+def plot_curve(curve: dict, path: Path) -> Path:
+    """Render one curve to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for label, ys in curve["series"].items():
+        points = [(x, y) for x, y in zip(curve["x"], ys) if y is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=label)
+    if curve.get("logx"):
+        ax.set_xscale("log")
+    ax.set(title=curve.get("title", ""), xlabel=curve.get("xlabel", ""), ylabel=curve.get("ylabel", ""))
+    ax.grid(alpha=0.3)
+    if len(curve["series"]) > 1:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_plots(results: list[dict], directory: Path) -> list[Path]:
+    """One PNG per curve of every result, named after the test and the curve; returns the paths."""
+    curves = [(r, name, c) for r in results for name, c in r.get("details", {}).get("curves", {}).items()]
+    if not curves:
+        return []
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise RuntimeError("plots need matplotlib: pip install 'pytest-robust[plots]'") from None
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, (result, name, curve) in enumerate(curves):
+        stem = _slug(f"{result.get('test_id') or 'programmatic'}-{name}")
+        written.append(plot_curve(curve, directory / f"{i:02d}-{stem}.png"))
+    return written
