@@ -25,7 +25,8 @@ class Metric:
     seed=..., batch_size=..., device=..., **params)`` and returns a ``Result``. When
     ``threshold_key`` differs from the metric keyword, the metric keyword's value is passed as a
     parameter of the same name (``q=100``). ``threshold_kind`` is "probability" (strictly between
-    0 and 1) or "loss" (>= 0). A metric listing ``perturbation`` as optional gets
+    0 and 1) or "loss" (>= 0). ``settings`` names extra settings keys the runner takes as keyword
+    arguments (``cache_dir``, ``refit``). A metric listing ``perturbation`` as optional gets
     ``UniformLinf(eps=<settings.eps>)`` when the marker gives none.
     """
 
@@ -34,6 +35,7 @@ class Metric:
     optional: tuple[str, ...] = ()
     threshold_key: str | None = None
     threshold_kind: str = "probability"
+    settings: tuple[str, ...] = ()  # settings keys passed to the runner as keyword arguments
 
     def load(self):
         module, name = self.runner.split(":")
@@ -42,6 +44,25 @@ class Metric:
 
 METRICS = {
     "tsrm": Metric("pytest_robust.metrics.tsrm:tsrm", required=("perturbation",)),
+    "q": Metric(
+        "pytest_robust.metrics.intermediate_q:intermediate_q",
+        optional=("perturbation", "estimator", "chains", "steps", "leapfrog", "path_len",
+                  "target_accept", "warmup", "loss", "pgd_steps", "pgd_restarts"),
+        threshold_key="max_loss",
+        threshold_kind="loss",
+    ),
+    "certified_accuracy": Metric(
+        "pytest_robust.metrics.smoothing:certified_accuracy",
+        required=("radius", "sigma"),
+        optional=("alpha", "max_draws"),
+    ),
+    "nppr": Metric(
+        "pytest_robust.metrics.nppr:nppr",
+        required=("eps",),
+        optional=("components", "latent_dim", "covariance", "dependency", "feature_layer", "norm",
+                  "fit_steps", "fit_fraction", "fit_data", "kappa", "draws_per_input", "pgd"),
+        settings=("cache_dir", "refit"),
+    ),
 }
 
 
@@ -132,6 +153,7 @@ def run(spec: CheckSpec, model, data, settings: Settings, device):
         from .perturbations import UniformLinf
 
         params["perturbation"] = UniformLinf(eps=settings.eps)
+    params.update({key: getattr(settings, key) for key in metric.settings})
     return metric.load()(
         model,
         data,

@@ -43,11 +43,13 @@ def _flag(name: str) -> str:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("robust", "robustness checks (pytest-robust)")
     for key in KEYS:
+        switch = {"action": "store_const", "const": "true"} if key.flag else {}
         group.addoption(
             _flag(key.name),
             dest=f"robust_{key.name}",
             default=None,
             help=f"{key.help} (default: {_shown(key.default)}; ini: robust_{key.name}).",
+            **switch,
         )
         parser.addini(f"robust_{key.name}", f"{key.help} (default: {_shown(key.default)}).", default="")
     group.addoption(

@@ -29,7 +29,12 @@ PROPERTY_FIELDS = (
     "budget",
 )
 
-METRIC_NAMES = {"tsrm": "TSRM"}
+METRIC_NAMES = {
+    "tsrm": "TSRM",
+    "q": "q-loss",
+    "certified_accuracy": "certified accuracy",
+    "nppr": "NPPR",
+}
 
 
 @dataclass

@@ -30,6 +30,8 @@ class Settings:
     data: str = "robust_data"
     eps: float = 8 / 255
     report: str | None = None
+    cache_dir: str = ".robust_cache"
+    refit: bool = False
 
     def replace(self, values: dict, source: str) -> "Settings":
         """A copy with ``values`` (raw, validated here) applied; ``source`` names their origin."""
@@ -43,6 +45,7 @@ class Key:
     name: str
     parse: object
     help: str
+    flag: bool = False  # a command-line switch without a value (--robust-refit)
 
     @property
     def default(self):
@@ -70,7 +73,12 @@ KEYS = (
         "radius of the default perturbation UniformLinf(eps) for checks given none "
         "(in the units of your inputs; 8/255 = 8 grey levels in [0, 1] pixel space)"),
     Key("report", validation.path,
-        "directory for report files (plots of curves); written once, on the controller"),
+        "directory for report files (results.json, plots of curves); written once, on the controller"),
+    Key("cache_dir", validation.path,
+        "directory for fitted artefacts reused across runs (e.g. NPPR's learned perturbation models), "
+        "relative to the working directory"),
+    Key("refit", validation.boolean,
+        "ignore cached fitted artefacts and fit again", flag=True),
 )
 KEY_NAMES = tuple(k.name for k in KEYS)
 assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"

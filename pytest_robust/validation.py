@@ -77,6 +77,17 @@ def path(key: str, value) -> str:
     return value
 
 
+def boolean(key: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingError(key, value, "true or false")
+
+
 def device(key: str, value) -> str:
     text = str(value)
     if not DEVICE_RE.match(text):
