@@ -40,6 +40,8 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
     """
     if spec is None:
         param = next(iter(model.parameters()), None) if model is not None else None
+        if param is not None and param.device.type == "meta":
+            raise RobustModelError("the model's parameters are on the meta device: load its weights first")
         return param.device if param is not None else torch.device("cpu")
     spec = validation.device("device", spec)
     if spec == "auto":
@@ -136,6 +138,15 @@ def _check_model_device(model: torch.nn.Module, device: torch.device) -> None:
         )
 
 
+def _fingerprints(tensors) -> list[torch.Tensor]:
+    """Per tensor (sum, sum of squares, version): any in-place change, via .data too, moves one."""
+    with torch.no_grad():
+        return [
+            torch.stack([t.double().sum(), t.double().pow(2).sum(), torch.tensor(float(t._version), device=t.device, dtype=torch.float64)])
+            for _, t in tensors
+        ]
+
+
 @contextlib.contextmanager
 def guarded(model: torch.nn.Module, device: torch.device):
     """Evaluate ``model`` in eval mode without gradients, restoring its state and the global RNG.
@@ -148,7 +159,7 @@ def guarded(model: torch.nn.Module, device: torch.device):
     modes = [(m, m.training) for m in model.modules()]
     flags = [(p, p.requires_grad) for p in model.parameters()]
     tensors = list(model.named_parameters()) + list(model.named_buffers())
-    versions = [t._version for _, t in tensors]
+    before = _fingerprints(tensors)
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     mode_dependent = [m for m in model.modules() if m.training and isinstance(m, MODE_DEPENDENT)]
@@ -174,7 +185,7 @@ def guarded(model: torch.nn.Module, device: torch.device):
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    changed = [name for (name, t), v in zip(tensors, versions) if t._version != v]
+    changed = [name for (name, _), a, b in zip(tensors, before, _fingerprints(tensors)) if not torch.equal(a, b)]
     if changed:
         raise RobustModelError(
             f"the model modified {', '.join(changed[:5])} in place during evaluation; a robustness "
@@ -196,6 +207,7 @@ class Forward:
 
     model: torch.nn.Module
     batch_size: int
+    max_label: int | None = None  # largest label of the data: checked against the class count
     n_classes: int | None = None
     passes: int = 0
     halvings: int = field(default=0)
@@ -235,6 +247,11 @@ class Forward:
             )
         if self.n_classes is None:
             self.n_classes = z.shape[1]
+            if self.max_label is not None and self.max_label >= self.n_classes:
+                raise RobustDataError(
+                    f"label {self.max_label} is out of range for a model with {self.n_classes} classes "
+                    f"(labels must be class indices 0..{self.n_classes - 1})"
+                )
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
         if not torch.isfinite(z).all():

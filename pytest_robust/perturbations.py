@@ -15,6 +15,7 @@ input (e.g. per-channel bounds of shape (C, 1, 1)); ``None`` switches the box of
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from typing import Callable
 
@@ -22,10 +23,9 @@ import torch
 
 
 def _check_size(name: str, value: float, *, allow_zero: bool) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         need = "a finite number >= 0" if allow_zero else "a finite number > 0"
         raise ValueError(f"{name} must be {need}, got {value!r}")
@@ -39,7 +39,11 @@ def _check_bounds(bounds):
         lo, hi = bounds
     except (TypeError, ValueError):
         raise ValueError(f"bounds must be a pair (lo, hi) or None, got {bounds!r}") from None
-    if torch.any(torch.as_tensor(lo) >= torch.as_tensor(hi)):
+    try:
+        ordered = not torch.any(torch.as_tensor(lo) >= torch.as_tensor(hi))
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"bounds must be numbers or tensors (lo, hi), got {bounds!r}") from None
+    if not ordered:
         raise ValueError(f"bounds must satisfy lo < hi everywhere, got {bounds!r}")
     return lo, hi
 
@@ -54,10 +58,24 @@ def _bounds_repr(bounds) -> str:
 
 
 class Perturbation(ABC):
-    """Base class: subclasses implement ``sample(x, generator)``; the result is clipped to the box."""
+    """Base class: subclasses implement ``sample(x, generator)``; the result is clipped to the box.
+
+    For intermediate-q checks a perturbation may also describe itself as a parameter space
+    (``parameter_space``): a base measure mu over parameters theta and a map theta -> x', which
+    lets MCMC sample from l(x')^t mu(theta). ``differentiable`` says whether gradients flow from
+    x' to theta (then HMC can be used; otherwise random-walk Metropolis).
+    """
+
+    #: True when x' is differentiable in the perturbation's parameters (HMC applies).
+    differentiable = False
 
     def __init__(self, bounds=(0.0, 1.0)):
         self.bounds = _check_bounds(bounds)
+
+    def parameter_space(self, x: torch.Tensor) -> "ParameterSpace | None":
+        """The perturbation of the rows of x as a ``ParameterSpace``, or None when it has none
+        (then only Monte Carlo estimates of the q-norm are possible)."""
+        return None
 
     @abstractmethod
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -80,9 +98,15 @@ class UniformLinf(Perturbation):
     intersection (as in the TSRM reference code), not a clipped draw that piles mass on the edge.
     """
 
+    differentiable = True
+
     def __init__(self, eps: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
         self.eps = _check_size("eps", eps, allow_zero=True)
+
+    def parameter_space(self, x):
+        """theta = x' itself, uniform on the box [max(x - eps, lo), min(x + eps, hi)]."""
+        return BoxSpace(x, self.eps, self.bounds)
 
     def sample(self, x, generator):
         lo, hi = x - self.eps, x + self.eps
@@ -99,9 +123,15 @@ class UniformLinf(Perturbation):
 class GaussianNoise(Perturbation):
     """Additive isotropic Gaussian noise x' = clip(x + sigma * z), z ~ N(0, I)."""
 
+    differentiable = True
+
     def __init__(self, sigma: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
         self.sigma = _check_size("sigma", sigma, allow_zero=True)
+
+    def parameter_space(self, x):
+        """theta = z ~ N(0, I), x' = clip(x + sigma z)."""
+        return NoiseSpace(self, x, self.sigma, "gaussian")
 
     def sample(self, x, generator):
         z = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
@@ -114,9 +144,15 @@ class GaussianNoise(Perturbation):
 class CauchyNoise(Perturbation):
     """Additive i.i.d. Cauchy noise x' = clip(x + scale * tan(pi (u - 1/2))), u ~ U(0, 1)."""
 
+    differentiable = True
+
     def __init__(self, scale: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
         self.scale = _check_size("scale", scale, allow_zero=True)
+
+    def parameter_space(self, x):
+        """theta = z ~ standard Cauchy i.i.d., x' = clip(x + scale z)."""
+        return NoiseSpace(self, x, self.scale, "cauchy")
 
     def sample(self, x, generator):
         u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
@@ -157,3 +193,275 @@ def as_perturbation(p) -> Perturbation:
         f"perturbation must be a pytest_robust Perturbation (UniformLinf, GaussianNoise, CauchyNoise) "
         f"or a callable (x, generator) -> x', got {p!r}"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# parameter spaces: a perturbation as theta ~ mu, x' = apply(theta), for MCMC (intermediate-q)
+# ---------------------------------------------------------------------------------------------
+
+
+class ParameterSpace(ABC):
+    """The perturbation of a batch of rows x written as x' = apply(theta) with theta ~ mu.
+
+    theta has shape (rows, *shape). ``scale`` is a length in theta units: MCMC step sizes are
+    multiples of it. ``lo``/``hi`` (tensors broadcastable to theta) bound the support of mu, or
+    are None (unbounded). ``log_prior`` is log mu(theta) up to an additive constant;
+    ``propose`` is a symmetric random-walk proposal (q(theta' | theta) = q(theta | theta')) of
+    size ``step`` (in units of ``scale``) that stays in the support. Randomness comes from a
+    ``mcmc.RowStreams`` (one generator per block of rows).
+    """
+
+    lo: torch.Tensor | None = None
+    hi: torch.Tensor | None = None
+    scale: float = 1.0
+    differentiable = True
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+
+    @property
+    def dim(self) -> int:
+        """Number of coordinates of theta per row."""
+        return math.prod(self.x.shape[1:])
+
+    @property
+    def mh_step(self) -> float:
+        """Initial random-walk proposal size in units of ``scale`` (Roberts et al.: 2.38 / sqrt(d))."""
+        return 2.38 / math.sqrt(self.dim)
+
+    @abstractmethod
+    def sample(self, streams) -> torch.Tensor:
+        """One exact draw theta ~ mu per row."""
+
+    @abstractmethod
+    def apply(self, theta: torch.Tensor) -> torch.Tensor:
+        """The perturbed rows x' for parameters theta (differentiable when ``differentiable``)."""
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """log mu(theta) per row, up to a constant (0: uniform on the support)."""
+        return torch.zeros(len(theta), device=theta.device, dtype=theta.dtype)
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """Gradient of ``log_prior`` with respect to theta."""
+        return torch.zeros_like(theta)
+
+    def propose(self, theta: torch.Tensor, step: torch.Tensor, streams) -> torch.Tensor:
+        """Gaussian random walk theta + step * scale * N(0, I), mirrored into the support."""
+        from .mcmc import reflect
+
+        move = streams.randn(*theta.shape[1:]).to(theta.dtype)
+        out = theta + step.reshape((-1,) + (1,) * (theta.ndim - 1)) * self.scale * move
+        return out if self.lo is None else reflect(out, self.lo, self.hi)[0]
+
+
+class BoxSpace(ParameterSpace):
+    """``UniformLinf``: theta = x', uniform on [max(x - eps, lo), min(x + eps, hi)]; scale eps."""
+
+    def __init__(self, x: torch.Tensor, eps: float, bounds):
+        super().__init__(x)
+        from .attacks import feasible_box
+
+        self.lo, self.hi = feasible_box(x, eps, bounds)
+        if torch.any(self.lo > self.hi):
+            raise ValueError(
+                f"inputs lie outside the perturbation's box {bounds!r}: fix the data or the bounds"
+            )
+        self.scale = float(eps)
+
+    def sample(self, streams):
+        return self.lo + streams.rand(*self.x.shape[1:]).to(self.x.dtype) * (self.hi - self.lo)
+
+    def apply(self, theta):
+        return theta
+
+
+class NoiseSpace(ParameterSpace):
+    """Additive noise x' = clip(x + size * z): z ~ N(0, I) ("gaussian") or i.i.d. standard Cauchy."""
+
+    def __init__(self, perturbation: Perturbation, x: torch.Tensor, size: float, kind: str):
+        super().__init__(x)
+        self.perturbation, self.size, self.kind = perturbation, float(size), kind
+
+    def sample(self, streams):
+        shape = self.x.shape[1:]
+        if self.kind == "gaussian":
+            return streams.randn(*shape).to(self.x.dtype)
+        return torch.tan(math.pi * (streams.rand(*shape).to(self.x.dtype) - 0.5))
+
+    def apply(self, theta):
+        return self.perturbation.clip(self.x + self.size * theta)
+
+    def log_prior(self, theta):
+        flat = theta.flatten(1)
+        if self.kind == "gaussian":
+            return -0.5 * flat.pow(2).sum(1)
+        return -torch.log1p(flat.pow(2)).sum(1)
+
+    def grad_log_prior(self, theta):
+        return -theta if self.kind == "gaussian" else -2.0 * theta / (1.0 + theta.pow(2))
+
+
+#: Columns of a ``Spatial`` parameter vector.
+FLIP, ANGLE, ZOOM, SHIFT_X, SHIFT_Y = range(5)
+
+
+class Spatial(Perturbation):
+    """Random spatial transform per image (Rice et al. 2021, section 5.2): horizontal flip,
+    rotation, scaling and translation, applied through ``affine_grid``/``grid_sample`` with each
+    sample's own parameters, so a whole batch is transformed at once on any device.
+
+    Parameters per image (one row of ``params``, columns FLIP, ANGLE, ZOOM, SHIFT_X, SHIFT_Y):
+    flip in {0, 1} (mirror left-right, probability 1/2 when ``flip``), angle in degrees uniform
+    on [-rotation, rotation] (counter-clockwise as displayed), zoom uniform on ``scale`` (> 1
+    enlarges the content) and integer shifts in pixels uniform on {-translate, ..., translate}
+    (positive: right / down). The reference code pads 4 px and crops at an offset (the paper's
+    "cropping 0-4 px"), which is a translation by up to 4 px each way. Content is mapped as
+    shift . rotate . zoom . flip, about the image centre; pixels that come from outside the image
+    follow ``padding_mode`` ("reflection" as the reference's reflect padding, "zeros", "border").
+
+    Not differentiable in its parameters (flip and integer shifts are discrete): intermediate-q
+    path sampling uses random-walk Metropolis with the reference's proposals (flip toggled with
+    probability 1/2, angle + N(0, (rotation/2)^2), zoom + N(0, ((hi - lo)/2)^2), shifts +
+    round(N(0, (translate/2)^2)), each mirrored back into range) scaled by an adapted factor.
+    """
+
+    def __init__(self, flip: bool = True, rotation: float = 10.0, scale=(0.9, 1.1), translate: int = 4,
+                 padding_mode: str = "reflection", bounds=(0.0, 1.0)):
+        super().__init__(bounds)
+        if not isinstance(flip, bool):
+            raise ValueError(f"flip must be True or False, got {flip!r}")
+        self.flip = flip
+        self.rotation = _check_size("rotation", rotation, allow_zero=True)
+        if self.rotation >= 180:
+            raise ValueError(f"rotation must be below 180 degrees, got {rotation!r}")
+        try:
+            lo, hi = (float(s) for s in scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"scale must be a pair (lo, hi) of zoom factors, got {scale!r}") from None
+        if not (0 < lo <= hi and math.isfinite(hi)):
+            raise ValueError(f"scale must satisfy 0 < lo <= hi, got {scale!r}")
+        self.scale = (lo, hi)
+        if isinstance(translate, bool) or not isinstance(translate, int) or translate < 0:
+            raise ValueError(f"translate must be an integer number of pixels >= 0, got {translate!r}")
+        self.translate = translate
+        if padding_mode not in ("reflection", "zeros", "border"):
+            raise ValueError(f"padding_mode must be 'reflection', 'zeros' or 'border', got {padding_mode!r}")
+        self.padding_mode = padding_mode
+
+    @staticmethod
+    def _check_images(x: torch.Tensor) -> None:
+        if x.ndim != 4:
+            raise ValueError(
+                f"Spatial transforms images of shape (n, channels, height, width), got shape {tuple(x.shape)}"
+            )
+
+    def sample_params(self, streams) -> torch.Tensor:
+        """Parameters drawn from the perturbation's distribution, shape (rows, 5)."""
+        u = streams.rand(5)
+        lo, hi = self.scale
+        params = torch.empty_like(u)
+        params[:, FLIP] = (u[:, FLIP] < 0.5).to(u.dtype) if self.flip else 0.0
+        params[:, ANGLE] = (2 * u[:, ANGLE] - 1) * self.rotation
+        params[:, ZOOM] = lo + u[:, ZOOM] * (hi - lo)
+        span = 2 * self.translate + 1
+        params[:, SHIFT_X:] = torch.clamp(torch.floor(u[:, SHIFT_X:] * span), max=span - 1) - self.translate
+        return params
+
+    def transform(self, x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        """Apply the transform of each row of ``params`` (shape (n, 5)) to the image in the same row.
+
+        In pixel coordinates centred on the image (x right, y down) the output at u samples the
+        input at F Z^-1 R(-angle) (u - shift), with F the flip, Z the zoom and R the rotation;
+        bilinear interpolation, ``align_corners=False`` (pixel centres), so a flip or an integer
+        shift moves pixels exactly.
+        """
+        self._check_images(x)
+        if params.shape != (len(x), 5):
+            raise ValueError(f"params must have shape ({len(x)}, 5), got {tuple(params.shape)}")
+        n, _, h, w = x.shape
+        params = params.to(device=x.device, dtype=x.dtype)
+        a = torch.deg2rad(params[:, ANGLE])
+        cos, sin = torch.cos(a), torch.sin(a)
+        sign = 1.0 - 2.0 * params[:, FLIP]
+        inv_zoom = 1.0 / params[:, ZOOM]
+        # pixel-space matrix M = F Z^-1 R(-a), R(-a) = [[cos, -sin], [sin, cos]], conjugated into
+        # normalised coordinates: entry (0, 1) scales by h / w, entry (1, 0) by w / h.
+        m00 = sign * inv_zoom * cos
+        m01 = -sign * inv_zoom * sin * (h / w)
+        m10 = inv_zoom * sin * (w / h)
+        m11 = inv_zoom * cos
+        tx, ty = 2.0 * params[:, SHIFT_X] / w, 2.0 * params[:, SHIFT_Y] / h
+        theta = torch.stack(
+            [
+                torch.stack([m00, m01, -(m00 * tx + m01 * ty)], dim=1),
+                torch.stack([m10, m11, -(m10 * tx + m11 * ty)], dim=1),
+            ],
+            dim=1,
+        )
+        grid = torch.nn.functional.affine_grid(theta, list(x.shape), align_corners=False)
+        return torch.nn.functional.grid_sample(
+            x, grid, mode="bilinear", padding_mode=self.padding_mode, align_corners=False
+        )
+
+    def sample(self, x, generator):
+        from .mcmc import RowStreams
+
+        self._check_images(x)
+        return self.transform(x, self.sample_params(RowStreams.single(generator, len(x), x.device, x.dtype)))
+
+    def parameter_space(self, x):
+        self._check_images(x)
+        return SpatialSpace(self, x)
+
+    def __repr__(self):
+        lo, hi = self.scale
+        return (
+            f"Spatial(flip={self.flip}, rotation={self.rotation:g}, scale=({lo:g}, {hi:g}), "
+            f"translate={self.translate}, padding_mode={self.padding_mode!r}{_bounds_repr(self.bounds)})"
+        )
+
+
+class SpatialSpace(ParameterSpace):
+    """``Spatial`` as a parameter space: theta = the (n, 5) parameter rows, mu uniform on them."""
+
+    differentiable = False
+
+    def __init__(self, spatial: Spatial, x: torch.Tensor):
+        super().__init__(x)
+        self.spatial = spatial
+        lo, hi = spatial.scale
+        half = spatial.translate + 0.5  # integer shifts are mirrored about half-integers
+        self.lo = torch.tensor([0.0, -spatial.rotation, lo, -half, -half], device=x.device, dtype=x.dtype)
+        self.hi = torch.tensor([1.0, spatial.rotation, hi, half, half], device=x.device, dtype=x.dtype)
+        self.sd = torch.tensor(
+            [0.0, spatial.rotation / 2, (hi - lo) / 2, spatial.translate / 2, spatial.translate / 2],
+            device=x.device, dtype=x.dtype,
+        )
+
+    @property
+    def dim(self) -> int:
+        return 5
+
+    @property
+    def mh_step(self) -> float:
+        return 1.0
+
+    def sample(self, streams):
+        return self.spatial.sample_params(streams)
+
+    def apply(self, theta):
+        return self.spatial.transform(self.x, theta)
+
+    def propose(self, theta, step, streams):
+        """Flip toggled with probability 1/2; angle and zoom + step * sd * N(0, 1) and shifts +
+        round(step * sd * N(0, 1)), mirrored into range (shifts about the half-integers
+        -translate - 1/2 and translate + 1/2, which keeps the integer walk symmetric)."""
+        from .mcmc import reflect
+
+        u, z = streams.rand(1), streams.randn(5)
+        move = step[:, None] * self.sd * z
+        move[:, SHIFT_X:] = torch.round(move[:, SHIFT_X:])
+        out = theta + move
+        if self.spatial.flip:
+            out[:, FLIP] = torch.where(u[:, 0] < 0.5, 1.0 - theta[:, FLIP], theta[:, FLIP])
+        return reflect(out, self.lo, self.hi)[0]

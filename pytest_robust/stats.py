@@ -153,18 +153,24 @@ def rejects_at(x: np.ndarray, m: float, alpha: float) -> int | None:
     return int(hits[0]) if len(hits) else None
 
 
-def confidence_sequence(x: np.ndarray, alpha: float, tol: float = 1e-6) -> tuple[float, float]:
+def confidence_sequence(
+    x: np.ndarray, alpha: float, *, lower_at_least: float = 0.0, upper_at_most: float = 1.0, tol: float = 1e-6
+) -> tuple[float, float]:
     """Anytime-valid (1 - alpha) one-sided lower and upper bounds on E[X] after observing x.
 
     lower = sup{m : the betting test of E[X] <= m has rejected by now}, found by bisection (the
     rejection region is an interval [0, lower)); upper is the mirror image on 1 - x.
+    ``lower_at_least`` / ``upper_at_most`` are values the same tests are known to have rejected
+    (the gate's threshold after a pass / fail): the bisection starts there, so the reported bound
+    and the verdict agree exactly.
     """
     x = np.asarray(x, dtype=np.float64)
 
-    def bound(data: np.ndarray) -> float:
-        if len(data) == 0 or rejects_at(data, tol, alpha) is None:
-            return 0.0
-        lo, hi = tol, 1.0
+    def bound(data: np.ndarray, known: float) -> float:
+        lo = max(known, 0.0)
+        if len(data) == 0 or rejects_at(data, max(lo, tol), alpha) is None:
+            return lo
+        lo, hi = max(lo, tol), 1.0
         while hi - lo > tol:
             mid = 0.5 * (lo + hi)
             if rejects_at(data, mid, alpha) is not None:
@@ -173,7 +179,7 @@ def confidence_sequence(x: np.ndarray, alpha: float, tol: float = 1e-6) -> tuple
                 hi = mid
         return lo
 
-    return bound(x), 1.0 - bound(1.0 - x)
+    return bound(x, lower_at_least), 1.0 - bound(1.0 - x, 1.0 - upper_at_most)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -110,11 +111,32 @@ def choice(*options: str):
     return check
 
 
-def check_run_args(*, threshold, confidence, budget, seed: int, batch_size) -> None:
-    """Validate the common arguments of a metric function (raises SettingError)."""
+@dataclass(frozen=True)
+class RunArgs:
+    """The common arguments of a metric function, validated and converted."""
+
+    threshold: float | None
+    confidence: float
+    budget: int
+    seed: int
+    batch_size: int
+
+    @property
+    def alpha(self) -> float:
+        return 1.0 - self.confidence
+
+
+def check_run_args(*, threshold, confidence, budget, seed, batch_size, threshold_kind: str = "probability") -> RunArgs:
+    """Validate and convert the common arguments of a metric function (raises SettingError).
+
+    ``threshold_kind`` is "probability" (strictly between 0 and 1) or "loss" (>= 0)."""
     if threshold is not None:
-        open_unit("threshold", threshold)
-    open_unit("confidence", confidence)
-    positive_int("budget", budget)
-    non_negative_int("seed", seed)
-    positive_int("batch_size", batch_size)
+        check = non_negative_float if threshold_kind == "loss" else open_unit
+        threshold = check("threshold", threshold)
+    return RunArgs(
+        threshold=threshold,
+        confidence=open_unit("confidence", confidence),
+        budget=positive_int("budget", budget),
+        seed=non_negative_int("seed", seed),
+        batch_size=positive_int("batch_size", batch_size),
+    )

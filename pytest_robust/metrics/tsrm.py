@@ -54,24 +54,23 @@ def tsrm(
     ``lower``/``upper`` of the result form an anytime-valid confidence sequence at that level;
     ``details`` adds the fixed-sample Clopper–Pearson bounds and bookkeeping.
     """
-    check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
+    args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
     perturbation = as_perturbation(perturbation)
     ds = load_data(data)
     device = resolve_device(device, model)
-    alpha = 1.0 - confidence
     started = time.perf_counter()
-    gate = SequentialGate(threshold, alpha) if threshold is not None else None
+    gate = SequentialGate(args.threshold, args.alpha) if args.threshold is not None else None
     outcomes, indices = [], []
     drawn = 0
     with guarded(model, device) as info:
-        forward = Forward(model, batch_size)
+        forward = Forward(model, args.batch_size, max_label=int(ds.y.max()))
         block = 0
-        while drawn < budget and (gate is None or gate.decision is None):
+        while drawn < args.budget and (gate is None or gate.decision is None):
             per_step = -(-forward.batch_size // BLOCK)  # enough blocks to fill one batch
-            blocks = [_block(ds, perturbation, seed, block + i, device) for i in range(per_step)]
+            blocks = [_block(ds, perturbation, args.seed, block + i, device) for i in range(per_step)]
             block += len(blocks)
-            idx = torch.cat([b[0] for b in blocks])[: budget - drawn]
-            x = torch.cat([b[1] for b in blocks])[: budget - drawn]
+            idx = torch.cat([b[0] for b in blocks])[: args.budget - drawn]
+            x = torch.cat([b[1] for b in blocks])[: args.budget - drawn]
             y = ds.y[idx.to(ds.y.device)].to(device)
             hits = correct_predictions(forward.logits(x), y).cpu().numpy()
             outcomes.append(hits)
@@ -79,35 +78,40 @@ def tsrm(
             drawn += len(hits)
             if gate is not None:
                 gate.update(hits)
-    used = gate.decision.at if gate is not None and gate.decision is not None else drawn
+    decision = gate.decision if gate is not None else None
+    used = decision.at if decision is not None else drawn
     stream = np.concatenate(outcomes)[:used]
-    seen = np.concatenate(indices)[:used]
     correct = int(stream.sum())
-    lower, upper = confidence_sequence(stream, alpha)
-    verdict = "estimate" if gate is None else (gate.decision.verdict if gate.decision else "inconclusive")
+    lower, upper = confidence_sequence(
+        stream,
+        args.alpha,
+        lower_at_least=args.threshold if decision and decision.verdict == "pass" else 0.0,
+        upper_at_most=args.threshold if decision and decision.verdict == "fail" else 1.0,
+    )
+    verdict = "estimate" if gate is None else (decision.verdict if decision else "inconclusive")
     return Result(
         metric="tsrm",
         estimate=correct / used,
         lower=lower,
         upper=upper,
-        threshold=threshold,
-        confidence=confidence,
+        threshold=args.threshold,
+        confidence=args.confidence,
         verdict=verdict,
         n_inputs=len(ds),
         draws=used,
         forward_passes=forward.passes,
         seconds=time.perf_counter() - started,
         device=str(device),
-        seed=seed,
+        seed=args.seed,
         perturbation=repr(perturbation),
-        budget=budget,
+        budget=args.budget,
         details={
             "correct": correct,
-            "cp_lower": clopper_pearson_lower(correct, used, alpha),
-            "cp_upper": clopper_pearson_upper(correct, used, alpha),
+            "cp_lower": clopper_pearson_lower(correct, used, args.alpha),
+            "cp_upper": clopper_pearson_upper(correct, used, args.alpha),
             "cp_note": "Clopper-Pearson bounds are valid for a fixed number of draws only",
-            "test": f"anytime-valid betting test (Waudby-Smith & Ramdas 2024), one-sided, alpha={alpha:g}",
-            "inputs_seen": int(len(np.unique(seen))),
+            "test": f"anytime-valid betting test (Waudby-Smith & Ramdas 2024), one-sided, alpha={args.alpha:g}",
+            "inputs_seen": int(len(np.unique(np.concatenate(indices)[:used]))),
             "batch_size": forward.batch_size,
             "oom_halvings": forward.halvings,
             "model_was_training": info["model_was_training"],
