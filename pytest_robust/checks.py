@@ -89,9 +89,6 @@ class CheckSpec:
     params: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)
 
-    def settings(self, base: Settings) -> Settings:
-        return base.replace(self.overrides, "on the robust marker")
-
 
 def _threshold(metric: Metric, key: str, value) -> float:
     if metric.threshold_kind == "loss":

@@ -1,4 +1,10 @@
-"""The ``robust`` fixture: run checks from a test body and record their results for the reports."""
+"""Running checks inside pytest: the ``robust`` fixture, result recording and verdict enforcement.
+
+Shared by marker checks, programmatic checks and YAML-suite items: every result is recorded on
+its test item (JUnit properties plus a JSON-able list that rides on the test report to the
+controller), and a check that does not pass fails its test (or skips it, for an inconclusive
+check with ``inconclusive = skip``).
+"""
 
 from __future__ import annotations
 
@@ -10,21 +16,56 @@ from .results import Result
 from .settings import Settings
 from .validation import SettingError
 
+#: Result dicts recorded on a test item; the report hook copies them onto the test report.
+ITEM_RESULTS = pytest.StashKey[list]()
 
-def _user_errors():
-    from .engine import RobustDataError, RobustModelError
 
-    return (RobustDataError, RobustModelError, SettingError, TypeError)
+def record(item: pytest.Item, result: Result) -> Result:
+    """Attach ``result`` to ``item``: JUnit properties now, the report at the end of the call."""
+    result.test_id = item.nodeid
+    item.stash.setdefault(ITEM_RESULTS, []).append(result.to_dict())
+    item.user_properties.extend(result.properties())
+    return result
+
+
+def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
+    try:
+        return base.replace(overrides, source)
+    except SettingError as err:
+        raise pytest.UsageError(f"pytest-robust: {err}") from None
+
+
+def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings) -> Result:
+    """Evaluate one spec and record its result; a model, data or argument problem fails the test
+    with its message (not a traceback from inside the engine)."""
+    from .engine import RobustDataError, RobustModelError, resolve_device
+
+    try:
+        result = checks.run(spec, model, data, settings, resolve_device(settings.device))
+    except (RobustDataError, RobustModelError, SettingError, TypeError, ValueError) as err:
+        pytest.fail(f"robust check could not run: {err}", pytrace=False)
+    return record(item, result)
+
+
+def enforce(runs: list[tuple[Settings, Result]]) -> None:
+    """Fail the test if any check failed or was inconclusive with ``inconclusive = fail``; skip it
+    if the only problems are inconclusive checks with ``inconclusive = skip``."""
+    undecided = [(s.inconclusive, r.message()) for s, r in runs if r.verdict == "inconclusive"]
+    fatal = [r.message() for _, r in runs if r.verdict == "fail"] + [m for how, m in undecided if how == "fail"]
+    skipped = [m for how, m in undecided if how == "skip"]
+    if fatal:
+        pytest.fail("\n".join(fatal + skipped), pytrace=False)
+    if skipped:
+        pytest.skip("\n".join(skipped))
 
 
 class RobustFixture:
-    """Bound to one test: its settings, its marker specs and the list its results are recorded in."""
+    """The ``robust`` fixture of one test: programmatic checks and its markers' checks."""
 
-    def __init__(self, request: pytest.FixtureRequest, settings: Settings, specs: list[CheckSpec], results: list):
+    def __init__(self, request: pytest.FixtureRequest, settings: Settings, specs: list[CheckSpec]):
         self._request = request
         self.settings = settings
         self._specs = specs
-        self._results = results
         self.checked = False
 
     @property
@@ -34,34 +75,16 @@ class RobustFixture:
 
         return resolve_device(self.settings.device)
 
-    def _record(self, result: Result) -> Result:
-        result.test_id = self._request.node.nodeid
-        self._results.append(result.to_dict())
-        self._request.node.user_properties.extend(result.properties())
-        return result
-
-    def _run(self, fn, settings: Settings, *args, **kwargs) -> Result:
-        from .engine import resolve_device
-
-        try:
-            result = fn(*args, settings=settings, device=resolve_device(settings.device), **kwargs)
-        except _user_errors() as err:
-            pytest.fail(f"robust check could not run: {err}", pytrace=False)
-        return self._record(result)
+    def _measure(self, metric: str, model, data, threshold, params: dict, overrides: dict) -> Result:
+        spec = CheckSpec(metric, threshold, params, overrides)
+        settings = settings_for(self.settings, overrides, f"argument of robust.{metric}")
+        return run_spec(self._request.node, spec, model, data, settings)
 
     def tsrm(self, model, data, perturbation, threshold: float | None = None, **overrides) -> Result:
         """TSRM accuracy of ``model`` on ``data`` under ``perturbation``, gated when ``threshold``
         is given; ``overrides`` are settings (confidence, budget, seed, batch_size, device).
         Returns the Result; assert on ``result.passed`` or ``result.verdict`` yourself."""
-        spec = CheckSpec("tsrm", threshold, {"perturbation": perturbation}, overrides)
-        settings = self._settings_for(spec, "argument of robust.tsrm")
-        return self._run(checks.run, settings, spec, model, data)
-
-    def _settings_for(self, spec: CheckSpec, source: str) -> Settings:
-        try:
-            return self.settings.replace(spec.overrides, source)
-        except SettingError as err:
-            raise pytest.UsageError(f"pytest-robust: {err}") from None
+        return self._measure("tsrm", model, data, threshold, {"perturbation": perturbation}, overrides)
 
     def _fixture(self, name: str, role: str):
         try:
@@ -78,15 +101,9 @@ class RobustFixture:
         self.checked = True
         runs = []
         for spec in self._specs:
-            settings = self._settings_for(spec, "on the robust marker")
+            settings = settings_for(self.settings, spec.overrides, "on the robust marker")
             model = self._fixture(settings.model, "model")
             data = self._fixture(settings.data, "data")
-            runs.append((settings, self._run(checks.run, settings, spec, model, data)))
-        undecided = [(s.inconclusive, r.message()) for s, r in runs if r.verdict == "inconclusive"]
-        fatal = [r.message() for _, r in runs if r.verdict == "fail"] + [m for how, m in undecided if how == "fail"]
-        skipped = [m for how, m in undecided if how == "skip"]
-        if fatal:
-            pytest.fail("\n".join(fatal + skipped), pytrace=False)
-        if skipped:
-            pytest.skip("\n".join(skipped))
+            runs.append((settings, run_spec(self._request.node, spec, model, data, settings)))
+        enforce(runs)
         return [r for _, r in runs]

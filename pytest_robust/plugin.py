@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from . import checks
-from .fixture import RobustFixture
+from .fixture import ITEM_RESULTS, RobustFixture
 from .report.plots import write_plots
 from .report.terminal import summary_lines
 from .settings import KEYS, Settings, read_yaml, resolve
@@ -21,7 +21,6 @@ from .validation import SettingError
 
 SETTINGS = pytest.StashKey[Settings]()
 SPECS = pytest.StashKey[list]()
-ITEM_RESULTS = pytest.StashKey[list]()
 
 MARKER_DOC = (
     "robust(<metric>=<threshold>, **params): a robustness requirement checked after the test body. "
@@ -38,6 +37,12 @@ def _shown(default) -> str:
 
 def _flag(name: str) -> str:
     return "--robust-" + name.replace("_", "-")
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from . import hookspec
+
+    pluginmanager.add_hookspecs(hookspec)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -130,10 +135,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def robust(request: pytest.FixtureRequest) -> RobustFixture:
     """Programmatic checks: ``robust.tsrm(model, data, perturbation, threshold=...)`` returns a
     Result recorded in the reports; ``robust.check()`` runs this test's robust markers now."""
-    item = request.node
-    item.stash.setdefault(ITEM_RESULTS, [])
-    return RobustFixture(request, request.config.stash[SETTINGS], item.stash.get(SPECS, []),
-                         item.stash[ITEM_RESULTS])
+    return RobustFixture(request, request.config.stash[SETTINGS], request.node.stash.get(SPECS, []))
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,7 @@ class Settings:
     report: str | None = None
     cache_dir: str = ".robust_cache"
     refit: bool = False
+    profile: str | None = None
 
     def replace(self, values: dict, source: str) -> "Settings":
         """A copy with ``values`` (raw, validated here) applied; ``source`` names their origin."""
@@ -79,6 +80,8 @@ KEYS = (
         "relative to the working directory"),
     Key("refit", validation.boolean,
         "ignore cached fitted artefacts and fit again", flag=True),
+    Key("profile", validation.identifier,
+        "profile of YAML suites (robust_*.yaml) to run, e.g. smoke, ci or nightly; scales budgets"),
 )
 KEY_NAMES = tuple(k.name for k in KEYS)
 assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"
