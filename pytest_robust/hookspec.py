@@ -1,8 +1,8 @@
 """Hooks that other plugins and conftest.py files can implement to extend pytest-robust."""
 
-import pytest
+import pluggy
 
-hookspec = pytest.HookspecMarker("pytest")
+hookspec = pluggy.HookspecMarker("pytest")
 
 
 @hookspec
