@@ -35,15 +35,16 @@ def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
 
 
-def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings) -> Result:
-    """Evaluate one spec and record its result; a model, data or argument problem fails the test
-    with its message (not a traceback from inside the engine)."""
+def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str) -> Result:
+    """Evaluate one spec and record its result under ``model_name``; a model, data or argument
+    problem fails the test with its message (not a traceback from inside the engine)."""
     from .engine import RobustDataError, RobustModelError, resolve_device
 
     try:
         result = checks.run(spec, model, data, settings, resolve_device(settings.device))
     except (RobustDataError, RobustModelError, SettingError, TypeError, ValueError) as err:
         pytest.fail(f"robust check could not run: {err}", pytrace=False)
+    result.model = model_name
     return record(item, result)
 
 
@@ -78,7 +79,7 @@ class RobustFixture:
     def _measure(self, metric: str, model, data, threshold, params: dict, overrides: dict) -> Result:
         spec = CheckSpec(metric, threshold, params, overrides)
         settings = settings_for(self.settings, overrides, f"argument of robust.{metric}")
-        return run_spec(self._request.node, spec, model, data, settings)
+        return run_spec(self._request.node, spec, model, data, settings, type(model).__name__)
 
     def tsrm(self, model, data, perturbation, threshold: float | None = None, **overrides) -> Result:
         """TSRM accuracy of ``model`` on ``data`` under ``perturbation``, gated when ``threshold``
@@ -104,6 +105,6 @@ class RobustFixture:
             settings = settings_for(self.settings, spec.overrides, "on the robust marker")
             model = self._fixture(settings.model, "model")
             data = self._fixture(settings.data, "data")
-            runs.append((settings, run_spec(self._request.node, spec, model, data, settings)))
+            runs.append((settings, run_spec(self._request.node, spec, model, data, settings, settings.model)))
         enforce(runs)
         return [r for _, r in runs]

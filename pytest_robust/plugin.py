@@ -8,12 +8,17 @@ or when a CUDA device is requested.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from . import checks
 from .fixture import ITEM_RESULTS, RobustFixture
+from .report import store
+from .report.environment import environment
+from .report.junit import metric_junit
+from .report.markdown import summary_markdown
 from .report.plots import write_plots
 from .report.terminal import summary_lines
 from .settings import KEYS, Settings, read_yaml, resolve
@@ -66,6 +71,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "precedence: marker > command line > YAML > ini > defaults (ini: robust_config).",
     )
     parser.addini("robust_config", "YAML file of robust settings, relative to the ini file.", default="")
+    group.addoption("--robust-junitxml", dest="robust_junitxml", default=None, metavar="PATH",
+                    help="write a metric-level JUnit file: one testcase per check, one suite per model, "
+                    "the numbers in testcase names and failure messages.")
+    group.addoption("--robust-save", dest="robust_save", default=None, metavar="NAME",
+                    help="save this run's results as baseline NAME (per machine and environment).")
+    group.addoption("--robust-compare", dest="robust_compare", nargs="?", const="", default=None,
+                    metavar="NAME", help="compare with baseline NAME (default: the newest saved on "
+                    "this machine); a check regresses when the two runs' confidence bounds do not overlap.")
+    group.addoption("--robust-compare-fail", dest="robust_compare_fail", action="store_true",
+                    help="compare with the baseline (--robust-compare, default newest) and fail the run "
+                    "when a check regressed.")
+    group.addoption("--robust-baselines", dest="robust_baselines", default=".robust_baselines",
+                    metavar="DIR", help="directory of saved baselines (default: .robust_baselines).")
 
 
 def _yaml_layer(config: pytest.Config) -> tuple[dict, str]:
@@ -164,35 +182,83 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 class ResultCollector:
-    """Gathers results from test reports (local or from xdist workers); on the controller only,
-    writes the report directory and prints the summary table once."""
+    """Gathers results from test reports (local or from xdist workers). On the controller (and
+    rank 0 under torchrun) it writes the report files, saves/compares baselines and prints the
+    summary, each once."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.results: list[dict] = []
-        self.written: list[str] = []
+        self.lines: list[str] = []
+        self.comparison: list[dict] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
             self.results.extend(getattr(report, "robust_results", None) or [])
 
-    def pytest_sessionfinish(self) -> None:
-        directory = self.config.stash[SETTINGS].report
-        if not directory or hasattr(self.config, "workerinput") or not self.results:
+    def _writes(self) -> bool:
+        return not hasattr(self.config, "workerinput") and os.environ.get("RANK", "0") == "0"
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self._writes() or not self.results:
             return
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "results.json").write_text(json.dumps(self.results, indent=2, default=str))
-        self.written = [str(directory / "results.json")]
+        env = environment(self.config.rootpath)
+        self.config.hook.pytest_robust_environment(env=env)
+        options, settings = self.config.option, self.config.stash[SETTINGS]
+        if options.robust_compare is not None or options.robust_compare_fail:
+            self._compare(session, env)
+        if settings.report:
+            self._write_report(Path(settings.report), env)
+        if options.robust_junitxml:
+            path = Path(options.robust_junitxml)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(metric_junit(self.results, env))
+            self.lines.append(f"robust metric-level JUnit: {path}")
+        if options.robust_save:
+            path = store.save(Path(options.robust_baselines), options.robust_save, self.results, env)
+            self.lines.append(f"robust baseline saved: {path}")
+
+    def _compare(self, session: pytest.Session, env: dict) -> None:
+        options = self.config.option
         try:
-            self.written += [str(p) for p in write_plots(self.results, directory)]
+            baseline = store.load(Path(options.robust_baselines), options.robust_compare or None, env)
+        except FileNotFoundError as err:
+            self.lines.append(f"robust baseline comparison skipped: {err}")
+            return
+        self.comparison = store.compare(baseline["results"], self.results)
+        regressed = [c for c in self.comparison if c["status"] == "regressed"]
+        self.lines.append(
+            f"robust baseline {baseline['name']!r} (commit {baseline['commit'][:12] or 'unknown'}, "
+            f"saved {baseline['saved']}): {len(regressed)} regressed, "
+            f"{sum(c['status'] == 'improved' for c in self.comparison)} improved, "
+            f"{sum(c['status'] == 'unchanged' for c in self.comparison)} unchanged"
+        )
+        self.lines += [f"  REGRESSED {c['key']}: {c['baseline']} -> {c['current']}" for c in regressed]
+        if regressed and options.robust_compare_fail:
+            self.lines.append(
+                "  --robust-compare-fail: failing the run (bounds of the two runs do not overlap; "
+                "see README, 'Baselines')"
+            )
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write_report(self, directory: Path, env: dict) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        settings = self.config.stash[SETTINGS]
+        payload = {"environment": env, "settings": settings.__dict__, "results": self.results}
+        (directory / "results.json").write_text(json.dumps(payload, indent=2, default=str))
+        (directory / "summary.md").write_text(summary_markdown(self.results, env, self.comparison))
+        written = [directory / "results.json", directory / "summary.md"]
+        try:
+            written += write_plots(self.results, directory)
         except RuntimeError as err:
-            self.written.append(f"(no plots: {err})")
+            self.lines.append(f"robust report: no plots ({err})")
+        self.lines += [f"robust report: {p}" for p in written]
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.results:
             terminalreporter.section("robustness checks")
             for line in summary_lines(self.results):
                 terminalreporter.write_line(line)
-        for path in self.written:
-            terminalreporter.write_line(f"robust report: {path}")
+        for line in self.lines:
+            terminalreporter.write_line(line)

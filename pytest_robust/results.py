@@ -48,6 +48,7 @@ class Result:
     estimate >= threshold (accuracies) and "<=" when it is estimate <= threshold (losses).
     ``draws`` counts the random perturbations the verdict rests on; ``forward_passes`` counts every
     input the model evaluated. ``note`` is appended to the message (e.g. diagnostics, caveats).
+    ``model`` names the model (its fixture name in pytest) and ``test_id`` the test that ran it.
     """
 
     metric: str
@@ -68,6 +69,7 @@ class Result:
     details: dict = field(default_factory=dict)
     direction: str = ">="
     note: str = ""
+    model: str = ""
     test_id: str = ""
 
     @property

@@ -38,9 +38,41 @@ def plot_curve(curve: dict, path: Path) -> Path:
     return path
 
 
+SIZE = re.compile(r"^(\w+)\((\w+)=([-+0-9.eE]+)(.*)\)$")
+
+
+def tsrm_curves(results: list[dict]) -> dict[str, dict]:
+    """TSRM against perturbation size: per model and perturbation family with >= 2 sizes, the
+    estimate and both bounds against eps (sigma, scale) read from the perturbation's repr."""
+    groups: dict[tuple, list] = {}
+    for r in results:
+        match = SIZE.match(r["perturbation"]) if r["metric"] == "tsrm" else None
+        if match:
+            family, size_name, size, rest = match.groups()
+            groups.setdefault((r.get("model") or "model", family, size_name, rest), []).append((float(size), r))
+    curves = {}
+    for (model, family, size_name, rest), points in groups.items():
+        if len({size for size, _ in points}) < 2:
+            continue
+        points.sort(key=lambda p: p[0])
+        curves[f"tsrm-{model}-{family}"] = {
+            "title": f"TSRM of {model} under {family}" + (f" ({rest.strip(', ')})" if rest.strip(", ") else ""),
+            "xlabel": size_name,
+            "ylabel": "accuracy under perturbation",
+            "x": [size for size, _ in points],
+            "series": {
+                "estimate": [r["estimate"] for _, r in points],
+                f"lower bound ({points[0][1]['confidence']:.0%})": [r["lower"] for _, r in points],
+                f"upper bound ({points[0][1]['confidence']:.0%})": [r["upper"] for _, r in points],
+            },
+        }
+    return curves
+
+
 def write_plots(results: list[dict], directory: Path) -> list[Path]:
-    """One PNG per curve of every result, named after the test and the curve; returns the paths."""
+    """One PNG per curve carried by a result, plus TSRM-against-size curves; returns the paths."""
     curves = [(r, name, c) for r in results for name, c in r.get("details", {}).get("curves", {}).items()]
+    curves += [({"test_id": "summary"}, name, c) for name, c in tsrm_curves(results).items()]
     if not curves:
         return []
     try:

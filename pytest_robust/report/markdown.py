@@ -1,0 +1,60 @@
+"""summary.md: the table GitHub renders in a job summary ($GITHUB_STEP_SUMMARY)."""
+
+from __future__ import annotations
+
+from ..results import Result
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | None = None) -> str:
+    """One row per check (check, metric, estimate, bound, threshold, verdict, time), then the
+    messages of checks that did not pass, the baseline comparison and the environment."""
+    parsed = [Result.from_dict(r) for r in results]
+    icon = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "estimate": "ℹ️ estimate"}
+    lines = [
+        "## Robustness checks",
+        "",
+        f"{sum(r.verdict == 'pass' for r in parsed)} passed, {sum(r.verdict == 'fail' for r in parsed)} failed, "
+        f"{sum(r.verdict == 'inconclusive' for r in parsed)} inconclusive, "
+        f"{sum(r.verdict == 'estimate' for r in parsed)} estimates.",
+        "",
+        "| check | metric | perturbation | estimate | bound | threshold | verdict | draws | time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in parsed:
+        bound = f"{r.lower:.4f}" if r.direction == ">=" else f"{r.upper:.4f}"
+        side = "lower" if r.direction == ">=" else "upper"
+        threshold = "–" if r.threshold is None else f"{r.direction} {r.threshold:g}"
+        lines.append(
+            f"| {_cell(r.test_id)} | {r.name} | {_cell(r.perturbation)} | {r.estimate:.4f} | "
+            f"{bound} ({r.confidence:.0%} {side}) | {threshold} | {icon.get(r.verdict, r.verdict)} | "
+            f"{r.draws} | {r.seconds:.1f} s |"
+        )
+    failing = [r for r in parsed if r.verdict in ("fail", "inconclusive")]
+    if failing:
+        lines += ["", "### Checks that did not pass", ""]
+        lines += [f"- `{_cell(r.test_id)}`: {_cell(r.message())}" for r in failing]
+    notes = sorted({r.note for r in parsed if r.note})
+    if notes:
+        lines += ["", "### Notes", ""] + [f"- {_cell(n)}" for n in notes]
+    if comparison:
+        lines += ["", "### Against the baseline", "", "| check | baseline | now | change |", "|---|---|---|---|"]
+        lines += [
+            f"| {_cell(c['key'])} | {c['baseline']} | {c['current']} | {c['status']} |" for c in comparison
+        ]
+    lines += [
+        "",
+        "Each check's verdict holds with probability at least its confidence on its own; seeds: "
+        + ", ".join(sorted({str(r.seed) for r in parsed})) + ".",
+        "",
+        "<details><summary>environment</summary>",
+        "",
+        *[f"- {k}: {_cell(v)}" for k, v in env.items()],
+        "",
+        "</details>",
+        "",
+    ]
+    return "\n".join(lines)

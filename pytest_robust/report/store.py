@@ -1,0 +1,83 @@
+"""Baselines: save a run's results under a name, compare a later run against one statistically.
+
+Baselines live in ``<directory>/<machine key>/<name>.json`` (machine key: host, architecture,
+torch version and accelerators, see ``environment.machine_key``), with the commit and time.
+
+The comparison is not a difference of two noisy estimates. Each check carries one-sided bounds
+that each hold with probability >= its confidence. A check is flagged **regressed** when the
+current run's bound on the good side lies beyond the baseline's bound on the other side (for an
+accuracy: current upper < baseline lower; for a loss: current lower > baseline upper), and
+**improved** in the mirror case. If all four bounds hold, a flagged change is real; the chance
+of a false flag is at most 2 x (1 - confidence). Overlapping bounds are "unchanged".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..results import Result
+from .environment import machine_key
+
+
+def save(directory: Path, name: str, results: list[dict], env: dict) -> Path:
+    path = directory / machine_key(env) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"name": name, "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": env.get("commit", ""),
+               "environment": env, "results": results}
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    return path
+
+
+def load(directory: Path, name: str | None, env: dict) -> dict:
+    """The named baseline of this machine, or its newest when ``name`` is None or empty."""
+    folder = directory / machine_key(env)
+    saved = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    if not saved:
+        raise FileNotFoundError(
+            f"no baseline saved for this machine ({machine_key(env)}) in {directory}: "
+            "run once with --robust-save NAME first"
+        )
+    path = folder / f"{name}.json" if name else saved[-1]
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no baseline named {name!r} for this machine in {folder}; saved: "
+            + ", ".join(p.stem for p in saved)
+        )
+    return json.loads(path.read_text())
+
+
+def _keyed(results: list[dict]) -> dict[str, Result]:
+    keyed: dict[str, Result] = {}
+    for data in results:
+        r = Result.from_dict(data)
+        base = f"{r.test_id}::{r.metric}::{r.perturbation}"
+        key, n = base, 1
+        while key in keyed:
+            n += 1
+            key = f"{base}#{n}"
+        keyed[key] = r
+    return keyed
+
+
+def _status(base: Result, now: Result) -> str:
+    worse, better = (now.upper < base.lower, now.lower > base.upper)
+    if base.direction == "<=":
+        worse, better = better, worse
+    return "regressed" if worse else "improved" if better else "unchanged"
+
+
+def _shown(r: Result | None) -> str:
+    return "–" if r is None else f"{r.estimate:.4f} [{r.lower:.4f}, {r.upper:.4f}]"
+
+
+def compare(baseline: list[dict], current: list[dict]) -> list[dict]:
+    """One row per check present in either run: key, baseline, current, status."""
+    old, new = _keyed(baseline), _keyed(current)
+    rows = []
+    for key in list(old) + [k for k in new if k not in old]:
+        a, b = old.get(key), new.get(key)
+        status = "new" if a is None else "missing" if b is None else _status(a, b)
+        rows.append({"key": key, "baseline": _shown(a), "current": _shown(b), "status": status})
+    return rows
