@@ -1,0 +1,151 @@
+"""Report files, the metric-level JUnit file and baselines, end to end with pytester."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pytest_robust.report import store
+from pytest_robust.report.markdown import summary_markdown
+from pytest_robust.report.plots import tsrm_curves
+from pytest_robust.results import Result
+
+from test_plugin import CONFTEST
+
+# The model's accuracy under UniformLinf(eps) from inputs 0.5 is known: x' ~ U[0.5 - eps, 0.5 + eps]
+# and the model is right iff x' < t, so TSRM = min(1, (t - 0.5 + eps) / (2 eps)).
+SUITE = """
+import pytest
+from pytest_robust import UniformLinf
+
+@pytest.mark.robust(tsrm=0.7, perturbation=UniformLinf(eps=0.5))
+def test_wide():
+    pass
+
+@pytest.mark.robust(tsrm=0.7, perturbation=UniformLinf(eps=0.4))
+def test_narrower():
+    pass
+
+@pytest.mark.robust(tsrm=0.95, perturbation=UniformLinf(eps=0.5))
+def test_too_strict():
+    pass
+"""
+
+STEP_AT = "return Step(0.8)"
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_suite=SUITE)
+    return pytester
+
+
+def test_report_directory_has_results_summary_and_plots(suite):
+    result = suite.runpytest("--robust-report", "out")
+    result.assert_outcomes(passed=2, failed=1)
+    out = suite.path / "out"
+    payload = json.loads((out / "results.json").read_text())
+    assert {"environment", "settings", "results"} <= set(payload)
+    assert payload["environment"]["torch"] and payload["environment"]["python"]
+    assert payload["settings"]["seed"] == 0
+    assert [r["verdict"] for r in payload["results"]] == ["pass", "pass", "fail"]
+    assert all(r["model"] == "robust_model" for r in payload["results"])
+    summary = (out / "summary.md").read_text()
+    assert "| check | metric | perturbation | estimate | bound | threshold | verdict | draws | time |" in summary
+    assert "test_suite.py::test_too_strict" in summary and "❌ fail" in summary
+    assert "< required 0.95 under UniformLinf(eps=0.5)" in summary
+    plots = sorted(p.name for p in out.glob("*.png"))
+    assert plots == ["00-summary-tsrm-robust_model-UniformLinf.png"]
+    assert (out / plots[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result.stdout.fnmatch_lines(["robust report: out/results.json", "robust report: out/summary.md"])
+
+
+def test_metric_level_junit_has_numbers_in_names_and_messages(suite):
+    suite.runpytest("--robust-junitxml", "metric.xml")
+    root = ET.parse(suite.path / "metric.xml").getroot()
+    (testsuite,) = root.iter("testsuite")
+    assert testsuite.get("name") == "robustness of robust_model"
+    props = {p.get("name"): p.get("value") for p in testsuite.iter("property")}
+    assert {"python", "torch", "hostname", "commit"} <= set(props)
+    cases = list(testsuite.iter("testcase"))
+    assert len(cases) == 3
+    assert cases[0].get("name").startswith("TSRM 0.")
+    assert "PASS | UniformLinf(eps=0.5) | test_suite.py::test_wide" in cases[0].get("name")
+    failure = cases[2].find("failure")
+    assert failure is not None and "< required 0.95" in failure.get("message")
+
+
+def test_reports_written_once_by_the_controller_under_xdist(suite):
+    result = suite.runpytest_subprocess("-n", "2", "--robust-report", "out", "--robust-junitxml", "m.xml")
+    result.assert_outcomes(passed=2, failed=1)
+    assert len(json.loads((suite.path / "out" / "results.json").read_text())["results"]) == 3
+    assert len(list(ET.parse(suite.path / "m.xml").getroot().iter("testcase"))) == 3
+    assert result.stdout.str().count("robust report: out/results.json") == 1
+
+
+def test_baseline_then_degraded_model_fails_compare(suite):
+    suite.runpytest("--robust-save", "main").assert_outcomes(passed=2, failed=1)
+    saved = list((suite.path / ".robust_baselines").glob("*/main.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["name"] == "main"
+
+    same = suite.runpytest("--robust-compare", "main", "--robust-compare-fail")
+    assert same.ret == pytest.ExitCode.TESTS_FAILED  # test_too_strict fails on its own
+    same.stdout.fnmatch_lines(["robust baseline 'main' (commit *): 0 regressed, 0 improved, 3 unchanged"])
+
+    suite.makeconftest(CONFTEST.replace(STEP_AT, "return Step(0.55)"))  # TSRM drops to 0.55
+    worse = suite.runpytest("--robust-compare-fail", "--robust-inconclusive", "skip")
+    worse.stdout.fnmatch_lines([
+        "robust baseline 'main' *: * regressed*",
+        "  REGRESSED test_suite.py::test_wide::tsrm::UniformLinf(eps=0.5): 0.* -> 0.*",
+        "  --robust-compare-fail: failing the run*",
+    ])
+    assert worse.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_compare_without_a_baseline_says_how_to_make_one(suite):
+    result = suite.runpytest("--robust-compare")
+    result.stdout.fnmatch_lines(["robust baseline comparison skipped: no baseline saved for this machine*--robust-save NAME*"])
+
+
+def _result(**kw) -> dict:
+    base = dict(metric="tsrm", estimate=0.9, lower=0.88, upper=0.92, threshold=0.85, confidence=0.95,
+                verdict="pass", n_inputs=10, draws=100, forward_passes=100, seconds=1.0, device="cpu",
+                seed=0, perturbation="UniformLinf(eps=0.1)", budget=1000, test_id="t::a")
+    return Result(**{**base, **kw}).to_dict()
+
+
+@pytest.mark.parametrize(
+    "now, direction, status",
+    [
+        (dict(estimate=0.80, lower=0.78, upper=0.82), ">=", "regressed"),
+        (dict(estimate=0.87, lower=0.85, upper=0.89), ">=", "unchanged"),  # overlapping bounds
+        (dict(estimate=0.97, lower=0.95, upper=0.99), ">=", "improved"),
+        (dict(estimate=0.80, lower=0.78, upper=0.82), "<=", "improved"),  # a loss went down
+        (dict(estimate=0.97, lower=0.95, upper=0.99), "<=", "regressed"),
+    ],
+)
+def test_comparison_uses_non_overlapping_bounds(now, direction, status):
+    (row,) = store.compare([_result(direction=direction)], [_result(direction=direction, **now)])
+    assert row["status"] == status
+
+
+def test_comparison_reports_new_and_missing_checks():
+    rows = store.compare([_result(test_id="t::old")], [_result(test_id="t::new")])
+    assert [(r["key"].split("::")[1], r["status"]) for r in rows] == [("old", "missing"), ("new", "new")]
+
+
+def test_tsrm_curves_group_by_model_and_family():
+    results = [
+        _result(perturbation=f"UniformLinf(eps={e})", model="m", estimate=1 - e) for e in (0.3, 0.1, 0.2)
+    ] + [_result(perturbation="GaussianNoise(sigma=0.1)", model="m")]
+    (name, curve), = tsrm_curves(results).items()
+    assert name == "tsrm-m-UniformLinf" and curve["x"] == [0.1, 0.2, 0.3]
+    assert curve["series"]["estimate"] == pytest.approx([0.9, 0.8, 0.7])
+
+
+def test_summary_markdown_escapes_pipes_and_lists_environment():
+    text = summary_markdown([_result(perturbation="a|b")], {"torch": "2.14.1"})
+    assert "a\\|b" in text and "- torch: 2.14.1" in text
