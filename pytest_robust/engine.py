@@ -13,7 +13,9 @@ Guarantees (each one is tested):
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
+import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -45,7 +47,9 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
         return param.device if param is not None else torch.device("cpu")
     spec = validation.device("device", spec)
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cuda" and world()[1] > 1 and "LOCAL_RANK" in os.environ:
+        spec = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun: one GPU per local rank
     device = torch.device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -57,6 +61,61 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device 'mps' requested but MPS is not available on this machine")
     return device
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of torch.distributed when it is initialised, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_blocks(local: torch.Tensor) -> torch.Tensor:
+    """Interleave per-rank block stacks into block order.
+
+    Rank r holds blocks r, r + W, r + 2W, ... of a step as ``local`` of shape (k, ...); the
+    result has shape (k * W, ...) with block j at row j, the same on every rank. With one
+    process it is ``local`` itself, so a check's stream does not depend on the world size.
+    """
+    rank, size = world()
+    if size == 1:
+        return local
+    dist = torch.distributed
+    on = local.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    parts = [torch.empty_like(local, device=on) for _ in range(size)]
+    dist.all_gather(parts, local.to(on))
+    return torch.stack(parts, dim=1).reshape(-1, *local.shape[1:]).to(local.device)
+
+
+def sum_over_ranks(value: int) -> int:
+    """Sum an integer count over all ranks (itself with one process)."""
+    if world()[1] == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.int64)
+    torch.distributed.all_reduce(total)
+    return int(total.item())
+
+
+_PROGRESS: contextvars.ContextVar = contextvars.ContextVar("robust_progress", default=None)
+
+
+@contextlib.contextmanager
+def progress_sink(callback):
+    """Route ``report_progress`` calls made inside the block to ``callback(fields: dict)``."""
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def report_progress(**fields) -> None:
+    """Tell the current progress sink (if any) how a long check is doing; values may be callables
+    that are evaluated only when the sink decides to show them (e.g. a confidence bound)."""
+    callback = _PROGRESS.get()
+    if callback is not None:
+        callback(fields)
 
 
 def stream_generator(seed: int, *keys, device: torch.device | str = "cpu") -> torch.Generator:

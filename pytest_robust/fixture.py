@@ -12,6 +12,7 @@ import pytest
 
 from . import checks
 from .checks import CheckSpec
+from .report.progress import Progress
 from .results import Result
 from .settings import Settings
 from .validation import SettingError
@@ -38,14 +39,23 @@ def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
 def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str) -> Result:
     """Evaluate one spec and record its result under ``model_name``; a model, data or argument
     problem fails the test with its message (not a traceback from inside the engine)."""
-    from .engine import RobustDataError, RobustModelError, resolve_device
+    from .engine import RobustDataError, RobustModelError, progress_sink, resolve_device
 
     try:
-        result = checks.run(spec, model, data, settings, resolve_device(settings.device))
+        with progress_sink(_progress(item)):
+            result = checks.run(spec, model, data, settings, resolve_device(settings.device))
     except (RobustDataError, RobustModelError, SettingError, TypeError, ValueError) as err:
         pytest.fail(f"robust check could not run: {err}", pytrace=False)
     result.model = model_name
     return record(item, result)
+
+
+def _progress(item: pytest.Item):
+    """A throttled progress printer when pytest shows output (-s), else None."""
+    terminal = item.config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is None or item.config.getoption("capture") != "no":
+        return None
+    return Progress(terminal, item.nodeid.rsplit("/", 1)[-1])
 
 
 def enforce(runs: list[tuple[Settings, Result]]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,44 @@ def _check_device_exists(device: str) -> None:
         ) from None
 
 
+def _pin_xdist_worker_gpu(config: pytest.Config, device: str) -> None:
+    """Under pytest-xdist each worker takes its own GPU: worker gwN sees GPU N mod count.
+
+    Respects a CUDA_VISIBLE_DEVICES list the user already set (workers pick from it). Runs when
+    the worker configures, before any check touches CUDA; only for device auto or cuda.
+    """
+    worker = getattr(config, "workerinput", None)
+    if worker is None or device not in ("auto", "cuda"):
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = [g.strip() for g in visible.split(",") if g.strip()]
+    else:
+        try:
+            listing = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                                     capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return
+        gpus = listing.stdout.split() if listing.returncode == 0 else []
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker["workerid"].lstrip("gw")) % len(gpus)]
+
+
+def _join_torchrun(config: pytest.Config, device: str) -> None:
+    """Under torchrun (WORLD_SIZE > 1) join the process group so checks shard their draws over
+    ranks; only rank 0 writes pytest's JUnit file (and the robust reports, see ResultCollector)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend=backend)
+    if dist.get_rank() != 0:
+        config.option.xmlpath = None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
     try:
@@ -122,6 +161,8 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except SettingError as err:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
+    _pin_xdist_worker_gpu(config, settings.device)
+    _join_torchrun(config, settings.device)
     _check_device_exists(settings.device)
     config.stash[SETTINGS] = settings
     config.pluginmanager.register(ResultCollector(config), "robust-results")
@@ -197,6 +238,7 @@ class ResultCollector:
             self.results.extend(getattr(report, "robust_results", None) or [])
 
     def _writes(self) -> bool:
+        """Only the xdist controller and torchrun's rank 0 write files."""
         return not hasattr(self.config, "workerinput") and os.environ.get("RANK", "0") == "0"
 
     @pytest.hookimpl(trylast=True)

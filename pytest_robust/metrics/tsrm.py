@@ -16,7 +16,18 @@ import time
 import numpy as np
 import torch
 
-from ..engine import Forward, correct_predictions, guarded, load_data, resolve_device, stream_generator
+from ..engine import (
+    Forward,
+    correct_predictions,
+    gather_blocks,
+    guarded,
+    load_data,
+    report_progress,
+    resolve_device,
+    stream_generator,
+    sum_over_ranks,
+    world,
+)
 from ..perturbations import as_perturbation
 from ..results import Result
 from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
@@ -26,12 +37,34 @@ from ..validation import check_run_args
 BLOCK = 256
 
 
-def _block(ds, perturbation, seed: int, index: int, device: torch.device):
-    """Block ``index`` of the draw stream: input indices and their perturbed inputs."""
-    idx = torch.randint(len(ds), (BLOCK,), generator=stream_generator(seed, "tsrm-index", index))
-    x = ds.x[idx.to(ds.x.device)].to(device)
-    x = perturbation(x, stream_generator(seed, "tsrm-noise", index, device=device))
-    return idx, x
+def _indices(n_inputs: int, seed: int, index: int) -> torch.Tensor:
+    """Input indices of block ``index`` of the draw stream (uniform, with replacement)."""
+    return torch.randint(n_inputs, (BLOCK,), generator=stream_generator(seed, "tsrm-index", index))
+
+
+def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, limit: int):
+    """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
+
+    A step is ``ceil(batch_size / BLOCK)`` blocks per process; under torch.distributed rank r
+    evaluates blocks first + r, first + r + W, ... and the outcomes are gathered in block order,
+    so every rank sees the same stream as a single process would. A single process evaluates
+    only the first ``limit`` draws (ranks evaluate whole blocks; the surplus is dropped).
+    """
+    rank, size = world()
+    per_rank = -(-forward.batch_size // BLOCK)
+    mine = range(first + rank, first + per_rank * size, size)
+    idx = [_indices(len(ds), seed, b) for b in mine]
+    x = torch.cat([
+        perturbation(ds.x[i.to(ds.x.device)].to(device), stream_generator(seed, "tsrm-noise", b, device=device))
+        for b, i in zip(mine, idx)
+    ])
+    y = ds.y[torch.cat(idx).to(ds.y.device)].to(device)
+    if size == 1:
+        hits = correct_predictions(forward.logits(x[:limit]), y[:limit])
+    else:
+        hits = gather_blocks(correct_predictions(forward.logits(x), y).reshape(per_rank, BLOCK)).reshape(-1)
+    indices = torch.cat([_indices(len(ds), seed, b) for b in range(first, first + per_rank * size)])
+    return hits[:limit].cpu().numpy(), indices[:limit].numpy(), per_rank * size
 
 
 def tsrm(
@@ -66,18 +99,17 @@ def tsrm(
         forward = Forward(model, args.batch_size, max_label=int(ds.y.max()))
         block = 0
         while drawn < args.budget and (gate is None or gate.decision is None):
-            per_step = -(-forward.batch_size // BLOCK)  # enough blocks to fill one batch
-            blocks = [_block(ds, perturbation, args.seed, block + i, device) for i in range(per_step)]
-            block += len(blocks)
-            idx = torch.cat([b[0] for b in blocks])[: args.budget - drawn]
-            x = torch.cat([b[1] for b in blocks])[: args.budget - drawn]
-            y = ds.y[idx.to(ds.y.device)].to(device)
-            hits = correct_predictions(forward.logits(x), y).cpu().numpy()
+            hits, idx, consumed = _step(forward, ds, perturbation, args.seed, block, device, args.budget - drawn)
+            block += consumed
             outcomes.append(hits)
-            indices.append(idx.numpy())
+            indices.append(idx)
             drawn += len(hits)
             if gate is not None:
                 gate.update(hits)
+            report_progress(
+                metric="TSRM", draws=drawn, budget=args.budget, forward_passes=forward.passes,
+                bounds=lambda: confidence_sequence(np.concatenate(outcomes), args.alpha),
+            )
     decision = gate.decision if gate is not None else None
     used = decision.at if decision is not None else drawn
     stream = np.concatenate(outcomes)[:used]
@@ -99,7 +131,7 @@ def tsrm(
         verdict=verdict,
         n_inputs=len(ds),
         draws=used,
-        forward_passes=forward.passes,
+        forward_passes=sum_over_ranks(forward.passes),
         seconds=time.perf_counter() - started,
         device=str(device),
         seed=args.seed,

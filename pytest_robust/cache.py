@@ -1,0 +1,84 @@
+"""A directory of fitted artefacts (e.g. NPPR's learned perturbation models), keyed by content.
+
+An entry is one ``torch.save`` file ``<cache_dir>/<kind>-<key[:24]>.pt`` holding a dict of tensors
+and plain values, with the full key inside. The key is a SHA-256 over everything the artefact
+depends on: the model's weights (every state_dict tensor's name, dtype, shape and bytes), the model
+class, and the caller's settings (any JSON-able dict). An entry is trusted only if it loads with
+``torch.load(weights_only=True)`` (no code runs while loading), is a dict of the expected format
+and carries exactly the expected key; anything else is reported as invalid, and the caller refits.
+Writes go to a temporary file renamed into place, so concurrent writers (xdist workers) never
+leave a half-written entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+#: Bumped whenever the layout of stored entries changes; part of every key.
+FORMAT = 1
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's class and of every state_dict entry (name, dtype, shape, raw bytes)."""
+    digest = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__}".encode())
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def tensor_fingerprint(*tensors: torch.Tensor) -> str:
+    """SHA-256 of tensors' dtypes, shapes and bytes (e.g. to key on the exact data a fit used)."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def cache_key(kind: str, model_hash: str, settings: dict) -> str:
+    """The key of an artefact of ``kind`` fitted to the model with ``model_hash`` under ``settings``."""
+    text = json.dumps({"format": FORMAT, "kind": kind, "model": model_hash, "settings": settings},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def entry_path(cache_dir: str | os.PathLike, kind: str, key: str) -> Path:
+    return Path(cache_dir) / f"{kind}-{key[:24]}.pt"
+
+
+def load(path: Path, key: str) -> tuple[dict | None, str]:
+    """(entry, "hit") for a valid entry with this key, (None, "miss") when there is no file,
+    (None, "invalid: <reason>") when the file cannot be trusted."""
+    if not path.exists():
+        return None, "miss"
+    try:
+        entry = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a corrupt file can fail in many ways (pickle, zip, EOF, ...)
+        return None, f"invalid: unreadable ({type(err).__name__}: {err})"
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+        return None, "invalid: not an entry of this format"
+    if entry.get("key") != key:
+        return None, "invalid: its key does not match the model and settings"
+    return entry, "hit"
+
+
+def store(path: Path, key: str, entry: dict) -> None:
+    """Write ``entry`` (tensors and plain values) with its key, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({**entry, "format": FORMAT, "key": key}, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,713 @@
+"""Intermediate-q robustness (Rice, Bair, Zhang & Kolter, NeurIPS 2021) as a gate on a loss bound.
+
+For an input x with label y and a perturbation distribution mu,
+
+    Z_q(x) = ( E_{delta ~ mu} l(f(x + delta), y)^q )^(1/q)        (the functional q-norm of the loss)
+
+is the average loss under random perturbations at q = 1 and tends to the worst-case (adversarial)
+loss as q -> infinity; in between it weighs high-loss perturbations more the larger q is. The
+requirement ``robust(q=100, max_loss=0.5)`` reads: the mean of Z_q over the inputs is at most 0.5
+(in the loss's units: nats for the default cross-entropy).
+
+How it is decided (``intermediate_q``):
+
+1. Per input, ``chains`` (>= 4) independent path-sampling chains (``qnorm.path_sampling``):
+   HMC with reflection at the box for differentiable perturbations, random-walk Metropolis for
+   the others, each after a warm-up that learns the step size along the annealing path.
+   Chain estimates are averaged per input.
+2. An upper confidence bound of the mean over inputs: a one-sided Student-t bound,
+   mean + t_{confidence, n-1} * se, with the two-stage sampling variance
+   se^2 = (1 - f) s^2 / n + f v / n, where n inputs were drawn from N (f = n / N), s^2 is the
+   variance of the per-input estimates across inputs and v the mean over inputs of the
+   between-chain variance of each per-input estimate. With every input evaluated (f = 1) it is a
+   bound on the mean over your inputs that accounts for MCMC noise only; with a random subset it
+   also accounts for which inputs were drawn. Why t: the per-input estimates are independent
+   across inputs, so the mean is close to normal for tens of inputs; a bootstrap would add cost
+   and no validity for the bias that matters here (MCMC bias), which no interval can see.
+3. MCMC diagnostics: acceptance rate, split R-hat and effective sample size across the chains
+   of each input (``mcmc``). The check passes only if the upper bound is <= max_loss and the
+   diagnostics are healthy; it fails if the lower bound exceeds max_loss with healthy
+   diagnostics; otherwise it is inconclusive, with the reason and what to change.
+
+This is an estimate with diagnostics, not a guarantee: at q = 100 no distribution-free bound is
+within reach (it would need astronomically many samples), and MCMC can miss a high-loss region
+that none of its chains finds. For context the result also carries the Monte Carlo estimate
+(eq. 6) at the same budget -- biased low, collapsing for large q -- and the adversarial loss of
+PGD (the q = infinity end; for perturbations without an L-inf ball, the largest loss the chains
+visited).
+
+``budget`` caps model evaluations: one perturbed input through the model is one evaluation, with
+or without a backward pass for its gradient (a gradient evaluation costs about 2-3 forward passes
+of time). The cost per input is printed in ``details["evaluations_per_input"]``; when all inputs
+do not fit, a random subset (seeded) is evaluated and the bound accounts for it; when fewer than
+``MIN_INPUTS`` fit, the check refuses to run and says what budget it needs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import validation
+from ..attacks import pgd
+from ..engine import guarded, load_data, resolve_device, stream_generator
+from ..mcmc import RowStreams, detrend, effective_sample_size, split_rhat
+from ..perturbations import UniformLinf, as_perturbation
+from ..qnorm import (
+    GradForward,
+    Loss,
+    Sampler,
+    evaluator,
+    mc_log_estimate,
+    path_log_estimate,
+    path_sampling,
+    weight_ess,
+)
+from ..results import Result
+from ..stats import betaincinv
+from ..validation import SettingError, check_run_args
+
+#: Inputs per random stream: a block's chains draw from their own generators, so results do not
+#: depend on the batch size (several blocks share a batch).
+BLOCK_INPUTS = 16
+#: Inputs per PGD call (one random start stream each).
+PGD_BLOCK = 256
+#: Monte Carlo draws per input generated from one random stream.
+DRAW_CHUNK = 64
+#: Fewest inputs a check evaluates (all of them if the data has fewer).
+MIN_INPUTS = 10
+
+ESTIMATORS = ("auto", "hmc", "mh", "mc")
+SAMPLER_NAMES = {"hmc": "path sampling (HMC)", "mh": "path sampling (Metropolis-Hastings)", "mc": "Monte Carlo"}
+
+#: Default acceptance targets of the warm-up: HMC (Stan's default) and random-walk Metropolis.
+TARGET_ACCEPT = {"hmc": 0.8, "mh": 0.3}
+
+# Health criteria of the diagnostics.
+RHAT_LIMIT = 1.1  # split R-hat of an input above this counts as "chains disagree"
+RHAT_SHARE = 0.1  # at most this share of inputs may exceed RHAT_LIMIT
+ESS_MIN = 10.0  # median effective sample size per input (of chains x steps draws)
+ACCEPT_MIN = {"hmc": 0.2, "mh": 0.05}  # mean acceptance rate along the path
+WEIGHT_ESS_MIN = 10.0  # Monte Carlo: median effective number of draws per input
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated estimator settings (see ``intermediate_q`` for their meaning)."""
+
+    estimator: str
+    chains: int
+    steps: int
+    sampler: Sampler | None
+    pgd_steps: int
+    pgd_restarts: int
+
+    @property
+    def path_evaluations(self) -> int:
+        """Model evaluations of one input's measured paths (all chains, warm-up excluded)."""
+        return self.chains * (1 + (self.steps - 1) * self.sampler.moves) if self.sampler else 0
+
+    @property
+    def mc_draws(self) -> int:
+        """Monte Carlo draws per input: as many evaluations as the paths (or would) spend."""
+        moves = self.sampler.moves if self.sampler else 1
+        return self.chains * (1 + (self.steps - 1) * moves)
+
+    def evaluations_per_input(self, pgd_applies: bool, n_q: int = 1) -> dict:
+        """Model evaluations per input, by purpose, for ``n_q`` values of q."""
+        per_chain_warmup = self.sampler.evaluations(self.steps) - (1 + (self.steps - 1) * self.sampler.moves) if self.sampler else 0
+        return {
+            "path": n_q * self.path_evaluations,
+            "warmup": n_q * self.chains * per_chain_warmup,
+            "monte_carlo": n_q * self.mc_draws,
+            "pgd": self.pgd_restarts * (self.pgd_steps + 1) if pgd_applies else 0,
+        }
+
+
+def _int(key, value, least):
+    number = validation.positive_int(key, value) if least >= 1 else validation.non_negative_int(key, value)
+    if number < least:
+        raise SettingError(key, value, f"an integer >= {least}")
+    return number
+
+
+def _resolve_estimator(estimator: str, perturbation, probe: torch.Tensor) -> str:
+    if estimator not in ESTIMATORS:
+        raise SettingError("estimator", estimator, "one of " + ", ".join(repr(e) for e in ESTIMATORS))
+    space = perturbation.parameter_space(probe)
+    if space is None:
+        if estimator in ("hmc", "mh"):
+            raise SettingError(
+                "estimator", estimator,
+                f"'mc' for {perturbation!r}: it has no parameter space to run MCMC in (subclass "
+                "Perturbation and implement parameter_space() to enable path sampling)",
+            )
+        return "mc"
+    if estimator == "hmc" and not space.differentiable:
+        raise SettingError(
+            "estimator", estimator,
+            f"'mh' (the default for it) or 'mc' for {perturbation!r}: it is not differentiable in "
+            "its parameters, so HMC has no gradients to follow",
+        )
+    if estimator == "auto":
+        return "hmc" if space.differentiable else "mh"
+    return estimator
+
+
+def _config(estimator, chains, steps, leapfrog, mh_steps, warmup, path_len, target_accept,
+            pgd_steps, pgd_restarts) -> Config:
+    chains = _int("chains", chains, 4)
+    steps = _int("steps", steps, 4)
+    pgd_steps = _int("pgd_steps", pgd_steps, 1)
+    pgd_restarts = _int("pgd_restarts", pgd_restarts, 1)
+    sampler = None
+    if estimator != "mc":
+        moves = _int("leapfrog", leapfrog, 1) if estimator == "hmc" else _int("mh_steps", mh_steps, 1)
+        target = TARGET_ACCEPT[estimator] if target_accept is None else validation.open_unit("target_accept", target_accept)
+        sampler = Sampler(estimator, moves, _int("warmup", warmup, 0), target,
+                          validation.positive_float("path_len", path_len))
+    return Config(estimator, chains, steps, sampler, pgd_steps, pgd_restarts)
+
+
+def _t_quantile(p: float, dof: int) -> float:
+    """The p-quantile (p > 1/2) of Student's t with ``dof`` degrees of freedom.
+
+    P(T > t) = I_x(dof/2, 1/2) / 2 with x = dof / (dof + t^2), solved with ``stats.betaincinv``.
+    """
+    x = betaincinv(dof / 2.0, 0.5, 2.0 * (1.0 - p))
+    return math.sqrt(dof * (1.0 - x) / x)
+
+
+@dataclass
+class _Plan:
+    """What a run evaluates: the chosen inputs in blocks and groups of blocks, on a device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    index: np.ndarray  # positions of the evaluated inputs in the data
+    n_total: int
+    perturbation: object
+    loss: Loss
+    config: Config
+    device: torch.device
+    seed: int
+    blocks_per_group: int
+
+    @property
+    def blocks(self) -> list[slice]:
+        n = len(self.index)
+        return [slice(s, min(s + BLOCK_INPUTS, n)) for s in range(0, n, BLOCK_INPUTS)]
+
+    def groups(self) -> list[list[int]]:
+        ids = list(range(len(self.blocks)))
+        return [ids[i : i + self.blocks_per_group] for i in range(0, len(ids), self.blocks_per_group)]
+
+    def streams(self, purpose: str, block_ids: list[int], rows_per_input: int) -> RowStreams:
+        blocks = self.blocks
+        gens = [stream_generator(self.seed, purpose, b, device=self.device) for b in block_ids]
+        rows = [(blocks[b].stop - blocks[b].start) * rows_per_input for b in block_ids]
+        return RowStreams(gens, rows, self.device, self.x.dtype)
+
+
+def _pgd_applies(perturbation) -> bool:
+    return isinstance(perturbation, UniformLinf) and perturbation.eps > 0
+
+
+def _plan(data, perturbation, loss, config: Config, inputs, budget: int, seed: int, batch_size: int,
+          device, n_q: int) -> tuple[_Plan, dict]:
+    ds = load_data(data)
+    n_total = len(ds)
+    cost = config.evaluations_per_input(_pgd_applies(perturbation), n_q)
+    per_input = sum(cost.values())
+    fit = budget // per_input
+    wanted = n_total if inputs is None else min(_int("inputs", inputs, 2), n_total)
+    least = min(wanted, MIN_INPUTS)
+    if fit < least:
+        raise SettingError(
+            "budget", budget,
+            f"at least {least * per_input} model evaluations: {least} inputs at {per_input} each "
+            f"({', '.join(f'{k} {v}' for k, v in cost.items() if v)}); raise budget= (or "
+            "--robust-budget), or lower chains=, steps=, leapfrog=/mh_steps=, warmup=",
+        )
+    n = min(wanted, fit)
+    if n < n_total:
+        order = torch.randperm(n_total, generator=stream_generator(seed, "q-inputs"))
+        index = np.sort(order[:n].numpy())
+    else:
+        index = np.arange(n_total)
+    positions = torch.as_tensor(index)
+    plan = _Plan(
+        x=ds.x[positions.to(ds.x.device)].to(device),
+        y=ds.y[positions.to(ds.y.device)].to(device),
+        index=index,
+        n_total=n_total,
+        perturbation=perturbation,
+        loss=loss,
+        config=config,
+        device=device,
+        seed=seed,
+        blocks_per_group=max(1, batch_size // (BLOCK_INPUTS * config.chains)),
+    )
+    return plan, {"per_input": cost, "total_per_input": per_input}
+
+
+def _run_paths(plan: _Plan, forward: GradForward, q: float) -> dict:
+    """Path sampling for every evaluated input: per-input arrays (numpy) of the recorded log losses,
+    acceptances and step sizes, shape (inputs, chains, ...)."""
+    cfg = plan.config
+    logs, accepts, warm_accepts, steps = [], [], [], []
+    for group in plan.groups():
+        rows = slice(plan.blocks[group[0]].start, plan.blocks[group[-1]].stop)
+        x = plan.x[rows].repeat_interleave(cfg.chains, dim=0)
+        y = plan.y[rows].repeat_interleave(cfg.chains, dim=0)
+        space = plan.perturbation.parameter_space(x)
+        evaluate = evaluator(space, y, forward, plan.loss)
+        trace = path_sampling(
+            space, evaluate, q, cfg.steps, cfg.sampler, cfg.chains,
+            plan.streams("q-warmup", group, cfg.chains), plan.streams("q-path", group, cfg.chains),
+        )
+        logs.append(trace.log_losses)
+        accepts.append(trace.accept)
+        steps.append(trace.log_step)
+        if trace.warmup_accept is not None:
+            warm_accepts.append(trace.warmup_accept)
+
+    def stack(parts):
+        a = torch.cat(parts).double().cpu().numpy()
+        return a.reshape(len(plan.index), cfg.chains, -1)
+
+    return {
+        "log_losses": stack(logs),
+        "accept": stack(accepts),
+        "log_step": stack(steps),
+        "warmup_accept": stack(warm_accepts) if warm_accepts else None,
+    }
+
+
+def _run_mc(plan: _Plan, forward: GradForward) -> np.ndarray:
+    """Log losses of ``mc_draws`` independent draws from the perturbation per input: (inputs, draws)."""
+    draws = plan.config.mc_draws
+    out = []
+    for b, block in enumerate(plan.blocks):
+        x, y = plan.x[block], plan.y[block]
+        parts = []
+        for k, start in enumerate(range(0, draws, DRAW_CHUNK)):
+            d = min(DRAW_CHUNK, draws - start)
+            xs = plan.perturbation(
+                x.repeat_interleave(d, dim=0), stream_generator(plan.seed, "q-mc", b, k, device=plan.device)
+            )
+            parts.append(forward.log_loss(xs, y.repeat_interleave(d), plan.loss).reshape(len(x), d))
+        out.append(torch.cat(parts, dim=1))
+    return torch.cat(out).double().cpu().numpy()
+
+
+def _run_pgd(plan: _Plan, model, forward: GradForward) -> np.ndarray | None:
+    """PGD adversarial loss per input (the q = infinity end), or None where PGD does not apply."""
+    if not _pgd_applies(plan.perturbation):
+        return None
+    cfg, p = plan.config, plan.perturbation
+    out = []
+    for b, start in enumerate(range(0, len(plan.index), PGD_BLOCK)):
+        x, y = plan.x[start : start + PGD_BLOCK], plan.y[start : start + PGD_BLOCK]
+        _, losses = pgd(
+            model, x, y, p.eps, steps=cfg.pgd_steps, restarts=cfg.pgd_restarts, loss=plan.loss.values,
+            bounds=p.bounds, generator=stream_generator(plan.seed, "q-pgd", b, device=plan.device),
+        )
+        forward.passes += len(x) * cfg.pgd_restarts * (cfg.pgd_steps + 1)
+        forward.backward_passes += len(x) * cfg.pgd_restarts * cfg.pgd_steps
+        out.append(losses.detach())
+    return torch.cat(out).double().cpu().numpy()
+
+
+@dataclass
+class _Estimate:
+    """Per-input estimates of one q and what the gate needs from them."""
+
+    q: float
+    estimator: str
+    per_input: np.ndarray  # Z_q estimate per input
+    between_chain_var: np.ndarray  # variance of each per-input estimate from its chains/groups
+    mc: np.ndarray  # Monte Carlo estimate per input
+    diagnostics: dict
+    problems: list  # (what is wrong, how to fix it)
+    draws: int
+    max_visited: np.ndarray  # largest loss seen per input (chains or MC draws)
+
+
+def _estimate(plan: _Plan, forward: GradForward, q: float) -> _Estimate:
+    cfg = plan.config
+    mc_logs = _run_mc(plan, forward)
+    log_mc = mc_log_estimate(mc_logs, q)
+    groups = mc_logs.reshape(len(plan.index), cfg.chains, -1)
+    mc_groups = np.exp(mc_log_estimate(groups, q))
+    w_ess = weight_ess(mc_logs, q)
+    problems = []
+    if cfg.estimator == "mc":
+        z = np.exp(log_mc)
+        var = mc_groups.var(axis=1, ddof=1) / cfg.chains
+        diag = {"weight_ess_median": float(np.median(w_ess)), "weight_ess_min": float(w_ess.min())}
+        if diag["weight_ess_median"] < WEIGHT_ESS_MIN:
+            problems.append((
+                f"Monte Carlo rests on a median of {diag['weight_ess_median']:.1f} effective draws per input "
+                f"at q={q:g} (fewer than {WEIGHT_ESS_MIN:g}), so it is biased low",
+                "use path sampling (estimator='auto') or raise steps= for more draws",
+            ))
+        return _Estimate(q, "mc", z, var, np.exp(log_mc), diag, problems, mc_logs.size, np.exp(mc_logs.max(axis=1)))
+
+    paths = _run_paths(plan, forward, q)
+    logs = paths["log_losses"]
+    chain = np.exp(path_log_estimate(logs))  # (inputs, chains)
+    z = chain.mean(axis=1)
+    var = chain.var(axis=1, ddof=1) / cfg.chains
+    residuals = detrend(logs)
+    rhat = split_rhat(residuals)
+    ess = effective_sample_size(residuals)
+    accept = float(paths["accept"].mean())
+    over = float(np.mean(rhat > RHAT_LIMIT))
+    diag = {
+        "acceptance": accept,
+        "acceptance_min_input": float(paths["accept"].mean(axis=(1, 2)).min()),
+        "rhat_max": float(rhat.max()),
+        "rhat_median": float(np.median(rhat)),
+        "rhat_share_over": over,
+        "ess_median": float(np.median(ess)),
+        "ess_min": float(ess.min()),
+        "step_size_median": float(np.exp(np.median(paths["log_step"]))),
+        "warmup_acceptance": None if paths["warmup_accept"] is None else float(paths["warmup_accept"].mean()),
+        "mc_weight_ess_median": float(np.median(w_ess)),
+        "per_input_rhat": rhat.tolist(),
+        "per_input_ess": ess.tolist(),
+    }
+    smp = cfg.sampler
+    if accept < ACCEPT_MIN[smp.kind]:
+        problems.append((
+            f"mean acceptance {accept:.2f} is below {ACCEPT_MIN[smp.kind]:g}",
+            f"raise warmup= (now {smp.warmup}) so the step size adapts to this q"
+            + (f", or lower path_len= (now {smp.path_len:g})" if smp.kind == "hmc" else ""),
+        ))
+    if over > RHAT_SHARE:
+        problems.append((
+            f"split R-hat exceeds {RHAT_LIMIT:g} on {over:.0%} of inputs (max {rhat.max():.2f}): chains disagree",
+            f"raise steps= (now {cfg.steps}) so the annealing moves more slowly, or chains=",
+        ))
+    if diag["ess_median"] < ESS_MIN:
+        problems.append((
+            f"median effective sample size {diag['ess_median']:.1f} per input is below {ESS_MIN:g}",
+            f"raise steps= (now {cfg.steps}) or " + ("leapfrog=" if smp.kind == "hmc" else "mh_steps="),
+        ))
+    visited = np.maximum(np.exp(logs.max(axis=(1, 2))), np.exp(mc_logs.max(axis=1)))
+    return _Estimate(q, smp.kind, z, var, np.exp(log_mc), diag, problems, logs.size, visited)
+
+
+def _bound(est: _Estimate, n_total: int, confidence: float) -> tuple[float, float, float, float]:
+    """(mean, lower, upper, standard error): the two-sample-stage t bound of the module docstring."""
+    z, n = est.per_input, len(est.per_input)
+    mean = float(z.mean())
+    f = n / n_total
+    var = ((1.0 - f) * z.var(ddof=1) + f * est.between_chain_var.mean()) / n
+    se = math.sqrt(max(var, 0.0))
+    half = _t_quantile(confidence, n - 1) * se
+    return mean, max(0.0, mean - half), mean + half, se
+
+
+def _prepare(model, data, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
+             target_accept, loss, pgd_steps, pgd_restarts, inputs, confidence, budget, seed, batch_size,
+             device, n_q):
+    check_run_args(threshold=None, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
+    perturbation = as_perturbation(perturbation)
+    loss = Loss(loss)
+    device = resolve_device(device, model)
+    probe = load_data(data).x[:1].to(device)
+    kind = _resolve_estimator(estimator, perturbation, probe)
+    config = _config(kind, chains, steps, leapfrog, mh_steps, warmup, path_len, target_accept, pgd_steps, pgd_restarts)
+    plan, cost = _plan(data, perturbation, loss, config, inputs, budget, seed, batch_size, device, n_q)
+    return plan, cost
+
+
+def _describe(config: Config) -> str:
+    smp = config.sampler
+    if smp is None:
+        return f"Monte Carlo, {config.mc_draws} draws per input"
+    moves = "leapfrog" if smp.kind == "hmc" else "Metropolis steps"
+    return (
+        f"{SAMPLER_NAMES[smp.kind]}, {config.chains} chains x {config.steps} steps x {smp.moves} {moves} "
+        f"per input, warm-up {smp.warmup}"
+    )
+
+
+def _q(value) -> float:
+    number = validation.positive_float("q", value)
+    return number
+
+
+def intermediate_q(
+    model: torch.nn.Module,
+    data,
+    perturbation,
+    q: float,
+    threshold: float | None = None,
+    *,
+    estimator: str = "auto",
+    chains: int = 4,
+    steps: int = 40,
+    leapfrog: int = 10,
+    mh_steps: int = 10,
+    warmup: int = 10,
+    path_len: float = 1.0,
+    target_accept: float | None = None,
+    loss=None,
+    pgd_steps: int = 50,
+    pgd_restarts: int = 1,
+    inputs: int | None = None,
+    confidence: float = 0.95,
+    budget: int = 100_000,
+    seed: int = 0,
+    batch_size: int = 1024,
+    device=None,
+) -> Result:
+    """Estimate the mean over inputs of Z_q = (E_mu loss^q)^(1/q) and gate it against ``threshold``.
+
+    Returns a ``Result`` (metric "q", direction "<="): ``estimate`` is the mean of the per-input
+    estimates, ``lower``/``upper`` the one-sided t bounds at ``confidence`` (module docstring),
+    ``verdict`` "pass" (upper <= threshold, diagnostics healthy), "fail" (lower > threshold,
+    diagnostics healthy), "inconclusive" (otherwise; ``note`` says why and what to change) or
+    "estimate" (no threshold). It is an estimate with MCMC diagnostics, not a guarantee.
+
+    Parameters (all optional but ``q``; the defaults suit a user who sets only q and the threshold):
+
+    - ``perturbation``: the distribution mu (``UniformLinf(eps)``, ``GaussianNoise``,
+      ``CauchyNoise``, ``Spatial``, or a callable, which allows Monte Carlo only).
+    - ``q`` > 0; ``threshold`` >= 0 in loss units (``max_loss`` on the marker).
+    - ``estimator``: "auto" (HMC path sampling for differentiable perturbations, Metropolis-Hastings
+      path sampling otherwise, Monte Carlo for perturbations without a parameter space), "hmc",
+      "mh" or "mc".
+    - ``chains`` (>= 4) per input; ``steps``: temperatures t_1 = 0 .. t_m = q on the path (m);
+      ``leapfrog``: leapfrog steps per HMC transition (L); ``mh_steps``: Metropolis steps per
+      transition; ``warmup``: pilot transitions that learn the step size as a function of t
+      (0: no adaptation); ``path_len``: the longest HMC trajectory L*h, in units of the
+      perturbation's size (eps for UniformLinf, sigma/scale for noise), where the warm-up starts;
+      ``target_accept``: the warm-up's acceptance target (default 0.8 HMC, 0.3 MH).
+    - ``loss``: per-example loss(logits, y) -> (n,) >= 0; default cross-entropy.
+    - ``pgd_steps``, ``pgd_restarts``: the PGD attack giving the q = infinity context number.
+    - ``inputs``: evaluate at most this many inputs (a seeded random subset).
+    - ``budget``: cap on model evaluations (module docstring); ``seed``, ``batch_size`` (rows per
+      model call), ``device`` as for every check.
+    """
+    q = _q(q)
+    if threshold is not None:
+        threshold = validation.non_negative_float("max_loss", threshold)
+    started = time.perf_counter()
+    plan, cost = _prepare(model, data, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup,
+                          path_len, target_accept, loss, pgd_steps, pgd_restarts, inputs, confidence, budget,
+                          seed, batch_size, device, 1)
+    with guarded(model, plan.device) as info:
+        forward = GradForward(model, batch_size)
+        est = _estimate(plan, forward, q)
+        adversarial = _run_pgd(plan, model, forward)
+    mean, lower, upper, se = _bound(est, plan.n_total, confidence)
+    healthy = not est.problems
+    if threshold is None:
+        verdict = "estimate"
+    elif healthy and upper <= threshold:
+        verdict = "pass"
+    elif healthy and lower > threshold:
+        verdict = "fail"
+    else:
+        verdict = "inconclusive"
+    mc_mean = float(est.mc.mean())
+    q_inf = float(adversarial.mean()) if adversarial is not None else float(est.max_visited.mean())
+    q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
+    n = len(plan.index)
+    note = _note(plan, est, verdict, mean, mc_mean, q_inf, q_inf_name, threshold, lower, upper, budget)
+    return Result(
+        metric="q",
+        estimate=mean,
+        lower=lower,
+        upper=upper,
+        threshold=threshold,
+        confidence=confidence,
+        verdict=verdict,
+        n_inputs=n,
+        draws=est.draws,
+        forward_passes=forward.passes,
+        seconds=time.perf_counter() - started,
+        device=str(plan.device),
+        seed=seed,
+        perturbation=repr(plan.perturbation),
+        budget=budget,
+        direction="<=",
+        note=note,
+        details={
+            "q": q,
+            "estimator": est.estimator,
+            "method": _describe(plan.config),
+            "loss": repr(plan.loss),
+            "monte_carlo": mc_mean,
+            "monte_carlo_draws_per_input": plan.config.mc_draws,
+            "q_infinity": q_inf,
+            "q_infinity_method": q_inf_name,
+            "healthy": healthy,
+            "problems": [f"{what}; fix: {fix}" for what, fix in est.problems],
+            "diagnostics": est.diagnostics,
+            "bound": (
+                f"one-sided Student-t bound on the mean over inputs, two-stage variance "
+                f"(inputs sampled {n}/{plan.n_total}, chains per input {plan.config.chains}), se={se:.4g}"
+            ),
+            "inputs_total": plan.n_total,
+            "input_index": plan.index.tolist(),
+            "per_input_estimate": est.per_input.tolist(),
+            "per_input_monte_carlo": est.mc.tolist(),
+            "per_input_q_infinity": (adversarial if adversarial is not None else est.max_visited).tolist(),
+            "evaluations_per_input": cost["per_input"],
+            "backward_passes": forward.backward_passes,
+            "batch_size": forward.batch_size,
+            "oom_halvings": forward.halvings,
+            "model_was_training": info["model_was_training"],
+        },
+    )
+
+
+def _note(plan, est, verdict, mean, mc_mean, q_inf, q_inf_name, threshold, lower, upper, budget) -> str:
+    parts = []
+    if verdict == "inconclusive":
+        if est.problems:
+            parts.append("inconclusive because the MCMC diagnostics are unhealthy: " + "; ".join(
+                f"{what} (fix: {fix})" for what, fix in est.problems))
+        else:
+            parts.append(
+                f"inconclusive because the {plan.config.chains}-chain bounds [{lower:.3g}, {upper:.3g}] "
+                f"straddle {threshold:g}: evaluate more inputs (inputs=, budget=) or more steps="
+            )
+    parts.append(f"q={est.q:g}, {_describe(plan.config)}, loss {plan.loss!r}")
+    parts.append("an estimate with MCMC diagnostics, not a guarantee" if est.estimator != "mc"
+                 else "a Monte Carlo estimate (biased low for large q), not a guarantee")
+    context = f"Monte Carlo {mc_mean:.3g}" if est.estimator != "mc" else ""
+    parts.append(", ".join(p for p in (context, f"{q_inf_name} {q_inf:.3g} (q=inf)") if p))
+    d = est.diagnostics
+    if est.estimator != "mc":
+        parts.append(
+            f"acceptance {d['acceptance']:.2f}, split R-hat <= {RHAT_LIMIT:g} on {1 - d['rhat_share_over']:.0%} "
+            f"of inputs (max {d['rhat_max']:.2f}), median ESS {d['ess_median']:.0f}"
+        )
+    n = len(plan.index)
+    if n < plan.n_total:
+        parts.append(f"on a random subset of {n} of {plan.n_total} inputs (budget {budget} evaluations)")
+    return "; ".join(parts)
+
+
+def q_curve(
+    model: torch.nn.Module,
+    data,
+    perturbation,
+    qs=(1, 10, 100, 1000),
+    *,
+    estimator: str = "auto",
+    chains: int = 4,
+    steps: int = 40,
+    leapfrog: int = 10,
+    mh_steps: int = 10,
+    warmup: int = 10,
+    path_len: float = 1.0,
+    target_accept: float | None = None,
+    loss=None,
+    pgd_steps: int = 50,
+    pgd_restarts: int = 1,
+    inputs: int | None = None,
+    confidence: float = 0.95,
+    budget: int = 400_000,
+    seed: int = 0,
+    batch_size: int = 1024,
+    device=None,
+) -> Result:
+    """The q-curve: mean over inputs of Z_q for every q in ``qs`` by path sampling and Monte Carlo,
+    with the q = infinity end (PGD, or the largest loss visited), on one set of inputs.
+
+    Returns a ``Result`` with metric "q_curve" and verdict "estimate": ``estimate``/``lower``/
+    ``upper`` belong to the largest q; ``details["table"]`` has one row per q; ``details["curves"]``
+    holds the curve, written as a PNG when a report directory is set. ``budget`` caps model
+    evaluations over all of ``qs`` together; the other parameters are those of ``intermediate_q``.
+    """
+    if isinstance(qs, (int, float)) or not len(qs):
+        raise SettingError("qs", qs, "a non-empty sequence of numbers > 0, e.g. (1, 10, 100, 1000)")
+    qs = sorted({_q(v) for v in qs})
+    started = time.perf_counter()
+    plan, cost = _prepare(model, data, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup,
+                          path_len, target_accept, loss, pgd_steps, pgd_restarts, inputs, confidence, budget,
+                          seed, batch_size, device, len(qs))
+    with guarded(model, plan.device) as info:
+        forward = GradForward(model, batch_size)
+        estimates = [_estimate(plan, forward, q) for q in qs]
+        adversarial = _run_pgd(plan, model, forward)
+    q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
+    q_inf = float(adversarial.mean()) if adversarial is not None else float(
+        np.max([e.max_visited for e in estimates], axis=0).mean())
+    table = []
+    for est in estimates:
+        mean, lower, upper, _ = _bound(est, plan.n_total, confidence)
+        table.append({
+            "q": est.q, "estimate": mean, "lower": lower, "upper": upper, "monte_carlo": float(est.mc.mean()),
+            "healthy": not est.problems, "problems": [f"{w}; fix: {f}" for w, f in est.problems],
+            "diagnostics": {k: v for k, v in est.diagnostics.items() if not k.startswith("per_input")},
+        })
+    last = table[-1]
+    label = SAMPLER_NAMES[estimates[-1].estimator]
+    series = {label: [row["estimate"] for row in table]}
+    if estimates[-1].estimator != "mc":
+        series["Monte Carlo"] = [row["monte_carlo"] for row in table]
+    series[f"{q_inf_name} (q=inf)"] = [q_inf] * len(qs)
+    unhealthy = [f"q={row['q']:g}" for row in table if not row["healthy"]]
+    n = len(plan.index)
+    note = f"{_describe(plan.config)}; " + ", ".join(
+        f"q={row['q']:g}: {row['estimate']:.3g}" + (f" (MC {row['monte_carlo']:.3g})" if estimates[-1].estimator != "mc" else "")
+        for row in table
+    ) + f"; {q_inf_name} {q_inf:.3g}; estimates with MCMC diagnostics, not guarantees"
+    if unhealthy:
+        note += f"; diagnostics unhealthy at {', '.join(unhealthy)} (see details['table'])"
+    if n < plan.n_total:
+        note += f"; on a random subset of {n} of {plan.n_total} inputs (budget {budget} evaluations)"
+    return Result(
+        metric="q_curve",
+        estimate=last["estimate"],
+        lower=last["lower"],
+        upper=last["upper"],
+        threshold=None,
+        confidence=confidence,
+        verdict="estimate",
+        n_inputs=n,
+        draws=sum(e.draws for e in estimates),
+        forward_passes=forward.passes,
+        seconds=time.perf_counter() - started,
+        device=str(plan.device),
+        seed=seed,
+        perturbation=repr(plan.perturbation),
+        budget=budget,
+        direction="<=",
+        note=note,
+        details={
+            "qs": qs,
+            "table": table,
+            "q_infinity": q_inf,
+            "q_infinity_method": q_inf_name,
+            "method": _describe(plan.config),
+            "loss": repr(plan.loss),
+            "inputs_total": plan.n_total,
+            "input_index": plan.index.tolist(),
+            "evaluations_per_input": cost["per_input"],
+            "backward_passes": forward.backward_passes,
+            "model_was_training": info["model_was_training"],
+            "curves": {
+                "q_curve": {
+                    "title": f"q-norm of the loss under {plan.perturbation!r}",
+                    "xlabel": "q",
+                    "ylabel": f"mean over {n} inputs of Z_q ({plan.loss!r})",
+                    "x": qs,
+                    "series": series,
+                    "logx": True,
+                }
+            },
+        },
+    )

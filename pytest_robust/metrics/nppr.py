@@ -1,0 +1,668 @@
+"""Non-parametric probabilistic robustness (NPPR; Wang, Zhang, Khastgir, Maple & Zhao), gated like TSRM.
+
+Probabilistic robustness of an input under a perturbation distribution D inside the budget ball is
+
+    PR_D(x, y) = P_{x' ~ D(. | x, y)} ( argmax f(x') = y )          (a tie counts as an error)
+
+and NPPR(x, y) = inf_D PR_D(x, y) over a family of distributions. Every admissible D gives
+AR <= NPPR <= PR_D (AR: adversarial robustness, the worst single perturbation). This module takes
+the family of Gaussian mixtures of ``pytest_robust.gmm`` (K components over a d-dimensional latent,
+decoded by bicubic up-sampling and mapped into the L-inf or L2 ball of radius eps, then clipped to
+the input box) and searches it for the most damaging member:
+
+1. **Fit** on a fit split that never overlaps the evaluation inputs (``fit_data``, or a seeded
+   ``fit_fraction`` of ``data``): minimise E softplus(z_y(x') - max_{j != y} z_j(x') + kappa) over
+   x' drawn from the mixture with reparameterised Gumbel-softmax weights (temperature annealed
+   geometrically from ``temperature[0]`` to ``temperature[1]``), ``fit_draws`` draws per input,
+   ``fit_batch_size`` inputs per Adam step, gradient norm clipped to ``clip_norm``. The classifier
+   is frozen: evaluated in eval mode with requires_grad off, and restored exactly afterwards.
+2. **Freeze** the fitted mixture and **gate** PR under it on the evaluation inputs with exact draws:
+   the TSRM machinery (``metrics.tsrm.tsrm``) draws an evaluation input uniformly and one
+   perturbation from the frozen mixture per draw, and its anytime-valid betting test decides
+   "PR >= threshold" at the stated confidence.
+
+**What a verdict means.** The learned distribution's PR is an *upper estimate* of the true NPPR
+infimum (a better fit can only find a lower PR, and the family is not every distribution in the
+ball). A pass certifies PR >= threshold under the learned distribution at the stated confidence;
+it does not certify robustness to every perturbation distribution in the ball.
+
+**Context** in ``details``: PR under Gaussian noise N(0, eps^2 I) (L2: sigma = eps / sqrt(D), so
+that E||delta||^2 = eps^2) and uniform noise in the same ball, both clipped to the box; the fraction
+of evaluation inputs whose own PR (over ``draws_per_input`` exact draws) is at least 1 - gamma for
+gamma in 0.1, 0.05, 0.01; and, with ``pgd=True`` (L-inf only), the PGD robust accuracy as the
+adversarial floor. Expected ordering: PGD accuracy <= NPPR <= min(Gaussian PR, uniform PR).
+
+**Caching.** The fitted mixture is stored in ``cache_dir`` under a key over the model's weights and
+every setting that affects the fit (see ``_fit_key``), so a CI run on an unchanged model skips
+fitting; ``refit=True`` fits again; an unreadable or mismatched entry is refitted with a
+``RobustWarning``, never trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import cache, validation
+from ..attacks import pgd as pgd_attack
+from ..engine import (
+    Forward,
+    RobustDataError,
+    RobustModelError,
+    RobustWarning,
+    TensorData,
+    correct_predictions,
+    guarded,
+    load_data,
+    resolve_device,
+    stream_generator,
+)
+from ..gmm import COVARIANCES, DEPENDENCIES, NORMS, GMMConfig, GMMPerturbation, default_grid_size
+from ..perturbations import GaussianNoise, Perturbation, UniformLinf
+from ..results import Result
+from ..validation import SettingError, check_run_args
+from .tsrm import BLOCK, tsrm
+
+#: Per-input PR levels reported: the fraction of inputs with PR >= 1 - gamma.
+GAMMAS = (0.1, 0.05, 0.01)
+#: Fewest draws of each context distribution (Gaussian, uniform); more when the gate used more.
+CONTEXT_MIN_DRAWS = 4096
+#: At most this many points of the fit loss curve are kept (averaged over windows of steps).
+CURVE_POINTS = 200
+
+SEMANTICS = (
+    "PR under the learned GMM perturbation distribution: an upper estimate of the true NPPR infimum; "
+    "a pass certifies PR under this learned distribution at the stated confidence"
+)
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """How the mixture is fitted (defaults: about 15 s for the digits CNN on 2 CPU cores).
+
+    steps: Adam steps; batch_size: fit inputs per step (drawn with replacement from the fit split);
+    draws: relaxed perturbations per input and step (S); lr: Adam learning rate; temperature:
+    Gumbel-softmax temperature annealed geometrically from the first to the second value;
+    clip_norm: gradient-norm clip; kappa: margin of the loss softplus(z_y - max_{j != y} z_j + kappa).
+    """
+
+    steps: int = 300
+    batch_size: int = 32
+    draws: int = 8
+    lr: float = 0.01
+    temperature: tuple[float, float] = (1.0, 0.1)
+    clip_norm: float = 5.0
+    kappa: float = 1.0
+
+    def temperature_at(self, step: int) -> float:
+        start, end = self.temperature
+        return start * (end / start) ** (step / max(self.steps - 1, 1))
+
+
+def nppr(
+    model: torch.nn.Module,
+    data,
+    threshold: float | None = None,
+    *,
+    eps: float,
+    confidence: float = 0.95,
+    budget: int = 100_000,
+    seed: int = 0,
+    batch_size: int = 1024,
+    device=None,
+    norm: str = "linf",
+    components: int = 7,
+    latent_dim: int = 128,
+    covariance: str = "full",
+    dependency: str = "independent",
+    feature_layer: str | None = None,
+    grid_size: int | None = None,
+    fit_data=None,
+    fit_fraction: float = 0.5,
+    fit_steps: int = FitSettings.steps,
+    fit_batch_size: int = FitSettings.batch_size,
+    fit_draws: int = FitSettings.draws,
+    lr: float = FitSettings.lr,
+    temperature: tuple[float, float] = FitSettings.temperature,
+    clip_norm: float = FitSettings.clip_norm,
+    kappa: float = FitSettings.kappa,
+    draws_per_input: int = 32,
+    pgd: bool = False,
+    pgd_steps: int = 50,
+    bounds=(0.0, 1.0),
+    cache_dir: str | None = None,
+    refit: bool = False,
+) -> Result:
+    """Fit the most damaging Gaussian-mixture perturbation in the eps-ball, then gate PR under it.
+
+    Returns a ``Result`` with metric "nppr": ``estimate``/``lower``/``upper`` are PR under the
+    frozen learned distribution on the evaluation inputs with anytime-valid bounds at
+    ``confidence``; ``verdict`` is "pass"/"fail"/"inconclusive" against ``threshold`` (or
+    "estimate" with ``budget`` draws when no threshold is given). The learned distribution's PR is
+    an upper estimate of the true NPPR infimum; a pass certifies PR under the learned distribution.
+
+    eps is the radius of the ball in input units (``norm`` "linf" or "l2"); ``bounds`` the input
+    box (None: no box). Mixture: ``components`` K, ``latent_dim`` d, ``covariance`` "full" or
+    "diagonal", ``dependency`` "independent", "label", "input" or "joint", ``feature_layer`` the
+    name (as in ``model.named_modules()``) of the layer whose output feeds the input heads
+    (default: the input of the model's last ``nn.Linear``), ``grid_size`` the side of the latent
+    image (default: ``gmm.default_grid_size``). Split: ``fit_data`` (any data ``load_data``
+    accepts) or else a seeded ``fit_fraction`` of ``data``. Fit: see ``FitSettings``. Evaluation:
+    ``draws_per_input`` exact draws per input for per-input PR, ``pgd`` adds the PGD robust
+    accuracy (``pgd_steps`` steps) as the adversarial floor. ``cache_dir`` (None: no cache) and
+    ``refit`` control reuse of fitted mixtures.
+    """
+    started = time.perf_counter()
+    check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
+    eps = validation.positive_float("eps", eps)
+    norm = validation.choice(*NORMS)("norm", norm)
+    components = validation.positive_int("components", components)
+    latent_dim = validation.positive_int("latent_dim", latent_dim)
+    covariance = validation.choice(*COVARIANCES)("covariance", covariance)
+    dependency = validation.choice(*DEPENDENCIES)("dependency", dependency)
+    if grid_size is not None:
+        grid_size = validation.positive_int("grid_size", grid_size)
+    fit = _fit_settings(fit_steps, fit_batch_size, fit_draws, lr, temperature, clip_norm, kappa)
+    draws_per_input = validation.positive_int("draws_per_input", draws_per_input)
+    pgd = validation.boolean("pgd", pgd)
+    pgd_steps = validation.positive_int("pgd_steps", pgd_steps)
+    refit = validation.boolean("refit", refit)
+    if pgd and norm != "linf":
+        raise SettingError("pgd", pgd, "False with norm='l2' (the PGD floor is an L-inf attack)")
+    if cache_dir is not None:
+        cache_dir = validation.path("cache_dir", cache_dir)
+    layer = _feature_layer(model, feature_layer)
+
+    fit_ds, eval_ds, split = _split(data, fit_data, fit_fraction, seed)
+    for name, ds in (("data", eval_ds), ("fit_data", fit_ds)):
+        _check_in_box(name, ds.x, bounds)
+    device = resolve_device(device, model)
+    shape = tuple(eval_ds.x.shape[1:])
+    if tuple(fit_ds.x.shape[1:]) != shape:
+        raise RobustDataError(f"fit_data inputs have shape {tuple(fit_ds.x.shape[1:])}, the data {shape}")
+    needs_features = dependency in ("input", "joint")
+
+    with guarded(model, device) as info:
+        fit_logits, fit_features = _clean_pass(model, fit_ds.x, layer if needs_features else None, batch_size, device)
+        eval_logits, eval_features = _clean_pass(model, eval_ds.x, layer if needs_features else None, batch_size, device)
+        n_classes = fit_logits.shape[1]
+        for name, ds in (("fit_data", fit_ds), ("data", eval_ds)):
+            if int(ds.y.max()) >= n_classes:
+                raise RobustDataError(f"{name}: label {int(ds.y.max())} is out of range for a model with {n_classes} classes")
+        cfg = GMMConfig(
+            eps=eps, norm=norm, components=components, latent_dim=latent_dim, covariance=covariance,
+            dependency=dependency, input_shape=shape, n_classes=n_classes,
+            feature_dim=fit_features.shape[1] if needs_features else None,
+            grid_size=grid_size or default_grid_size(shape),
+        )
+        key = _fit_key(model, cfg, fit, layer[0] if needs_features else None, bounds, seed, fit_ds)
+        gmm, fitted, cache_state, cache_file = _fitted(
+            model, cfg, fit, fit_ds, fit_features, bounds, seed, device, key, cache_dir, refit
+        )
+        gmm.eval()
+        perturbation = FrozenGMM(gmm, eval_ds, eval_features, bounds)
+        keyed = KeyedModel(model, shape)
+        forward = Forward(keyed, batch_size)
+        per_input = _per_input_pr(forward, perturbation, eval_ds.y, draws_per_input, seed, device)
+        floor = _pgd_floor(model, eval_ds, eps, pgd_steps, bounds, seed, device) if pgd else None
+        clean = correct_predictions(eval_logits, eval_ds.y.to(eval_logits.device)).float().mean().item()
+
+    gate = tsrm(keyed, perturbation.keyed_data, perturbation, threshold, confidence=confidence,
+                budget=budget, seed=seed, batch_size=batch_size, device=device)
+    context_draws = min(budget, max(gate.draws, CONTEXT_MIN_DRAWS))
+    context = {
+        name: tsrm(model, (eval_ds.x, eval_ds.y), noise, confidence=confidence, budget=context_draws,
+                   seed=seed, batch_size=batch_size, device=device)
+        for name, noise in _context_noises(eps, norm, shape, bounds).items()
+    }
+
+    passes = (
+        gate.forward_passes + sum(r.forward_passes for r in context.values()) + forward.passes
+        + len(fit_ds) + len(eval_ds) + fitted["this_run_passes"] + (floor["forward_passes"] if floor else 0)
+    )
+    details = {
+        **gate.details,
+        "semantics": SEMANTICS,
+        "dependency": dependency,
+        "mixture": cfg.to_dict(),
+        "feature_layer": layer[1] if needs_features else None,
+        "split": {**split, "fit_inputs": len(fit_ds), "eval_inputs": len(eval_ds)},
+        "clean_accuracy": clean,
+        "fit": {k: v for k, v in fitted.items() if k not in ("loss", "this_run_passes")},
+        "cache": cache_state,
+        "cache_file": cache_file,
+        "context": {
+            **{f"{name}_pr": r.estimate for name, r in context.items()},
+            **{f"{name}_lower": r.lower for name, r in context.items()},
+            **{f"{name}_upper": r.upper for name, r in context.items()},
+            **{f"{name}_perturbation": r.perturbation for name, r in context.items()},
+            "draws": context_draws,
+            "pgd_accuracy": floor["accuracy"] if floor else None,
+            "pgd_steps": pgd_steps if floor else None,
+        },
+        "per_input": {
+            "draws": draws_per_input,
+            "mean_pr": float(per_input.mean()),
+            **{f"fraction_pr_at_least_{1 - g:g}": float(np.mean(per_input >= 1 - g - 1e-12)) for g in GAMMAS},
+        },
+        "curves": {"fit_loss": _loss_curve(fitted["loss"], fit)},
+        "model_was_training": info["model_was_training"],
+    }
+    return dataclasses.replace(
+        gate,
+        metric="nppr",
+        forward_passes=passes,
+        seconds=time.perf_counter() - started,
+        note=_note(details, context, floor, confidence),
+        details=details,
+    )
+
+
+# -- settings ---------------------------------------------------------------------------------------
+
+
+def _fit_settings(steps, batch_size, draws, lr, temperature, clip_norm, kappa) -> FitSettings:
+    try:
+        start, end = (validation.positive_float("temperature", t) for t in temperature)
+    except TypeError:
+        raise SettingError("temperature", temperature, "a pair (start, end) of numbers > 0") from None
+    return FitSettings(
+        steps=validation.positive_int("fit_steps", steps),
+        batch_size=validation.positive_int("fit_batch_size", batch_size),
+        draws=validation.positive_int("fit_draws", draws),
+        lr=validation.positive_float("lr", lr),
+        temperature=(start, end),
+        clip_norm=validation.positive_float("clip_norm", clip_norm),
+        kappa=validation.non_negative_float("kappa", kappa),
+    )
+
+
+def _feature_layer(model: torch.nn.Module, name: str | None) -> tuple[torch.nn.Module, str, bool]:
+    """(module, description, use its input?): the named layer's output, or the last Linear's input."""
+    modules = dict(model.named_modules())
+    if name is None:
+        linears = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)]
+        if not linears:
+            return None, None, False
+        return modules[linears[-1]], f"input of {linears[-1]} (the last Linear layer)", True
+    if not isinstance(name, str) or not name or name not in modules:
+        names = [n for n in modules if n]
+        shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+        raise SettingError("feature_layer", name, f"the name of a layer of the model, one of: {shown}")
+    return modules[name], f"output of {name}", False
+
+
+def _split(data, fit_data, fit_fraction: float, seed: int) -> tuple[TensorData, TensorData, dict]:
+    """(fit split, evaluation split, description): ``fit_data`` as given, or a seeded fraction of data."""
+    ds = load_data(data)
+    if fit_data is not None:
+        if isinstance(fit_data, str):
+            raise SettingError(
+                "fit_data", fit_data,
+                "a data object (an (x, y) pair, Dataset or DataLoader); a fixture name is resolved "
+                "only by the pytest layer",
+            )
+        fit_ds = load_data(fit_data)
+        overlap = _shared_rows(fit_ds.x, ds.x)
+        if overlap:
+            warnings.warn(
+                f"{overlap} of the {len(ds)} evaluation inputs also occur in fit_data: NPPR should be "
+                "evaluated on inputs the perturbation model was not fitted to",
+                RobustWarning,
+                stacklevel=3,
+            )
+        return fit_ds, ds, {"source": "fit_data"}
+    fraction = validation.open_unit("fit_fraction", fit_fraction)
+    n_fit = round(fraction * len(ds))
+    if not 1 <= n_fit < len(ds):
+        raise SettingError(
+            "fit_fraction", fit_fraction,
+            f"a fraction that leaves at least one input in each split of the {len(ds)} inputs "
+            "(or pass fit_data=)",
+        )
+    order = torch.randperm(len(ds), generator=stream_generator(seed, "nppr-split"))
+    fit_idx, eval_idx = order[:n_fit].sort().values, order[n_fit:].sort().values
+    fit_ds = TensorData(ds.x[fit_idx.to(ds.x.device)], ds.y[fit_idx.to(ds.y.device)])
+    eval_ds = TensorData(ds.x[eval_idx.to(ds.x.device)], ds.y[eval_idx.to(ds.y.device)])
+    return fit_ds, eval_ds, {"source": f"fit_fraction={fraction:g} of the data (seeded split)"}
+
+
+def _shared_rows(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many rows of b also occur (bit for bit) in a."""
+    seen = {cache.tensor_fingerprint(row) for row in a}
+    return sum(cache.tensor_fingerprint(row) in seen for row in b)
+
+
+def _check_in_box(name: str, x: torch.Tensor, bounds) -> None:
+    if bounds is None:
+        return
+    lo, hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in bounds)
+    if bool((x < lo).any() or (x > hi).any()):
+        raise RobustDataError(
+            f"{name}: inputs lie outside the box bounds={bounds!r} (min {float(x.min()):g}, max "
+            f"{float(x.max()):g}); clipping would move them by more than eps: pass their bounds, or "
+            "bounds=None"
+        )
+
+
+# -- clean forward passes and features ------------------------------------------------------------
+
+
+class _WithFeatures(torch.nn.Module):
+    """The model's logits followed by the flattened features of one layer, as one (B, C + F) tensor."""
+
+    def __init__(self, model, layer: torch.nn.Module, use_input: bool):
+        super().__init__()
+        self.model = model
+        self.layer = layer
+        self.use_input = use_input
+        self.classes = None
+
+    def forward(self, x):
+        captured = []
+        hook = self.layer.register_forward_hook(
+            lambda module, args, out: captured.append(args[0] if self.use_input else out)
+        )
+        try:
+            z = self.model(x)
+        finally:
+            hook.remove()
+        self.classes = z.shape[1]
+        return torch.cat([z, captured[-1].flatten(start_dim=1)], dim=1)
+
+
+def _clean_pass(model, x, layer, batch_size: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits of the clean inputs and, when ``layer`` is given, their features (n, F) on ``device``."""
+    x = x.to(device)
+    if layer is None:
+        return Forward(model, batch_size).logits(x), None
+    module, _, use_input = layer
+    if module is None:
+        raise SettingError(
+            "feature_layer", None,
+            "the name of a layer of the model: it has no nn.Linear layer to default to "
+            "(the input and joint dependencies need classifier features)",
+        )
+    wrapped = _WithFeatures(model, module, use_input)
+    out = Forward(wrapped, batch_size).logits(x)
+    return out[:, : wrapped.classes], out[:, wrapped.classes :]
+
+
+# -- fitting ----------------------------------------------------------------------------------------
+
+
+def _fit_key(model, cfg: GMMConfig, fit: FitSettings, layer_name, bounds, seed: int, fit_ds: TensorData) -> str:
+    """Cache key: model weights, mixture architecture, fit settings, feature layer, box, seed, fit data."""
+    box = None if bounds is None else [cache.tensor_fingerprint(torch.as_tensor(b)) for b in bounds]
+    settings = {
+        "mixture": cfg.to_dict(),
+        "fit": dataclasses.asdict(fit),
+        "feature_layer": layer_name,
+        "bounds": box,
+        "seed": seed,
+        "fit_data": cache.tensor_fingerprint(fit_ds.x, fit_ds.y),
+    }
+    return cache.cache_key("nppr", cache.model_fingerprint(model), settings)
+
+
+def _new_gmm(cfg: GMMConfig, seed: int, device) -> GMMPerturbation:
+    """A freshly initialised mixture, its initial parameters drawn from a seeded, forked global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(stream_generator(seed, "nppr-init").initial_seed())
+        return GMMPerturbation(cfg).to(device)
+
+
+def _fitted(model, cfg, fit, fit_ds, fit_features, bounds, seed, device, key, cache_dir, refit):
+    """(mixture, fit record, cache state, cache file): from the cache when valid, else fitted now."""
+    gmm = _new_gmm(cfg, seed, device)
+    path = cache.entry_path(cache_dir, "nppr", key) if cache_dir is not None else None
+    state = "off" if path is None else "refit" if refit else "miss"
+    if path is not None and not refit:
+        entry, state = cache.load(path, key)
+        if entry is not None:
+            try:
+                gmm.load_state_dict(entry["state"])
+                record = dict(entry["record"], this_run_passes=0)
+                return gmm, record, "hit", str(path)
+            except (KeyError, TypeError, RuntimeError) as err:
+                state = f"invalid: its parameters do not fit the mixture ({type(err).__name__})"
+        if state.startswith("invalid"):
+            warnings.warn(
+                f"NPPR cache entry {path} is {state[len('invalid: '):]}; refitting the perturbation model",
+                RobustWarning,
+                stacklevel=4,
+            )
+            state = "invalid (refitted)"
+    record = _fit(model, gmm, fit, fit_ds, fit_features, bounds, seed, device)
+    if path is not None:
+        stored = {k: v for k, v in record.items() if k != "this_run_passes"}
+        cache.store(path, key, {"state": {k: v.cpu() for k, v in gmm.state_dict().items()}, "record": stored})
+    return gmm, record, state, None if path is None else str(path)
+
+
+def margin_loss(logits: torch.Tensor, y: torch.Tensor, kappa: float) -> torch.Tensor:
+    """softplus(z_y - max_{j != y} z_j + kappa) per row: small once the input is misclassified by kappa."""
+    true = logits.gather(1, y[:, None]).squeeze(1)
+    other = logits.scatter(1, y[:, None], float("-inf")).amax(dim=1)
+    return F.softplus(true - other + kappa)
+
+
+def _fit(model, gmm: GMMPerturbation, fit: FitSettings, fit_ds, fit_features, bounds, seed, device) -> dict:
+    """Adam on the mixture's parameters; the model (already guarded) only passes gradients to x'."""
+    started = time.perf_counter()
+    optimizer = torch.optim.Adam(gmm.parameters(), lr=fit.lr)
+    pick = stream_generator(seed, "nppr-fit-inputs")
+    noise = stream_generator(seed, "nppr-fit-noise", device=device)
+    x_all, y_all = fit_ds.x.to(device), fit_ds.y.to(device)
+    losses = []
+    gmm.train()
+    for step in range(fit.steps):
+        with torch.enable_grad():
+            loss = _fit_step(model, gmm, fit, step, x_all, y_all, fit_features, bounds, pick, noise)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gmm.parameters(), fit.clip_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return {
+        "loss": losses,
+        "final_loss": float(np.mean(losses[-max(1, fit.steps // 10):])),
+        "steps": fit.steps,
+        "seconds": time.perf_counter() - started,
+        "device": str(device),
+        "forward_passes": fit.steps * fit.batch_size * fit.draws,
+        "this_run_passes": fit.steps * fit.batch_size * fit.draws,
+    }
+
+
+def _fit_step(model, gmm, fit: FitSettings, step: int, x_all, y_all, fit_features, bounds, pick, noise):
+    """The mean margin loss over one batch of fit inputs and ``fit.draws`` relaxed draws each."""
+    idx = torch.randint(len(x_all), (fit.batch_size,), generator=pick).to(x_all.device)
+    x, y = x_all[idx], y_all[idx]
+    mix = gmm.mixture(None if fit_features is None else fit_features[idx], y)
+    z = gmm.relaxed_latent(mix, fit.draws, fit.temperature_at(step), noise)
+    logits = model(gmm.apply(x, z, bounds).flatten(end_dim=1))
+    loss = margin_loss(logits, y.repeat_interleave(fit.draws), fit.kappa).mean()
+    if not torch.isfinite(loss):
+        raise RobustModelError(
+            f"the NPPR fit loss became {loss.item()} at step {step}: the model returned non-finite "
+            "logits on perturbed inputs"
+        )
+    return loss
+
+
+def _loss_curve(losses: list[float], fit: FitSettings) -> dict:
+    """The fit loss per step, averaged over windows so that at most CURVE_POINTS points remain."""
+    window = max(1, math.ceil(len(losses) / CURVE_POINTS))
+    xs, ys = [], []
+    for start in range(0, len(losses), window):
+        chunk = losses[start : start + window]
+        xs.append(start + len(chunk))
+        ys.append(float(np.mean(chunk)))
+    return {
+        "title": f"NPPR fit: margin loss (kappa={fit.kappa:g}), mean over {window} step(s) per point",
+        "xlabel": "Adam step",
+        "ylabel": "softplus(z_y - max_{j!=y} z_j + kappa)",
+        "x": xs,
+        "series": {"loss": ys},
+        "logx": False,
+    }
+
+
+# -- the frozen mixture as a perturbation of keyed inputs ------------------------------------------
+#
+# tsrm() draws rows of its data and hands them to a perturbation (x, generator) -> x'. The label-
+# and input-dependent mixtures need each row's label and features, so the evaluation inputs travel
+# as *keyed rows*: the flattened input followed by its row index, written in base-256 digits (exact
+# in every float dtype). FrozenGMM reads the index, KeyedModel drops it before the classifier.
+
+_KEY_BASE = 256
+
+
+def _key_columns(n: int) -> int:
+    return max(1, math.ceil(math.log(max(n, 2), _KEY_BASE)))
+
+
+class KeyedModel(torch.nn.Module):
+    """The classifier on keyed rows: drops the trailing key columns and restores the input shape."""
+
+    def __init__(self, model: torch.nn.Module, input_shape: tuple[int, ...]):
+        super().__init__()
+        self.model = model
+        self.input_shape = input_shape
+        self.width = math.prod(input_shape)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.model(rows[:, : self.width].reshape(-1, *self.input_shape))
+
+
+class FrozenGMM:
+    """Exact draws from the fitted mixture for keyed evaluation rows: a perturbation (rows, generator) -> rows'.
+
+    ``keyed_data`` is the (keyed rows, labels) pair to evaluate it on. Conditioning (labels,
+    classifier features of the clean inputs) is looked up by each row's key.
+    """
+
+    def __init__(self, gmm: GMMPerturbation, eval_ds: TensorData, features: torch.Tensor | None, bounds):
+        self.gmm = gmm
+        self.bounds = bounds
+        x = eval_ds.x
+        self.width = math.prod(x.shape[1:])
+        self.columns = _key_columns(len(x))
+        index = torch.arange(len(x), device=x.device)
+        digits = torch.stack([(index // _KEY_BASE**j) % _KEY_BASE for j in range(self.columns)], dim=1)
+        self.keyed_data = (torch.cat([x.flatten(start_dim=1), digits.to(x.dtype)], dim=1), eval_ds.y)
+        device = next(gmm.parameters()).device
+        self.labels = eval_ds.y.to(device)
+        self.features = features
+
+    def __call__(self, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        digits = rows[:, self.width :].round().long()
+        index = (digits * (_KEY_BASE ** torch.arange(self.columns, device=rows.device))).sum(dim=1)
+        x = rows[:, : self.width].reshape(-1, *self.gmm.cfg.input_shape)
+        with torch.no_grad():
+            index = index.to(self.labels.device)
+            mix = self.gmm.mixture(None if self.features is None else self.features[index], self.labels[index])
+            z, _ = self.gmm.hard_latent(mix, 1, generator)
+            x_prime = self.gmm.apply(x, z, self.bounds)[:, 0]
+        return torch.cat([x_prime.flatten(start_dim=1), rows[:, self.width :]], dim=1)
+
+    def __repr__(self) -> str:
+        c = self.gmm.cfg
+        return (
+            f"LearnedGMM(eps={c.eps:g}, norm={c.norm}, K={c.components}, latent={c.latent_dim}, "
+            f"covariance={c.covariance}, dependency={c.dependency})"
+        )
+
+
+def _per_input_pr(forward: Forward, perturbation: FrozenGMM, y, draws: int, seed: int, device) -> np.ndarray:
+    """PR of each evaluation input over ``draws`` exact draws, shape (n,).
+
+    Inputs are taken in groups of max(1, BLOCK // draws), each group with its own random stream,
+    so the numbers do not depend on the batch size; groups are evaluated a batch at a time.
+    """
+    rows = perturbation.keyed_data[0]
+    group = max(1, BLOCK // draws)
+    starts = list(range(0, len(rows), group))
+    hits, pending = [], []
+
+    def flush():
+        x = torch.cat([p[0] for p in pending])
+        labels = torch.cat([p[1] for p in pending])
+        hits.append(correct_predictions(forward.logits(x), labels).cpu())
+        pending.clear()
+
+    for number, start in enumerate(starts):
+        chosen = rows[start : start + group].to(device).repeat_interleave(draws, dim=0)
+        labels = y[start : start + group].to(device).repeat_interleave(draws)
+        pending.append((perturbation(chosen, stream_generator(seed, "nppr-per-input", number, device=device)), labels))
+        if sum(len(p[1]) for p in pending) >= forward.batch_size:
+            flush()
+    if pending:
+        flush()
+    return torch.cat(hits).reshape(-1, draws).float().mean(dim=1).numpy()
+
+
+def _pgd_floor(model, eval_ds: TensorData, eps: float, steps: int, bounds, seed: int, device) -> dict:
+    """PGD robust accuracy (L-inf, cross-entropy, one random start) on the evaluation inputs."""
+    correct, passes = 0, 0
+    for number, start in enumerate(range(0, len(eval_ds), BLOCK)):
+        x = eval_ds.x[start : start + BLOCK].to(device)
+        y = eval_ds.y[start : start + BLOCK].to(device)
+        gen = stream_generator(seed, "nppr-pgd", number, device=device)
+        x_adv, _ = pgd_attack(model, x, y, eps, steps=steps, bounds=bounds, generator=gen)
+        with torch.no_grad():
+            correct += int(correct_predictions(model(x_adv), y).sum())
+        passes += len(x) * (steps + 2)
+    return {"accuracy": correct / len(eval_ds), "forward_passes": passes}
+
+
+# -- context ----------------------------------------------------------------------------------------
+
+
+class UniformL2(Perturbation):
+    """Uniform noise in the L2 ball of radius eps: delta = eps U^(1/D) g / ||g||, g ~ N(0, I), U ~ U(0, 1)."""
+
+    def __init__(self, eps: float, bounds=(0.0, 1.0)):
+        super().__init__(bounds)
+        self.eps = validation.positive_float("eps", eps)
+
+    def sample(self, x, generator):
+        g = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        u = torch.rand((len(x),), generator=generator, device=x.device, dtype=x.dtype)
+        width = math.prod(x.shape[1:])
+        radius = self.eps * u ** (1.0 / width) / g.flatten(start_dim=1).norm(dim=1).clamp(min=1e-12)
+        return x + g * radius.reshape(-1, *([1] * (x.ndim - 1)))
+
+    def __repr__(self):
+        return f"UniformL2(eps={self.eps:g})"
+
+
+def _context_noises(eps: float, norm: str, shape: tuple[int, ...], bounds) -> dict[str, Perturbation]:
+    """The predefined distributions NPPR is compared with, at the same eps and box."""
+    if norm == "linf":
+        return {"gaussian": GaussianNoise(sigma=eps, bounds=bounds), "uniform": UniformLinf(eps=eps, bounds=bounds)}
+    return {
+        "gaussian": GaussianNoise(sigma=eps / math.sqrt(math.prod(shape)), bounds=bounds),
+        "uniform": UniformL2(eps=eps, bounds=bounds),
+    }
+
+
+def _note(details: dict, context: dict, floor, confidence: float) -> str:
+    ctx = details["context"]
+    parts = [f"{name} PR {ctx[f'{name}_pr']:.3f}" for name in context]
+    if floor is not None:
+        parts.append(f"PGD accuracy {floor['accuracy']:.3f}")
+    split = details["split"]
+    return (
+        f"{SEMANTICS} ({confidence:.0%}); context at the same eps: {', '.join(parts)}; "
+        f"mixture fitted on {split['fit_inputs']} inputs, evaluated on {split['eval_inputs']} others "
+        f"(cache: {details['cache']})"
+    )

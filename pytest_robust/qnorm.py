@@ -1,0 +1,307 @@
+"""Estimators of the functional q-norm of the loss for a batch of inputs (Rice et al. 2021).
+
+    Z_q(x) = ( E_{delta ~ mu} l(f(x + delta), y)^q )^(1/q)                          (eq. 3, 5)
+
+All estimators work in log space on the per-example log loss g = log l:
+
+- Monte Carlo (eq. 6): log Z = (logsumexp_j q g_j - log M) / q over M draws from mu. It is
+  biased low and, for large q, rests on the few largest draws; ``weight_ess`` says on how many
+  (the effective sample size (sum w)^2 / sum w^2 of the weights w_j = l_j^q).
+- Path sampling (Theorem 1, Algorithm 1): with t_1 = 0 < ... < t_m = q equally spaced and
+  delta_i ~ p(delta | t_i) ∝ l^{t_i} mu, log Z = (1/q) int_0^q E_t[g] dt (eq. 14-16), estimated
+  by the trapezoidal rule on that grid, sum_i w_i g(delta_i) with weights (1/2, 1, ..., 1, 1/2)
+  / (m - 1). (The paper's geometric mean gives every point weight 1/m; both converge, the
+  trapezoid with error O(1/m^2) instead of O(1/m) for a smooth integrand.) delta_1 is an exact
+  draw from mu; delta_i is one MCMC transition at t_i from delta_{i-1}: HMC (``mcmc.hmc_transition``)
+  for differentiable perturbations, random-walk Metropolis otherwise.
+
+The loss: cross-entropy by default, with log l computed exactly from the logits, so a confident
+prediction whose cross-entropy underflows to 0 in float32 still has a finite log loss. A custom
+loss ``loss(logits, y) -> (n,)`` must be non-negative; where it is exactly 0 its log is taken at
+``LOSS_FLOOR`` instead of -inf, i.e. the estimators measure the q-norm of max(l, LOSS_FLOOR),
+which by Minkowski's inequality exceeds that of l by at most LOSS_FLOOR.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .attacks import cross_entropy
+from .engine import Forward, RobustModelError, _is_oom
+from .mcmc import Point, RowStreams, adapt_log_step, hmc_transition, mh_transition
+from .validation import SettingError
+
+#: Losses below this are taken as this in log space (see the module docstring).
+LOSS_FLOOR = 1e-12
+
+#: Below this value of log sum_{j != y} exp(z_j - z_y), log(cross-entropy) is computed as that
+#: value itself (log softplus(m) = m + O(e^m); the error there is below 2e-7).
+_LOG_CE_SWITCH = -15.0
+
+#: Robbins-Monro gain of the warm-up's step-size adaptation (per transition, on log step size).
+ADAPT_GAIN = 1.0
+
+
+def log_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """log of the per-example cross-entropy, exact where the cross-entropy itself underflows.
+
+    CE = softplus(m) with m = logsumexp_{j != y}(z_j - z_y), so log CE = log softplus(m), which
+    equals m up to e^m / 2 once m is very negative.
+    """
+    zy = logits.gather(1, y[:, None])
+    others = (logits - zy).scatter(1, y[:, None], -math.inf)
+    m = torch.logsumexp(others, dim=1)
+    exact = torch.log(F.softplus(torch.clamp(m, min=_LOG_CE_SWITCH)))
+    return torch.where(m > _LOG_CE_SWITCH, exact, m)
+
+
+class Loss:
+    """The loss of a check: its per-example values and their logarithm (see the module docstring)."""
+
+    def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+        if fn is not None and not callable(fn):
+            raise SettingError("loss", fn, "a callable loss(logits, y) -> per-example losses >= 0 of shape (n,)")
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        if self.fn is None:
+            return "cross-entropy"
+        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
+
+    def values(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Per-example losses (n,), checked: finite and non-negative."""
+        if self.fn is None:
+            return cross_entropy(logits, y)
+        out = self.fn(logits, y)
+        if not isinstance(out, torch.Tensor) or out.shape != (len(y),):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise SettingError("loss", self.fn, f"per-example losses of shape ({len(y)},), got {got}")
+        bad = ~torch.isfinite(out) | (out < 0)
+        if bad.any():
+            worst = out[bad][0].item()
+            raise SettingError(
+                "loss", self.fn,
+                f"a non-negative, finite loss (the q-norm of a loss needs l >= 0); it returned {worst!r}",
+            )
+        return out
+
+    def log_values(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """log l per example (n,), exact for the default cross-entropy, floored at LOSS_FLOOR otherwise."""
+        if self.fn is None:
+            return log_cross_entropy(logits, y)
+        return torch.log(torch.clamp(self.values(logits, y), min=LOSS_FLOOR))
+
+
+@dataclass
+class GradForward(Forward):
+    """``engine.Forward`` plus log losses with gradients with respect to the inputs.
+
+    Every input evaluated counts once in ``passes`` (with or without a gradient);
+    ``backward_passes`` counts those that also had a backward pass.
+    """
+
+    backward_passes: int = 0
+
+    def log_loss(self, x: torch.Tensor, y: torch.Tensor, loss: Loss) -> torch.Tensor:
+        """log l per row (no gradients)."""
+        return loss.log_values(self.logits(x), y)
+
+    def log_loss_and_grad(self, x: torch.Tensor, y: torch.Tensor, loss: Loss) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log l per row, its gradient with respect to x), in chunks of ``batch_size`` rows.
+
+        The model's parameters stay frozen (``engine.guarded`` turned their requires_grad off);
+        only the input carries a gradient. CUDA out-of-memory halves the batch and retries.
+        """
+        values, grads, start = [], [], 0
+        while start < len(x):
+            chunk = x[start : start + self.batch_size].detach().requires_grad_(True)
+            try:
+                with torch.enable_grad():
+                    z = self._validated(self.model(chunk), len(chunk))
+                    value = loss.log_values(z, y[start : start + len(chunk)])
+                    (grad,) = torch.autograd.grad(value.sum(), chunk)
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                if not _is_oom(err):
+                    raise
+                if self.batch_size == 1:
+                    raise RobustModelError(
+                        "out of memory even with batch size 1: use a smaller model or another device"
+                    ) from err
+                self.batch_size = max(1, self.batch_size // 2)
+                self.halvings += 1
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            values.append(value.detach())
+            grads.append(grad)
+            self.passes += len(chunk)
+            self.backward_passes += len(chunk)
+            start += len(chunk)
+        return torch.cat(values), torch.cat(grads)
+
+
+def evaluator(space, y: torch.Tensor, forward: GradForward, loss: Loss):
+    """``evaluate(theta, with_grad)`` for ``mcmc``: log loss at x' = space.apply(theta) and, when
+    asked, its gradient with respect to theta (through the model, then through ``space.apply``)."""
+
+    def evaluate(theta: torch.Tensor, with_grad: bool):
+        if not with_grad:
+            return forward.log_loss(space.apply(theta), y, loss), None
+        leaf = theta.detach().requires_grad_(True)
+        with torch.enable_grad():
+            x = space.apply(leaf)
+        value, grad_x = forward.log_loss_and_grad(x.detach(), y, loss)
+        if x is leaf:
+            return value, grad_x
+        (grad,) = torch.autograd.grad(x, leaf, grad_x)
+        return value, grad
+
+    return evaluate
+
+
+# ---------------------------------------------------------------------------------------------
+# Monte Carlo
+# ---------------------------------------------------------------------------------------------
+
+
+def mc_log_estimate(log_losses: np.ndarray, q: float) -> np.ndarray:
+    """log of the Monte Carlo estimate (eq. 6) along the last axis: (logsumexp(q g) - log M) / q."""
+    m = log_losses.shape[-1]
+    return (_logsumexp(q * log_losses) - math.log(m)) / q
+
+
+def weight_ess(log_losses: np.ndarray, q: float) -> np.ndarray:
+    """Effective number of draws behind a Monte Carlo estimate: (sum l^q)^2 / sum l^(2q)."""
+    return np.exp(2 * _logsumexp(q * log_losses) - _logsumexp(2 * q * log_losses))
+
+
+def _logsumexp(a: np.ndarray) -> np.ndarray:
+    top = a.max(axis=-1, keepdims=True)
+    return (top + np.log(np.exp(a - top).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# path sampling
+# ---------------------------------------------------------------------------------------------
+
+
+def trapezoid_weights(steps: int) -> np.ndarray:
+    """Weights w_i of (1/q) int_0^q g dt ~ sum_i w_i g(t_i) on ``steps`` equally spaced points."""
+    w = np.ones(steps)
+    w[[0, -1]] = 0.5
+    return w / (steps - 1)
+
+
+def temperatures(q: float, steps: int) -> np.ndarray:
+    """t_i = q (i - 1) / (m - 1), i = 1..m: the annealing grid of Algorithm 1."""
+    return np.linspace(0.0, q, steps)
+
+
+@dataclass
+class Sampler:
+    """How chains move: ``kind`` "hmc" (``moves`` leapfrog steps per transition) or "mh"
+    (``moves`` Metropolis steps per transition); the step-size warm-up and its bounds."""
+
+    kind: str
+    moves: int
+    warmup: int
+    target_accept: float
+    path_len: float
+
+    def initial_log_step(self, space) -> float:
+        """HMC: h = path_len / L, the longest trajectory allowed; MH: the space's proposal size."""
+        return math.log(self.path_len / self.moves if self.kind == "hmc" else space.mh_step)
+
+    def log_step_range(self, space) -> tuple[float, float]:
+        """Adaptation keeps log h in [h0 - log 1e4, h0] (HMC) or [.., h0 + log 4] (MH)."""
+        h0 = self.initial_log_step(space)
+        return h0 - math.log(1e4), h0 + (0.0 if self.kind == "hmc" else math.log(4.0))
+
+    def transition(self, point, t, step, space, evaluate, streams):
+        fn = hmc_transition if self.kind == "hmc" else mh_transition
+        return fn(point, t, step, self.moves, space, evaluate, streams)
+
+    def evaluations(self, steps: int) -> int:
+        """Model evaluations of one chain: its path (``steps`` points) plus its warm-up."""
+        path = 1 + (steps - 1) * self.moves
+        return path + (1 + self.warmup * self.moves if self.warmup else 0)
+
+
+@dataclass
+class PathTrace:
+    """What one path-sampling run records per row (row = input x chain)."""
+
+    log_losses: torch.Tensor  # (R, m): g(delta_i) along the path
+    accept: torch.Tensor  # (R, m - 1): acceptance probability of each transition
+    log_step: torch.Tensor  # (R, m - 1): log step size of each transition
+    warmup_accept: torch.Tensor | None = field(default=None)  # (R, warmup)
+
+
+def _start(space, evaluate, streams, with_grad: bool) -> Point:
+    theta = space.sample(streams)
+    log_loss, grad = evaluate(theta, with_grad)
+    return Point(theta, log_loss, grad)
+
+
+def _warmup_schedule(sampler: Sampler, space, evaluate, q: float, chains: int, streams) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """Pilot run: ``warmup`` transitions annealing t from q / warmup to q, adapting log h per row
+    by Robbins-Monro towards ``target_accept`` after each one. Returns the pilot's temperatures,
+    log h per row after each (averaged over the chains of an input) and the acceptances."""
+    lo, hi = sampler.log_step_range(space)
+    point = _start(space, evaluate, streams, sampler.kind == "hmc")
+    log_step = torch.full((len(point.theta),), sampler.initial_log_step(space), device=point.theta.device)
+    ts = np.linspace(q / sampler.warmup, q, sampler.warmup)
+    steps, accepts = [], []
+    for t in ts:
+        point, prob = sampler.transition(point, float(t), torch.exp(log_step), space, evaluate, streams)
+        log_step = adapt_log_step(log_step, prob, sampler.target_accept, ADAPT_GAIN, lo, hi)
+        steps.append(log_step)
+        accepts.append(prob)
+    per_row = torch.stack(steps, dim=1)
+    pooled = per_row.reshape(-1, chains, len(ts)).mean(dim=1).repeat_interleave(chains, dim=0)
+    return ts, pooled, torch.stack(accepts, dim=1)
+
+
+def _interpolate(ts_from: np.ndarray, values: torch.Tensor, ts_to: np.ndarray) -> torch.Tensor:
+    """Piecewise-linear interpolation in t of per-row values (R, len(ts_from)) -> (R, len(ts_to)),
+    constant beyond the ends."""
+    pos = np.interp(ts_to, ts_from, np.arange(len(ts_from), dtype=np.float64))
+    left = np.floor(pos).astype(int)
+    right = np.minimum(left + 1, len(ts_from) - 1)
+    frac = torch.as_tensor(pos - left, dtype=values.dtype, device=values.device)
+    return values[:, left] * (1 - frac) + values[:, right] * frac
+
+
+def path_sampling(space, evaluate, q: float, steps: int, sampler: Sampler, chains: int,
+                  warmup_streams: RowStreams, streams: RowStreams) -> PathTrace:
+    """Algorithm 1 for every row of ``space`` at once (rows = inputs x ``chains``, input-major).
+
+    With ``sampler.warmup`` > 0 a pilot run first learns a step size per input as a function of
+    t (``_warmup_schedule``); the measured path then uses that fixed schedule, so each of its
+    transitions leaves its own p(. | t_i) invariant exactly (no adaptation inside the path).
+    """
+    ts = temperatures(q, steps)
+    if sampler.warmup:
+        pilot_ts, pilot_steps, warmup_accept = _warmup_schedule(sampler, space, evaluate, q, chains, warmup_streams)
+        log_steps = _interpolate(pilot_ts, pilot_steps, ts[1:])
+    else:
+        warmup_accept = None
+        log_steps = torch.full((streams.rows, steps - 1), sampler.initial_log_step(space), device=space.x.device)
+    point = _start(space, evaluate, streams, sampler.kind == "hmc")
+    recorded, accepts = [point.log_loss], []
+    for i, t in enumerate(ts[1:]):
+        point, prob = sampler.transition(point, float(t), torch.exp(log_steps[:, i]), space, evaluate, streams)
+        recorded.append(point.log_loss)
+        accepts.append(prob)
+    return PathTrace(torch.stack(recorded, dim=1), torch.stack(accepts, dim=1), log_steps, warmup_accept)
+
+
+def path_log_estimate(log_losses: np.ndarray) -> np.ndarray:
+    """log of the path-sampling estimate along the last axis (trapezoidal rule in t)."""
+    return log_losses @ trapezoid_weights(log_losses.shape[-1])

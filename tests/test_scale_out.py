@@ -1,0 +1,113 @@
+"""Scale-out: a GPU per xdist worker, torch.distributed sharding with identical verdicts, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pytest_robust import UniformLinf, tsrm
+from pytest_robust.report import progress
+
+from test_plugin import CONFTEST, PASSING
+from toy_models import ThresholdModel, threshold_data
+
+SPEC = dict(threshold=0.84, seed=4, batch_size=300, budget=20_000)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        r = tsrm(ThresholdModel(0.875), threshold_data(), UniformLinf(eps=0.5), **SPEC)
+        with open(f"{out}/rank{rank}.json", "w") as f:
+            json.dump(r.to_dict(), f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_reach_the_single_process_verdict(tmp_path):
+    single = tsrm(ThresholdModel(0.875), threshold_data(), UniformLinf(eps=0.5), **SPEC)
+    mp.spawn(_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        for key in ("verdict", "draws", "estimate", "lower", "upper"):
+            assert r[key] == getattr(single, key), key
+        assert r["details"]["correct"] == single.details["correct"]
+    assert ranks[0]["forward_passes"] == ranks[1]["forward_passes"] >= single.draws
+
+
+def test_torchrun_runs_pytest_with_one_writer(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(PASSING)
+    result = pytester.run(
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "pytest", "-p", "no:cacheprovider", "--robust-report", "out", "--junitxml", "j.xml",
+        timeout=240,
+    )
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    (check,) = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
+    single = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "single")
+    (alone,) = json.loads((pytester.path / "single" / "results.json").read_text())["results"]
+    assert (check["verdict"], check["draws"], check["estimate"]) == (alone["verdict"], alone["draws"], alone["estimate"])
+    assert (pytester.path / "j.xml").is_file()
+    assert result.stdout.str().count("robust report: out/results.json") == 1
+
+
+def test_each_xdist_worker_takes_its_own_gpu_from_the_visible_list(pytester, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    pytester.makepyfile("""
+        import os
+
+        def test_where(tmp_path_factory):
+            worker = os.environ["PYTEST_XDIST_WORKER"]
+            path = tmp_path_factory.getbasetemp().parent.parent / f"{worker}.txt"
+            path.write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+    """)
+    pytester.runpytest_subprocess("-n", "2", "--dist", "each", "--robust-device", "auto").assert_outcomes(passed=2)
+    seen = {p.stem: p.read_text() for p in pytester.path.parent.rglob("gw*.txt")}
+    assert seen == {"gw0": "3", "gw1": "5"}
+
+
+def test_cpu_device_leaves_cuda_visible_devices_alone(pytester, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    pytester.makepyfile("""
+        import os
+
+        def test_where():
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,5"
+    """)
+    pytester.runpytest_subprocess("-n", "2", "--dist", "each", "--robust-device", "cpu").assert_outcomes(passed=2)
+
+
+@pytest.fixture
+def fast_progress(monkeypatch):
+    monkeypatch.setattr(progress, "FIRST_AFTER", 0.0)
+    monkeypatch.setattr(progress, "INTERVAL_PLAIN", 0.0)
+
+
+def test_progress_lines_when_output_is_not_captured(pytester, fast_progress):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(PASSING)
+    result = pytester.runpytest("-s", "--robust-batch-size", "256")
+    result.stdout.fnmatch_lines(["robust progress test_progress_lines_when_output_is_not_captured.py::test_passes: "
+                                 "TSRM 256/100000 draws, 256 forward passes, bounds [0.*, *]*"])
+
+
+def test_no_progress_when_output_is_captured(pytester, fast_progress):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(PASSING)
+    result = pytester.runpytest("--robust-batch-size", "256")
+    assert "robust progress" not in result.stdout.str()
