@@ -399,6 +399,11 @@ def _profiles(doc: SuiteDocument, raw) -> dict[str, Profile]:
     profiles = {}
     for name, body in raw.items():
         path = ("profiles", name)
+        try:
+            parse_layer({"profile": name}, doc.where)
+        except SettingError:
+            raise doc.error(path, "cannot be chosen with --robust-profile, which takes a Python identifier "
+                                  "(letters, digits and _)") from None
         body = doc.expect(path, body or {}, dict, "a mapping such as {budget_scale: 0.1}")
         values = dict(body)
         scale = values.pop("budget_scale", 1.0)
@@ -406,8 +411,10 @@ def _profiles(doc: SuiteDocument, raw) -> dict[str, Profile]:
             scale = positive_float("budget_scale", scale)
         except SettingError as err:
             raise doc.error(path + ("budget_scale",), f"{_shown(scale)} is invalid: expected {err.accepted}") from None
-        allowed = ("budget_scale",) + SUITE_SETTINGS
-        doc.no_unknown_keys(path, {k: v for k, v in values.items() if k not in KEY_NAMES}, allowed, "a profile has the keys")
+        # keys that are no setting at all are listed against the profile's keys; settings keys
+        # (including those not allowed in suites) get _settings' messages
+        not_settings = [k for k in values if k not in KEY_NAMES]
+        doc.no_unknown_keys(path, not_settings, ("budget_scale",) + SUITE_SETTINGS, "a profile has the keys")
         profiles[name] = Profile(name, _settings(doc, path, values), scale)
     return profiles
 

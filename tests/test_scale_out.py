@@ -103,7 +103,7 @@ def test_progress_lines_when_output_is_not_captured(pytester, fast_progress):
     pytester.makepyfile(PASSING)
     result = pytester.runpytest("-s", "--robust-batch-size", "256")
     result.stdout.fnmatch_lines(["robust progress test_progress_lines_when_output_is_not_captured.py::test_passes: "
-                                 "TSRM 256/100000 draws, 256 forward passes, bounds [0.*, *]*"])
+                                 "TSRM 256/100000 draws, 256 forward passes, bounds [[]0.*, *]*"])
 
 
 def test_no_progress_when_output_is_captured(pytester, fast_progress):
