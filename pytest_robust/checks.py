@@ -37,6 +37,10 @@ class Metric:
     threshold_kind: str = "probability"
     settings: tuple[str, ...] = ()  # settings keys passed to the runner as keyword arguments
 
+    def keywords(self, name: str) -> tuple[str, tuple[str, ...]]:
+        """(the threshold's keyword, the parameters passed to the runner) for metric ``name``."""
+        return self.threshold_key or name, self.required + self.optional + ((name,) if self.threshold_key else ())
+
     def load(self):
         module, name = self.runner.split(":")
         return getattr(importlib.import_module(module), name)
@@ -60,7 +64,9 @@ METRICS = {
         "pytest_robust.metrics.nppr:nppr",
         required=("eps",),
         optional=("components", "latent_dim", "covariance", "dependency", "feature_layer", "norm",
-                  "fit_steps", "fit_fraction", "fit_data", "kappa", "draws_per_input", "pgd"),
+                  "grid_size", "fit_steps", "fit_fraction", "fit_data", "fit_batch_size", "fit_draws",
+                  "fit_lr", "fit_temperature", "fit_clip_norm", "kappa", "draws_per_input", "pgd", "pgd_steps",
+                  "bounds"),
         settings=("cache_dir", "refit"),
     ),
 }
@@ -113,8 +119,7 @@ def parse_marker(args: tuple, kwargs: dict) -> CheckSpec:
         )
     name = names[0]
     metric = METRICS[name]
-    threshold_key = metric.threshold_key or name
-    params_allowed = metric.required + metric.optional + ((name,) if metric.threshold_key else ())
+    threshold_key, params_allowed = metric.keywords(name)
     unknown = [k for k in kwargs if k not in (threshold_key,) + params_allowed + KEY_NAMES]
     if unknown:
         raise MarkerError(

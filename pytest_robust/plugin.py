@@ -173,6 +173,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     return (
         f"robust: device={s.device}, seed={s.seed}, confidence={s.confidence:g}, "
         f"batch_size={s.batch_size}, budget={s.budget} draws, inconclusive={s.inconclusive}"
+        + (f", profile={s.profile}" if s.profile else "")
     )
 
 
@@ -188,6 +189,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.stash[SPECS] = specs
         if "robust" not in getattr(item, "fixturenames", ["robust"]):
             item.fixturenames.append("robust")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    """Collect declarative suites, robust_*.yaml (see pytest_robust.suites)."""
+    from .suites import collect_file
+
+    return collect_file(file_path, parent)
 
 
 @pytest.fixture

@@ -97,7 +97,7 @@ class Result:
             return (
                 f"{head} is inconclusive against {self.direction} {self.threshold:g} {cond}: the budget of "
                 f"{self.budget} draws ran out before the {pct} bounds left the threshold; raise it "
-                f"(--robust-budget, robust_budget in ini, or budget= on the marker) or move the "
+                f"(--robust-budget, robust_budget in ini, budget= on the marker or budget: in a YAML suite) or move the "
                 f"threshold away from the estimate{note}"
             )
         return f"{head} {cond}{note}"

@@ -80,7 +80,7 @@ KEYS = (
         "relative to the working directory"),
     Key("refit", validation.boolean,
         "ignore cached fitted artefacts and fit again", flag=True),
-    Key("profile", validation.identifier,
+    Key("profile", validation.name,
         "profile of YAML suites (robust_*.yaml) to run, e.g. smoke, ci or nightly; scales budgets"),
 )
 KEY_NAMES = tuple(k.name for k in KEYS)

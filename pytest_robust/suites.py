@@ -6,7 +6,8 @@ that scale the draw budgets::
     model: digits_model:load_model        # "module:callable"; the module is imported from the
     model_args: {name: standard}          #   suite's folder or sys.path, called with model_args
     data: digits_factories:held_out       # returns (x, y), a Dataset or a DataLoader
-    settings: {confidence: 0.95}          # suite-wide settings (the keys of settings.KEYS)
+    settings: {confidence: 0.95}          # suite-wide settings: settings.KEYS but model, data,
+                                          #   profile and report (see NOT_IN_SUITES)
     profiles:                             # chosen with --robust-profile NAME; default: ci if defined
       smoke: {budget_scale: 0.1, inconclusive: skip}
       ci: {budget_scale: 1}
@@ -33,8 +34,9 @@ the check's own keys; the resulting budget is then multiplied by the profile's `
 (rounded, at least 1). A suite without ``profiles`` runs every check at scale 1 whatever profile
 is chosen; a suite with ``profiles`` must define the chosen one.
 
-Everything but the factory calls is checked at collection: a malformed suite is a collection
-error of its file whose message names the file, the line and the key, e.g.
+Everything but the factory calls is checked at collection (which imports the factories'
+modules, and so torch): a malformed suite is a collection error of its file (the run stops
+with exit code 2 before any test runs) whose message names the file, the line and the key, e.g.
 ``robust_digits.yaml:14: checks[1].perturbation: unknown perturbation 'Uniform'; known: ...``.
 Check indices count from 0. The model and data factories are called when the file's first test
 runs (once per file and device); a factory that raises fails the file's tests, with the same
@@ -54,6 +56,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import yaml
 
 from .checks import METRICS, CheckSpec, MarkerError, parse_marker
 from .fixture import enforce, run_spec
@@ -162,8 +165,6 @@ class SuiteDocument:
     """
 
     def __init__(self, where: str, text: str):
-        import yaml
-
         self.where = where
         self.lines: dict[KeyPath, int] = {(): 1}
         loader = yaml.SafeLoader(text)
@@ -182,8 +183,6 @@ class SuiteDocument:
             self._index(node, ())
 
     def _index(self, node, path: KeyPath) -> None:
-        import yaml
-
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 line = key.start_mark.line + 1
@@ -217,6 +216,10 @@ class SuiteDocument:
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise self.error(path, f"expected {what}, got {_shown(value)}")
         return value
+
+    def mapping(self, path: KeyPath, value, what: str) -> dict:
+        """``value`` if it is a mapping, {} if it is null (``settings:`` left empty)."""
+        return {} if value is None else self.expect(path, value, dict, what)
 
     def no_unknown_keys(self, path: KeyPath, mapping: dict, allowed, what: str) -> None:
         for key in mapping:
@@ -300,8 +303,8 @@ def load_suite(path: Path, where: str, session: Settings, perturbations: dict[st
         raise doc.error((), "the suite is empty; it needs " + ", ".join(f"{k}:" for k in REQUIRED_SUITE_KEYS))
     doc.expect((), top, dict, "a mapping with the keys " + ", ".join(SUITE_KEYS))
     if "checks" not in top and set(top) <= set(KEY_NAMES) and set(top) - set(SUITE_KEYS):
-        raise doc.error((), "this is a settings file (for --robust-config), not a suite: suites are "
-                            "robust_*.yaml files with model:, data: and checks:; rename it, e.g. robust-settings.yaml")
+        raise doc.error((), "this is a settings file (for --robust-config), not a suite: suites are robust_*.yaml "
+                            "files with model:, data: and checks:; rename it, e.g. robust-settings.yaml")
     doc.no_unknown_keys((), top, SUITE_KEYS, "a suite has the keys")
     for key in REQUIRED_SUITE_KEYS:
         if key not in top:
@@ -309,10 +312,10 @@ def load_suite(path: Path, where: str, session: Settings, perturbations: dict[st
     folder = path.parent
     model = _factory(doc, (), top, "model", folder)
     data = _factory(doc, (), top, "data", folder)
-    suite_settings = _settings(doc, ("settings",), doc.expect(("settings",), top.get("settings") or {}, dict, "a mapping of settings"))
+    suite_settings = _settings(doc, ("settings",), doc.mapping(("settings",), top.get("settings"), "a mapping"))
     profiles = _profiles(doc, top.get("profiles"))
     profile = _select(doc, profiles, session.profile)
-    base = session.replace(suite_settings, f"in {where}").replace(profile.settings, f"profile {profile.name} in {where}")
+    base = session.replace(suite_settings, f"in {where}").replace(profile.settings, f"profile {profile.name}")
     entries = doc.expect(("checks",), top["checks"], list, "a list of checks")
     if not entries:
         raise doc.error(("checks",), "the list of checks is empty")
@@ -326,9 +329,10 @@ def _import(doc: SuiteDocument, path: KeyPath, target, folder: Path) -> Callable
     from sys.path."""
     example = "e.g. digits_model:load_model"
     if not isinstance(target, str) or target.count(":") != 1:
-        raise doc.error(path, f"expected an import path 'module:callable' ({example}), got {_shown(target)}")
+        hint = "; suites name factories, not fixtures" if isinstance(target, str) and target.isidentifier() else ""
+        raise doc.error(path, f"expected an import path 'module:callable' ({example}), got {_shown(target)}{hint}")
     module_name, attr = target.split(":")
-    if not all(p.isidentifier() for p in module_name.split(".")) or not all(p.isidentifier() for p in attr.split(".")):
+    if not all(part.isidentifier() for part in module_name.split(".") + attr.split(".")):
         raise doc.error(path, f"{target!r} is not an import path 'module:callable' ({example})")
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
@@ -350,7 +354,8 @@ def _import(doc: SuiteDocument, path: KeyPath, target, folder: Path) -> Callable
     return value
 
 
-def _factory(doc: SuiteDocument, path: KeyPath, mapping: dict, role: str, folder: Path, default: Factory | None = None) -> Factory:
+def _factory(doc: SuiteDocument, path: KeyPath, mapping: dict, role: str, folder: Path,
+             default: Factory | None = None) -> Factory:
     """The ``role`` ("model" or "data") factory of ``mapping`` (the suite or one check).
 
     In a check, ``<role>_args`` alone re-uses the suite's factory with other arguments, and
@@ -359,8 +364,8 @@ def _factory(doc: SuiteDocument, path: KeyPath, mapping: dict, role: str, folder
     args_key = f"{role}_args"
     if role not in mapping and args_key not in mapping and default is not None:
         return default
-    args = mapping.get(args_key) or {}
-    doc.expect(path + (args_key,), args, dict, f"a mapping of keyword arguments of the {role} factory")
+    what = f"a mapping of keyword arguments of the {role} factory"
+    args = doc.mapping(path + (args_key,), mapping.get(args_key), what)
     if role in mapping:
         target = mapping[role]
         function = _import(doc, path + (role,), target, folder)
@@ -376,14 +381,15 @@ def _factory(doc: SuiteDocument, path: KeyPath, mapping: dict, role: str, folder
     return Factory(target, function, dict(args), f"{doc.where}:{doc.line(where_path)}: {key_name(where_path)}")
 
 
-def _settings(doc: SuiteDocument, path: KeyPath, values: dict, allowed=SUITE_SETTINGS) -> dict:
-    """Validate the settings in ``values`` (only the keys in ``allowed``), key by key."""
+def _settings(doc: SuiteDocument, path: KeyPath, values: dict) -> dict:
+    """Validate the settings in ``values`` key by key (only ``SUITE_SETTINGS`` are allowed)."""
     parsed = {}
     for key, value in values.items():
-        if key in NOT_IN_SUITES and key not in allowed:
+        if key in NOT_IN_SUITES:
             raise doc.error(path + (key,), f"not a suite setting: {key} {NOT_IN_SUITES[key]}")
-        if key not in allowed:
-            raise doc.error(path + (key,), f"unknown setting{_suggest(key, allowed)}; settings: {', '.join(allowed)}")
+        if key not in SUITE_SETTINGS:
+            raise doc.error(path + (key,), f"unknown setting{_suggest(key, SUITE_SETTINGS)}; "
+                                           f"settings: {', '.join(SUITE_SETTINGS)}")
         try:
             parsed.update(parse_layer({key: value}, doc.where))
         except SettingError as err:
@@ -402,15 +408,15 @@ def _profiles(doc: SuiteDocument, raw) -> dict[str, Profile]:
         try:
             parse_layer({"profile": name}, doc.where)
         except SettingError:
-            raise doc.error(path, "cannot be chosen with --robust-profile, which takes a Python identifier "
-                                  "(letters, digits and _)") from None
-        body = doc.expect(path, body or {}, dict, "a mapping such as {budget_scale: 0.1}")
-        values = dict(body)
+            raise doc.error(path, "cannot be chosen with --robust-profile, which takes a name of "
+                                  "letters, digits, '_', '-' or '.'") from None
+        values = dict(doc.mapping(path, body, "a mapping such as {budget_scale: 0.1}"))
         scale = values.pop("budget_scale", 1.0)
         try:
             scale = positive_float("budget_scale", scale)
         except SettingError as err:
-            raise doc.error(path + ("budget_scale",), f"{_shown(scale)} is invalid: expected {err.accepted}") from None
+            problem = f"{_shown(scale)} is invalid: expected {err.accepted}"
+            raise doc.error(path + ("budget_scale",), problem) from None
         # keys that are no setting at all are listed against the profile's keys; settings keys
         # (including those not allowed in suites) get _settings' messages
         not_settings = [k for k in values if k not in KEY_NAMES]
@@ -449,7 +455,7 @@ class _Context:
 def _check(ctx: _Context, index: int, raw) -> Check:
     """Validate one entry of ``checks`` and resolve it into a ``Check``."""
     doc, path = ctx.doc, ("checks", index)
-    doc.expect(path, raw, dict, "a check: a mapping such as {name: uniform-0.1, tsrm: 0.9, perturbation: UniformLinf}")
+    doc.expect(path, raw, dict, "a check: a mapping such as {name: a, tsrm: 0.9, perturbation: {UniformLinf: ...}}")
     if "name" not in raw:
         raise doc.error(path, "every check needs a name: (its test id), e.g. name: uniform-0.1")
     name = doc.expect(path + ("name",), raw["name"], str, "text (the test id)")
@@ -460,15 +466,17 @@ def _check(ctx: _Context, index: int, raw) -> Check:
         raise doc.error(path + ("name",), f"duplicate check name {name!r} (also checks[{ctx.names[name]}])")
     ctx.names[name] = index
     metrics = [k for k in raw if k in METRICS]
+    for key in raw if not metrics else ():
+        if difflib.get_close_matches(key, list(METRICS), n=1):  # a misspelt metric, e.g. "tsr"
+            raise doc.error(path + (key,), f"unknown key{_suggest(key, METRICS)}; metrics: {_metric_examples()}")
     if len(metrics) != 1:
         found = f"several ({', '.join(metrics)})" if metrics else "none"
         raise doc.error(path, f"a check names exactly one metric with its threshold ({_metric_examples()}); "
                               f"found {found}: write one check per metric")
     metric_name = metrics[0]
     metric = METRICS[metric_name]
-    threshold_key = metric.threshold_key or metric_name
-    params = metric.required + metric.optional + ((threshold_key,) if metric.threshold_key else ())
-    allowed = (metric_name,) + params + CHECK_KEYS + SUITE_SETTINGS
+    threshold_key, params = metric.keywords(metric_name)
+    allowed = tuple(dict.fromkeys((metric_name, threshold_key) + params + CHECK_KEYS + SUITE_SETTINGS))
     for key in raw:
         if key in NOT_IN_SUITES and key not in allowed:
             raise doc.error(path + (key,), f"not a suite setting: {key} {NOT_IN_SUITES[key]}")
@@ -477,9 +485,9 @@ def _check(ctx: _Context, index: int, raw) -> Check:
     if missing:
         raise doc.error(path + (metric_name,), f"a {metric_name} check needs " + ", ".join(f"{k}:" for k in missing))
     overrides = _settings(doc, path, {k: v for k, v in raw.items() if k in SUITE_SETTINGS})
-    kwargs = {k: v for k, v in raw.items() if k == metric_name or k in params}
+    kwargs = {k: v for k, v in raw.items() if k in (metric_name, threshold_key) + params}
     if "perturbation" in kwargs:
-        kwargs["perturbation"] = _perturbation(doc, path + ("perturbation",), kwargs["perturbation"], ctx.perturbations)
+        kwargs["perturbation"] = _perturbation(doc, path + ("perturbation",), raw["perturbation"], ctx.perturbations)
     try:
         spec = parse_marker((), {**kwargs, **overrides})
     except MarkerError as err:
@@ -527,12 +535,13 @@ def _perturbation(doc: SuiteDocument, path: KeyPath, raw, factories: dict[str, C
     elif isinstance(raw, dict) and len(raw) == 1:
         ((name, params),) = raw.items()
         at = path + (name,)
-        params = doc.expect(at, params or {}, dict, f"the parameters of {name} as a mapping, e.g. {{eps: 0.1}}")
+        params = doc.mapping(at, params, f"the parameters of {name} as a mapping, e.g. {{eps: 0.1}}")
     else:
         raise doc.error(path, f"expected a perturbation name or {{Name: {{param: value}}}}, "
                               f"e.g. {{UniformLinf: {{eps: 0.1}}}}; got {_shown(raw)}")
     if name not in factories:
-        raise doc.error(at, f"unknown perturbation {name!r}{_suggest(name, factories)}; known: {', '.join(factories)}")
+        known = ", ".join(factories)
+        raise doc.error(at, f"unknown perturbation {name!r}{_suggest(name, factories)}; known: {known}")
     factory = factories[name]
     try:
         return factory(**params)
@@ -568,7 +577,9 @@ def perturbation_factories(hook) -> dict[str, Callable]:
         if returned is None:
             continue
         if not isinstance(returned, dict):
-            raise pytest.UsageError(f"pytest_robust_perturbations must return a dict {{name: factory}}, got {returned!r}")
+            raise pytest.UsageError(
+                f"pytest_robust_perturbations must return a dict {{name: factory}}, got {returned!r}"
+            )
         for name, factory in returned.items():
             if not (isinstance(name, str) and name.isidentifier() and callable(factory)):
                 raise pytest.UsageError(

@@ -102,6 +102,13 @@ def identifier(key: str, value) -> str:
     return value
 
 
+def name(key: str, value) -> str:
+    """A short name such as a profile: letters, digits, '_', '-' and '.'."""
+    if not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value)):
+        raise SettingError(key, value, "a name of letters, digits, '_', '-' or '.'")
+    return value
+
+
 def choice(*options: str):
     def check(key: str, value) -> str:
         if value not in options:
