@@ -6,16 +6,20 @@ BIN := $(VENV)/bin
 CONSTRAINTS := .ci/constraints.txt
 REPORTS ?= reports
 
-.PHONY: demo test bench train clean
+.PHONY: install demo test bench train clean
 
 $(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
 	touch $@
 
+## install: create .venv and install the package with its test and example dependencies
+install: $(BIN)/.installed
+
 ## demo: run the example robustness suite on the digits models, JUnit XML in reports/
 demo: $(BIN)/.installed
-	$(BIN)/python -m pytest examples/digits -rxs -p no:cacheprovider --junitxml=$(REPORTS)/demo-junit.xml
+	$(BIN)/python -m pytest examples/digits -rxs -p no:cacheprovider --junitxml=$(REPORTS)/demo-junit.xml \
+		--robust-report $(REPORTS)/robust --robust-junitxml $(REPORTS)/robust-junit.xml
 
 ## test: the project's test suite (CPU; CUDA tests skip without a GPU)
 test: $(BIN)/.installed
