@@ -17,6 +17,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "tsrm": "pytest_robust.metrics.tsrm",
+    "intermediate_q": "pytest_robust.metrics.intermediate_q",
+    "q_curve": "pytest_robust.metrics.intermediate_q",
+    "Spatial": "pytest_robust.perturbations",
     "Perturbation": "pytest_robust.perturbations",
     "UniformLinf": "pytest_robust.perturbations",
     "GaussianNoise": "pytest_robust.perturbations",

@@ -50,8 +50,8 @@ METRICS = {
     "tsrm": Metric("pytest_robust.metrics.tsrm:tsrm", required=("perturbation",)),
     "q": Metric(
         "pytest_robust.metrics.intermediate_q:intermediate_q",
-        optional=("perturbation", "estimator", "chains", "steps", "leapfrog", "path_len",
-                  "target_accept", "warmup", "loss", "pgd_steps", "pgd_restarts"),
+        optional=("perturbation", "estimator", "chains", "steps", "leapfrog", "mh_steps", "path_len",
+                  "target_accept", "warmup", "loss", "pgd_steps", "pgd_restarts", "inputs"),
         threshold_key="max_loss",
         threshold_kind="loss",
     ),
@@ -67,7 +67,7 @@ METRICS = {
                   "grid_size", "fit_steps", "fit_fraction", "fit_data", "fit_batch_size", "fit_draws",
                   "fit_lr", "fit_temperature", "fit_clip_norm", "kappa", "draws_per_input", "pgd", "pgd_steps",
                   "bounds"),
-        settings=("cache_dir", "refit"),
+        settings=("eps", "cache_dir", "refit"),  # eps: the marker's, also when given to robust.nppr()
     ),
 }
 

@@ -256,7 +256,8 @@ def guarded(model: torch.nn.Module, device: torch.device):
 MODE_DEPENDENT = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase)
 
 
-def _is_oom(err: BaseException) -> bool:
+def is_oom(err: BaseException) -> bool:
+    """Whether ``err`` is an out-of-memory error of the device."""
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
@@ -271,16 +272,17 @@ class Forward:
     passes: int = 0
     halvings: int = field(default=0)
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for every row of x, computed in chunks of at most ``batch_size`` rows."""
+    def chunked(self, n: int, run):
+        """``run(start, stop)`` over consecutive row ranges of [0, n), each at most ``batch_size``
+        rows; a CUDA out-of-memory error halves the batch and retries the same rows (none lost,
+        none repeated). Counts every row in ``passes``; returns the list of ``run``'s outputs."""
         out, start = [], 0
-        while start < len(x):
-            chunk = x[start : start + self.batch_size]
+        while start < n:
+            stop = min(n, start + self.batch_size)
             try:
-                with torch.inference_mode():
-                    z = self.model(chunk)
+                out.append(run(start, stop))
             except (torch.OutOfMemoryError, RuntimeError) as err:
-                if not _is_oom(err):
+                if not is_oom(err):
                     raise
                 if self.batch_size == 1:
                     raise RobustModelError(
@@ -291,12 +293,21 @@ class Forward:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
                 continue
-            out.append(self._validated(z, len(chunk)))
-            self.passes += len(chunk)
-            start += len(chunk)
-        return torch.cat(out)
+            self.passes += stop - start
+            start = stop
+        return out
 
-    def _validated(self, z, n: int) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for every row of x (inference mode), computed in chunks of at most ``batch_size``."""
+
+        def run(start: int, stop: int) -> torch.Tensor:
+            with torch.inference_mode():
+                return self.validated(self.model(x[start:stop]), stop - start)
+
+        return torch.cat(self.chunked(len(x), run))
+
+    def validated(self, z, n: int) -> torch.Tensor:
+        """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches."""
         if not isinstance(z, torch.Tensor):
             raise RobustModelError(f"the model must return a logits tensor, got {type(z).__name__}")
         if z.ndim != 2 or z.shape[0] != n or z.shape[1] < 2:

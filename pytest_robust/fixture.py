@@ -14,7 +14,7 @@ from . import checks
 from .checks import CheckSpec
 from .report.progress import Progress
 from .results import Result
-from .settings import Settings
+from .settings import KEY_NAMES, Settings
 from .validation import SettingError
 
 #: Result dicts recorded on a test item; the report hook copies them onto the test report.
@@ -36,18 +36,26 @@ def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
 
 
-def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str) -> Result:
-    """Evaluate one spec and record its result under ``model_name``; a model, data or argument
-    problem fails the test with its message (not a traceback from inside the engine)."""
-    from .engine import RobustDataError, RobustModelError, progress_sink, resolve_device
+def evaluate(item: pytest.Item, call, model_name: str) -> Result:
+    """Run ``call()`` (returning a Result) with progress reporting and record the result under
+    ``model_name``; a model, data or argument problem fails the test with its message (not a
+    traceback from inside the engine)."""
+    from .engine import RobustDataError, RobustModelError, progress_sink
 
     try:
         with progress_sink(_progress(item)):
-            result = checks.run(spec, model, data, settings, resolve_device(settings.device))
+            result = call()
     except (RobustDataError, RobustModelError, SettingError, TypeError, ValueError) as err:
         pytest.fail(f"robust check could not run: {err}", pytrace=False)
     result.model = model_name
     return record(item, result)
+
+
+def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str) -> Result:
+    """Evaluate one spec with resolved settings and record its result."""
+    from .engine import resolve_device
+
+    return evaluate(item, lambda: checks.run(spec, model, data, settings, resolve_device(settings.device)), model_name)
 
 
 def _progress(item: pytest.Item):
@@ -86,16 +94,49 @@ class RobustFixture:
 
         return resolve_device(self.settings.device)
 
-    def _measure(self, metric: str, model, data, threshold, params: dict, overrides: dict) -> Result:
-        spec = CheckSpec(metric, threshold, params, overrides)
-        settings = settings_for(self.settings, overrides, f"argument of robust.{metric}")
+    def _split(self, kwargs: dict, source: str) -> tuple[Settings, dict]:
+        """(settings with the setting keys of ``kwargs`` applied, the remaining parameters)."""
+        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in KEY_NAMES}
+        return settings_for(self.settings, overrides, f"argument of robust.{source}"), kwargs
+
+    def _measure(self, metric: str, model, data, threshold, params: dict) -> Result:
+        """A registered metric through the same path as a marker (defaults, settings, errors)."""
+        settings, params = self._split(params, metric)
+        spec = CheckSpec(metric, threshold, params, {})
         return run_spec(self._request.node, spec, model, data, settings, type(model).__name__)
 
-    def tsrm(self, model, data, perturbation, threshold: float | None = None, **overrides) -> Result:
+    def _library(self, fn, name: str, model, *args, **kwargs) -> Result:
+        """A library function that is not a marker metric (certify, pa_report, q_curve)."""
+        from .engine import resolve_device
+
+        settings, params = self._split(kwargs, name)
+        common = dict(confidence=settings.confidence, budget=settings.budget, seed=settings.seed,
+                      batch_size=settings.batch_size)
+
+        def call():
+            return fn(model, *args, device=resolve_device(settings.device), **common, **params)
+
+        return evaluate(self._request.node, call, type(model).__name__)
+
+    def tsrm(self, model, data, perturbation, threshold: float | None = None, **kwargs) -> Result:
         """TSRM accuracy of ``model`` on ``data`` under ``perturbation``, gated when ``threshold``
-        is given; ``overrides`` are settings (confidence, budget, seed, batch_size, device).
-        Returns the Result; assert on ``result.passed`` or ``result.verdict`` yourself."""
-        return self._measure("tsrm", model, data, threshold, {"perturbation": perturbation}, overrides)
+        is given. Keyword arguments that are settings (confidence, budget, seed, batch_size,
+        device) override this test's settings. Returns the Result (recorded in the reports);
+        assert on ``result.passed`` or ``result.verdict`` yourself."""
+        return self._measure("tsrm", model, data, threshold, {"perturbation": perturbation, **kwargs})
+
+    def q(self, model, data, q: float, max_loss: float | None = None, perturbation=None, **kwargs) -> Result:
+        """Mean intermediate-q loss Z_q (see ``metrics.intermediate_q``), gated <= ``max_loss`` when
+        given; ``perturbation`` defaults to UniformLinf(eps=<robust_eps>); other keywords are the
+        marker's parameters or settings."""
+        params = {"q": q, **({"perturbation": perturbation} if perturbation is not None else {}), **kwargs}
+        return self._measure("q", model, data, max_loss, params)
+
+    def q_curve(self, model, data, perturbation, qs=(1, 10, 100, 1000), **kwargs) -> Result:
+        """The q-curve (path sampling, Monte Carlo, q = infinity); a PNG in the report directory."""
+        from .metrics.intermediate_q import q_curve
+
+        return self._library(q_curve, "q_curve", model, data, perturbation, qs, **kwargs)
 
     def _fixture(self, name: str, role: str):
         try:

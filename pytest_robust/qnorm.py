@@ -7,13 +7,19 @@ All estimators work in log space on the per-example log loss g = log l:
 - Monte Carlo (eq. 6): log Z = (logsumexp_j q g_j - log M) / q over M draws from mu. It is
   biased low and, for large q, rests on the few largest draws; ``weight_ess`` says on how many
   (the effective sample size (sum w)^2 / sum w^2 of the weights w_j = l_j^q).
-- Path sampling (Theorem 1, Algorithm 1): with t_1 = 0 < ... < t_m = q equally spaced and
-  delta_i ~ p(delta | t_i) ∝ l^{t_i} mu, log Z = (1/q) int_0^q E_t[g] dt (eq. 14-16), estimated
-  by the trapezoidal rule on that grid, sum_i w_i g(delta_i) with weights (1/2, 1, ..., 1, 1/2)
-  / (m - 1). (The paper's geometric mean gives every point weight 1/m; both converge, the
-  trapezoid with error O(1/m^2) instead of O(1/m) for a smooth integrand.) delta_1 is an exact
-  draw from mu; delta_i is one MCMC transition at t_i from delta_{i-1}: HMC (``mcmc.hmc_transition``)
-  for differentiable perturbations, random-walk Metropolis otherwise.
+- Path sampling (Theorem 1, Algorithm 1): with delta_i ~ p(delta | t_i) ∝ l^{t_i} mu on a grid
+  0 = t_1 < ... < t_m = q, log Z = (1/q) int_0^q E_t[g] dt (eq. 14-16), estimated by the
+  trapezoidal rule sum_i w_i g(delta_i) on that grid. delta_1 is an exact draw from mu; delta_i
+  is one MCMC transition at t_i from delta_{i-1}: HMC (``mcmc.hmc_transition``) for
+  differentiable perturbations, random-walk Metropolis otherwise.
+  Two deliberate departures from Algorithm 1, both still consistent as m grows:
+  the grid is t_i = q ((i - 1) / (m - 1))^2 instead of linear, denser near t = 0 where p(. | t)
+  moves fastest (d/dt E_t[g] = Var_t[g], largest at small t), as in power-posterior
+  thermodynamic integration (Friel & Pettitt 2008); and the trapezoidal weights replace the
+  geometric mean's equal weights 1/m (error O(1/m^2) instead of O(1/m) for a smooth integrand).
+  On the digits standard model at q = 100 (UniformLinf(0.3), 16 inputs, 4 chains, m = 40, L = 10)
+  the linear grid gave 8.56, the quadratic 9.84, and a 10x longer linear path 11.34: the chains
+  lag behind a fast-moving target less, so the estimate is less biased low at equal cost.
 
 The loss: cross-entropy by default, with log l computed exactly from the logits, so a confident
 prediction whose cross-entropy underflows to 0 in float32 still has a finite log loss. A custom
@@ -33,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .attacks import cross_entropy
-from .engine import Forward, RobustModelError, _is_oom
+from .engine import Forward
 from .mcmc import Point, RowStreams, adapt_log_step, hmc_transition, mh_transition
 from .validation import SettingError
 
@@ -118,31 +124,17 @@ class GradForward(Forward):
         The model's parameters stay frozen (``engine.guarded`` turned their requires_grad off);
         only the input carries a gradient. CUDA out-of-memory halves the batch and retries.
         """
-        values, grads, start = [], [], 0
-        while start < len(x):
-            chunk = x[start : start + self.batch_size].detach().requires_grad_(True)
-            try:
-                with torch.enable_grad():
-                    z = self._validated(self.model(chunk), len(chunk))
-                    value = loss.log_values(z, y[start : start + len(chunk)])
-                    (grad,) = torch.autograd.grad(value.sum(), chunk)
-            except (torch.OutOfMemoryError, RuntimeError) as err:
-                if not _is_oom(err):
-                    raise
-                if self.batch_size == 1:
-                    raise RobustModelError(
-                        "out of memory even with batch size 1: use a smaller model or another device"
-                    ) from err
-                self.batch_size = max(1, self.batch_size // 2)
-                self.halvings += 1
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                continue
-            values.append(value.detach())
-            grads.append(grad)
-            self.passes += len(chunk)
-            self.backward_passes += len(chunk)
-            start += len(chunk)
+        def run(start: int, stop: int):
+            chunk = x[start:stop].detach().requires_grad_(True)
+            with torch.enable_grad():
+                z = self.validated(self.model(chunk), stop - start)
+                value = loss.log_values(z, y[start:stop])
+                (grad,) = torch.autograd.grad(value.sum(), chunk)
+            return value.detach(), grad
+
+        parts = self.chunked(len(x), run)
+        self.backward_passes += len(x)
+        values, grads = zip(*parts)
         return torch.cat(values), torch.cat(grads)
 
 
@@ -191,16 +183,22 @@ def _logsumexp(a: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
-def trapezoid_weights(steps: int) -> np.ndarray:
-    """Weights w_i of (1/q) int_0^q g dt ~ sum_i w_i g(t_i) on ``steps`` equally spaced points."""
-    w = np.ones(steps)
-    w[[0, -1]] = 0.5
-    return w / (steps - 1)
+#: Exponent of the temperature grid t_i = q ((i - 1) / (m - 1))^POWER (1 is Algorithm 1's).
+POWER = 2
 
 
 def temperatures(q: float, steps: int) -> np.ndarray:
-    """t_i = q (i - 1) / (m - 1), i = 1..m: the annealing grid of Algorithm 1."""
-    return np.linspace(0.0, q, steps)
+    """The annealing grid t_1 = 0 < ... < t_m = q, denser near 0 (see the module docstring)."""
+    return q * np.linspace(0.0, 1.0, steps) ** POWER
+
+
+def trapezoid_weights(ts: np.ndarray) -> np.ndarray:
+    """Weights w_i of (1/q) int_0^q g dt ~ sum_i w_i g(t_i) on the grid ``ts`` (t_m = q)."""
+    gaps = np.diff(ts)
+    w = np.zeros(len(ts))
+    w[:-1] += gaps / 2
+    w[1:] += gaps / 2
+    return w / ts[-1]
 
 
 @dataclass
@@ -227,10 +225,13 @@ class Sampler:
         fn = hmc_transition if self.kind == "hmc" else mh_transition
         return fn(point, t, step, self.moves, space, evaluate, streams)
 
-    def evaluations(self, steps: int) -> int:
-        """Model evaluations of one chain: its path (``steps`` points) plus its warm-up."""
-        path = 1 + (steps - 1) * self.moves
-        return path + (1 + self.warmup * self.moves if self.warmup else 0)
+    def path_evaluations(self, steps: int) -> int:
+        """Model evaluations of one chain's measured path of ``steps`` points."""
+        return 1 + (steps - 1) * self.moves
+
+    def warmup_evaluations(self) -> int:
+        """Model evaluations of one chain's warm-up (pilot) run."""
+        return 1 + self.warmup * self.moves if self.warmup else 0
 
 
 @dataclass
@@ -249,14 +250,16 @@ def _start(space, evaluate, streams, with_grad: bool) -> Point:
     return Point(theta, log_loss, grad)
 
 
-def _warmup_schedule(sampler: Sampler, space, evaluate, q: float, chains: int, streams) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-    """Pilot run: ``warmup`` transitions annealing t from q / warmup to q, adapting log h per row
-    by Robbins-Monro towards ``target_accept`` after each one. Returns the pilot's temperatures,
-    log h per row after each (averaged over the chains of an input) and the acceptances."""
+def _warmup_schedule(sampler: Sampler, space, evaluate, q: float, chains: int,
+                     streams) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """Pilot run: ``warmup`` transitions annealing t over the same kind of grid as the path (without
+    t = 0), adapting log h per row by Robbins-Monro towards ``target_accept`` after each one.
+    Returns the pilot's temperatures, log h per row after each (averaged over the chains of an
+    input) and the acceptances."""
     lo, hi = sampler.log_step_range(space)
     point = _start(space, evaluate, streams, sampler.kind == "hmc")
     log_step = torch.full((len(point.theta),), sampler.initial_log_step(space), device=point.theta.device)
-    ts = np.linspace(q / sampler.warmup, q, sampler.warmup)
+    ts = temperatures(q, sampler.warmup + 1)[1:]
     steps, accepts = [], []
     for t in ts:
         point, prob = sampler.transition(point, float(t), torch.exp(log_step), space, evaluate, streams)
@@ -303,5 +306,6 @@ def path_sampling(space, evaluate, q: float, steps: int, sampler: Sampler, chain
 
 
 def path_log_estimate(log_losses: np.ndarray) -> np.ndarray:
-    """log of the path-sampling estimate along the last axis (trapezoidal rule in t)."""
-    return log_losses @ trapezoid_weights(log_losses.shape[-1])
+    """log of the path-sampling estimate along the last axis (trapezoidal rule in t on the
+    ``temperatures`` grid; the weights do not depend on q)."""
+    return log_losses @ trapezoid_weights(temperatures(1.0, log_losses.shape[-1]))

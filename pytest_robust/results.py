@@ -32,6 +32,7 @@ PROPERTY_FIELDS = (
 METRIC_NAMES = {
     "tsrm": "TSRM",
     "q": "q-loss",
+    "q_curve": "q-curve",
     "certified_accuracy": "certified accuracy",
     "nppr": "NPPR",
 }
@@ -94,12 +95,12 @@ class Result:
         if self.verdict == "fail":
             return f"{head} {'<' if at_least else '>'} {'required' if at_least else 'allowed'} {self.threshold:g} {cond}{note}"
         if self.verdict == "inconclusive":
-            return (
-                f"{head} is inconclusive against {self.direction} {self.threshold:g} {cond}: the budget of "
-                f"{self.budget} draws ran out before the {pct} bounds left the threshold; raise it "
-                f"(--robust-budget, robust_budget in ini, budget= on the marker or budget: in a YAML suite) or move the "
-                f"threshold away from the estimate{note}"
+            reason = self.details.get("inconclusive_reason") or (
+                f"the budget of {self.budget} draws ran out before the {pct} bounds left the threshold; "
+                "raise it (--robust-budget, robust_budget in ini, budget= on the marker or budget: in "
+                "a YAML suite) or move the threshold away from the estimate"
             )
+            return f"{head} is inconclusive against {self.direction} {self.threshold:g} {cond}: {reason}{note}"
         return f"{head} {cond}{note}"
 
     def properties(self) -> list[tuple[str, str]]:

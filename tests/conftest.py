@@ -7,3 +7,7 @@ imported during the run, and re-importing torch's C extension in the same proces
 import torch  # noqa: F401
 
 import pytest_robust.metrics.tsrm  # noqa: F401  (same reason: keep the core imported once)
+
+# The suite's tensors are small: one thread is faster than two fighting over a shared 2-core
+# machine (MCMC loops ran up to 50x slower with two threads under load).
+torch.set_num_threads(1)

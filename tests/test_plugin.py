@@ -110,7 +110,7 @@ def test_terminal_summary_lists_every_check(suite):
     result = suite.runpytest()
     result.stdout.fnmatch_lines([
         "*robustness checks*",
-        "test*metric*perturbation*estimate*bounds*threshold*draws/budget*forward passes*seconds*seed*verdict",
+        "test*metric*perturbation*estimate*bounds*threshold*used/budget*forward passes*seconds*seed*verdict",
         "*test_passes*TSRM*UniformLinf(eps=0.5)*>= 0.7*PASS",
         "*test_fails*TSRM*UniformLinf(eps=0.5)*>= 0.9*FAIL",
         "checks that did not pass:",

@@ -21,26 +21,33 @@ How it is decided (``intermediate_q``):
    variance of the per-input estimates across inputs and v the mean over inputs of the
    between-chain variance of each per-input estimate. With every input evaluated (f = 1) it is a
    bound on the mean over your inputs that accounts for MCMC noise only; with a random subset it
-   also accounts for which inputs were drawn. Why t: the per-input estimates are independent
-   across inputs, so the mean is close to normal for tens of inputs; a bootstrap would add cost
-   and no validity for the bias that matters here (MCMC bias), which no interval can see.
-3. MCMC diagnostics: acceptance rate, split R-hat and effective sample size across the chains
-   of each input (``mcmc``). The check passes only if the upper bound is <= max_loss and the
-   diagnostics are healthy; it fails if the lower bound exceeds max_loss with healthy
-   diagnostics; otherwise it is inconclusive, with the reason and what to change.
+   also accounts for which inputs were drawn. Why t rather than a bootstrap: both rest on the
+   normal approximation of a mean of independent per-input estimates, the t bound is exact for
+   normal data and cheap, and neither can see the bias that matters most here (MCMC bias),
+   which the diagnostics watch instead. Per-input losses are right-skewed (a few misclassified
+   inputs dominate), so with few inputs the bound can be optimistic: evaluate tens of inputs.
+3. MCMC diagnostics per input across its chains (``mcmc``): acceptance rate, split R-hat and
+   effective sample size of the detrended annealing sequences. Healthy means mean acceptance
+   >= ``ACCEPT_MIN``, median R-hat <= ``RHAT_LIMIT`` and median ESS >= ``ESS_MIN`` (for
+   estimator "mc": a median of >= ``WEIGHT_ESS_MIN`` effective draws). The check passes only
+   if the upper bound is <= max_loss and the diagnostics are healthy; it fails if the lower
+   bound exceeds max_loss with healthy diagnostics; otherwise it is inconclusive, with the
+   reason and what to change.
 
 This is an estimate with diagnostics, not a guarantee: at q = 100 no distribution-free bound is
 within reach (it would need astronomically many samples), and MCMC can miss a high-loss region
 that none of its chains finds. For context the result also carries the Monte Carlo estimate
-(eq. 6) at the same budget -- biased low, collapsing for large q -- and the adversarial loss of
-PGD (the q = infinity end; for perturbations without an L-inf ball, the largest loss the chains
-visited).
+(eq. 6) at the same budget -- biased low, collapsing for large q -- and the q = infinity end: the
+adversarial loss of PGD for ``UniformLinf``, otherwise (as the paper's Table 3) the largest loss
+any chain or Monte Carlo draw visited.
 
 ``budget`` caps model evaluations: one perturbed input through the model is one evaluation, with
 or without a backward pass for its gradient (a gradient evaluation costs about 2-3 forward passes
-of time). The cost per input is printed in ``details["evaluations_per_input"]``; when all inputs
-do not fit, a random subset (seeded) is evaluated and the bound accounts for it; when fewer than
-``MIN_INPUTS`` fit, the check refuses to run and says what budget it needs.
+of time). Per input a check spends chains x (path + warm-up) evaluations on path sampling, as
+many on the Monte Carlo context estimate, and the PGD attack's; ``details["evaluations_per_input"]``
+lists them. When not all inputs fit, a seeded random subset is evaluated and the bound accounts
+for it; when fewer than ``MIN_INPUTS`` (or an explicit ``inputs=``) fit, the check refuses to
+run and says what budget it needs.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ import torch
 
 from .. import validation
 from ..attacks import pgd
-from ..engine import guarded, load_data, resolve_device, stream_generator
+from ..engine import RobustDataError, guarded, load_data, report_progress, resolve_device, stream_generator
 from ..mcmc import RowStreams, detrend, effective_sample_size, split_rhat
 from ..perturbations import UniformLinf, as_perturbation
 from ..qnorm import (
@@ -69,7 +76,7 @@ from ..qnorm import (
 )
 from ..results import Result
 from ..stats import betaincinv
-from ..validation import SettingError, check_run_args
+from ..validation import RunArgs, SettingError, check_run_args
 
 #: Inputs per random stream: a block's chains draw from their own generators, so results do not
 #: depend on the batch size (several blocks share a batch).
@@ -87,10 +94,10 @@ SAMPLER_NAMES = {"hmc": "path sampling (HMC)", "mh": "path sampling (Metropolis-
 #: Default acceptance targets of the warm-up: HMC (Stan's default) and random-walk Metropolis.
 TARGET_ACCEPT = {"hmc": 0.8, "mh": 0.3}
 
-# Health criteria of the diagnostics.
-RHAT_LIMIT = 1.1  # split R-hat of an input above this counts as "chains disagree"
-RHAT_SHARE = 0.1  # at most this share of inputs may exceed RHAT_LIMIT
-ESS_MIN = 10.0  # median effective sample size per input (of chains x steps draws)
+# Health criteria of the diagnostics (medians over inputs: a few multimodal inputs whose chains
+# settle in different local maxima are expected and reported, a typical input must be fine).
+RHAT_LIMIT = 1.1  # median split R-hat over inputs
+ESS_MIN = 20.0  # median effective sample size per input (of chains x steps draws)
 ACCEPT_MIN = {"hmc": 0.2, "mh": 0.05}  # mean acceptance rate along the path
 WEIGHT_ESS_MIN = 10.0  # Monte Carlo: median effective number of draws per input
 
@@ -107,22 +114,19 @@ class Config:
     pgd_restarts: int
 
     @property
-    def path_evaluations(self) -> int:
-        """Model evaluations of one input's measured paths (all chains, warm-up excluded)."""
-        return self.chains * (1 + (self.steps - 1) * self.sampler.moves) if self.sampler else 0
-
-    @property
     def mc_draws(self) -> int:
-        """Monte Carlo draws per input: as many evaluations as the paths (or would) spend."""
-        moves = self.sampler.moves if self.sampler else 1
-        return self.chains * (1 + (self.steps - 1) * moves)
+        """Monte Carlo draws per input: as many as path sampling's model evaluations, warm-up
+        included (equal budget); chains x steps for estimator "mc"."""
+        if self.sampler is None:
+            return self.chains * self.steps
+        return self.chains * (self.sampler.path_evaluations(self.steps) + self.sampler.warmup_evaluations())
 
     def evaluations_per_input(self, pgd_applies: bool, n_q: int = 1) -> dict:
-        """Model evaluations per input, by purpose, for ``n_q`` values of q."""
-        per_chain_warmup = self.sampler.evaluations(self.steps) - (1 + (self.steps - 1) * self.sampler.moves) if self.sampler else 0
+        """Model evaluations per input, by purpose, for ``n_q`` values of q (PGD runs once)."""
+        smp = self.sampler
         return {
-            "path": n_q * self.path_evaluations,
-            "warmup": n_q * self.chains * per_chain_warmup,
+            "path": n_q * self.chains * smp.path_evaluations(self.steps) if smp else 0,
+            "warmup": n_q * self.chains * smp.warmup_evaluations() if smp else 0,
             "monte_carlo": n_q * self.mc_draws,
             "pgd": self.pgd_restarts * (self.pgd_steps + 1) if pgd_applies else 0,
         }
@@ -167,7 +171,8 @@ def _config(estimator, chains, steps, leapfrog, mh_steps, warmup, path_len, targ
     sampler = None
     if estimator != "mc":
         moves = _int("leapfrog", leapfrog, 1) if estimator == "hmc" else _int("mh_steps", mh_steps, 1)
-        target = TARGET_ACCEPT[estimator] if target_accept is None else validation.open_unit("target_accept", target_accept)
+        target = (TARGET_ACCEPT[estimator] if target_accept is None
+                  else validation.open_unit("target_accept", target_accept))
         sampler = Sampler(estimator, moves, _int("warmup", warmup, 0), target,
                           validation.positive_float("path_len", path_len))
     return Config(estimator, chains, steps, sampler, pgd_steps, pgd_restarts)
@@ -194,8 +199,19 @@ class _Plan:
     loss: Loss
     config: Config
     device: torch.device
-    seed: int
-    blocks_per_group: int
+    args: RunArgs  # confidence, budget, seed, batch_size (validated)
+
+    @property
+    def seed(self) -> int:
+        return self.args.seed
+
+    @property
+    def blocks_per_group(self) -> int:
+        """Input blocks evaluated together: as many as fill a batch of ``batch_size`` rows."""
+        return max(1, self.args.batch_size // (BLOCK_INPUTS * self.config.chains))
+
+    def forward(self, model) -> GradForward:
+        return GradForward(model, self.args.batch_size, max_label=int(self.y.max()))
 
     @property
     def blocks(self) -> list[slice]:
@@ -217,25 +233,27 @@ def _pgd_applies(perturbation) -> bool:
     return isinstance(perturbation, UniformLinf) and perturbation.eps > 0
 
 
-def _plan(data, perturbation, loss, config: Config, inputs, budget: int, seed: int, batch_size: int,
-          device, n_q: int) -> tuple[_Plan, dict]:
-    ds = load_data(data)
+def _plan(ds, perturbation, loss, config: Config, inputs, args: RunArgs, device, n_q: int) -> tuple[_Plan, dict]:
+    """Choose the inputs that fit ``budget`` (per value of q) and lay them out in blocks."""
     n_total = len(ds)
+    if n_total < 2:
+        raise RobustDataError("the q-loss bound over inputs needs at least 2 inputs, got 1")
     cost = config.evaluations_per_input(_pgd_applies(perturbation), n_q)
     per_input = sum(cost.values())
-    fit = budget // per_input
+    budget = args.budget
+    fit = budget * n_q // per_input
     wanted = n_total if inputs is None else min(_int("inputs", inputs, 2), n_total)
-    least = min(wanted, MIN_INPUTS)
+    least = wanted if inputs is not None else min(wanted, MIN_INPUTS)
     if fit < least:
         raise SettingError(
             "budget", budget,
-            f"at least {least * per_input} model evaluations: {least} inputs at {per_input} each "
-            f"({', '.join(f'{k} {v}' for k, v in cost.items() if v)}); raise budget= (or "
-            "--robust-budget), or lower chains=, steps=, leapfrog=/mh_steps=, warmup=",
+            f"at least {-(-least * per_input // n_q)} model evaluations{' per value of q' if n_q > 1 else ''}: "
+            f"{least} inputs at {per_input} each ({', '.join(f'{k} {v}' for k, v in cost.items() if v)}); "
+            "raise budget= (or --robust-budget), or lower inputs=, chains=, steps=, leapfrog=/mh_steps=, warmup=",
         )
     n = min(wanted, fit)
     if n < n_total:
-        order = torch.randperm(n_total, generator=stream_generator(seed, "q-inputs"))
+        order = torch.randperm(n_total, generator=stream_generator(args.seed, "q-inputs"))
         index = np.sort(order[:n].numpy())
     else:
         index = np.arange(n_total)
@@ -249,8 +267,7 @@ def _plan(data, perturbation, loss, config: Config, inputs, budget: int, seed: i
         loss=loss,
         config=config,
         device=device,
-        seed=seed,
-        blocks_per_group=max(1, batch_size // (BLOCK_INPUTS * config.chains)),
+        args=args,
     )
     return plan, {"per_input": cost, "total_per_input": per_input}
 
@@ -270,6 +287,8 @@ def _run_paths(plan: _Plan, forward: GradForward, q: float) -> dict:
             space, evaluate, q, cfg.steps, cfg.sampler, cfg.chains,
             plan.streams("q-warmup", group, cfg.chains), plan.streams("q-path", group, cfg.chains),
         )
+        report_progress(metric=f"q-loss (q={q:g})", stage="path sampling", inputs_done=rows.stop,
+                        inputs=len(plan.index), forward_passes=forward.passes)
         logs.append(trace.log_losses)
         accepts.append(trace.accept)
         steps.append(trace.log_step)
@@ -288,7 +307,7 @@ def _run_paths(plan: _Plan, forward: GradForward, q: float) -> dict:
     }
 
 
-def _run_mc(plan: _Plan, forward: GradForward) -> np.ndarray:
+def _run_mc(plan: _Plan, forward: GradForward, q: float) -> np.ndarray:
     """Log losses of ``mc_draws`` independent draws from the perturbation per input: (inputs, draws)."""
     draws = plan.config.mc_draws
     out = []
@@ -302,6 +321,8 @@ def _run_mc(plan: _Plan, forward: GradForward) -> np.ndarray:
             )
             parts.append(forward.log_loss(xs, y.repeat_interleave(d), plan.loss).reshape(len(x), d))
         out.append(torch.cat(parts, dim=1))
+        report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo", inputs_done=block.stop,
+                        inputs=len(plan.index), forward_passes=forward.passes)
     return torch.cat(out).double().cpu().numpy()
 
 
@@ -340,7 +361,7 @@ class _Estimate:
 
 def _estimate(plan: _Plan, forward: GradForward, q: float) -> _Estimate:
     cfg = plan.config
-    mc_logs = _run_mc(plan, forward)
+    mc_logs = _run_mc(plan, forward, q)
     log_mc = mc_log_estimate(mc_logs, q)
     groups = mc_logs.reshape(len(plan.index), cfg.chains, -1)
     mc_groups = np.exp(mc_log_estimate(groups, q))
@@ -367,13 +388,12 @@ def _estimate(plan: _Plan, forward: GradForward, q: float) -> _Estimate:
     rhat = split_rhat(residuals)
     ess = effective_sample_size(residuals)
     accept = float(paths["accept"].mean())
-    over = float(np.mean(rhat > RHAT_LIMIT))
     diag = {
         "acceptance": accept,
         "acceptance_min_input": float(paths["accept"].mean(axis=(1, 2)).min()),
         "rhat_max": float(rhat.max()),
         "rhat_median": float(np.median(rhat)),
-        "rhat_share_over": over,
+        "rhat_share_over": float(np.mean(rhat > RHAT_LIMIT)),
         "ess_median": float(np.median(ess)),
         "ess_min": float(ess.min()),
         "step_size_median": float(np.exp(np.median(paths["log_step"]))),
@@ -389,10 +409,11 @@ def _estimate(plan: _Plan, forward: GradForward, q: float) -> _Estimate:
             f"raise warmup= (now {smp.warmup}) so the step size adapts to this q"
             + (f", or lower path_len= (now {smp.path_len:g})" if smp.kind == "hmc" else ""),
         ))
-    if over > RHAT_SHARE:
+    if diag["rhat_median"] > RHAT_LIMIT:
         problems.append((
-            f"split R-hat exceeds {RHAT_LIMIT:g} on {over:.0%} of inputs (max {rhat.max():.2f}): chains disagree",
-            f"raise steps= (now {cfg.steps}) so the annealing moves more slowly, or chains=",
+            f"median split R-hat {diag['rhat_median']:.2f} exceeds {RHAT_LIMIT:g}: the chains of a typical "
+            "input disagree, they lag behind the annealing",
+            f"raise steps= (now {cfg.steps}) so that t grows more slowly",
         ))
     if diag["ess_median"] < ESS_MIN:
         problems.append((
@@ -417,15 +438,14 @@ def _bound(est: _Estimate, n_total: int, confidence: float) -> tuple[float, floa
 def _prepare(model, data, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
              target_accept, loss, pgd_steps, pgd_restarts, inputs, confidence, budget, seed, batch_size,
              device, n_q):
-    check_run_args(threshold=None, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
+    args = check_run_args(threshold=None, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
     perturbation = as_perturbation(perturbation)
     loss = Loss(loss)
     device = resolve_device(device, model)
-    probe = load_data(data).x[:1].to(device)
-    kind = _resolve_estimator(estimator, perturbation, probe)
+    ds = load_data(data)
+    kind = _resolve_estimator(estimator, perturbation, ds.x[:1].to(device))
     config = _config(kind, chains, steps, leapfrog, mh_steps, warmup, path_len, target_accept, pgd_steps, pgd_restarts)
-    plan, cost = _plan(data, perturbation, loss, config, inputs, budget, seed, batch_size, device, n_q)
-    return plan, cost
+    return _plan(ds, perturbation, loss, config, inputs, args, device, n_q)
 
 
 def _describe(config: Config) -> str:
@@ -440,8 +460,11 @@ def _describe(config: Config) -> str:
 
 
 def _q(value) -> float:
-    number = validation.positive_float("q", value)
-    return number
+    accepted = "a finite number > 0 (1: the average loss; larger q weighs high losses more)"
+    try:
+        return validation.positive_float("q", value)
+    except SettingError:
+        raise SettingError("q", value, accepted) from None
 
 
 def intermediate_q(
@@ -453,10 +476,10 @@ def intermediate_q(
     *,
     estimator: str = "auto",
     chains: int = 4,
-    steps: int = 40,
-    leapfrog: int = 10,
-    mh_steps: int = 10,
-    warmup: int = 10,
+    steps: int = 100,
+    leapfrog: int = 5,
+    mh_steps: int = 5,
+    warmup: int = 20,
     path_len: float = 1.0,
     target_accept: float | None = None,
     loss=None,
@@ -505,10 +528,10 @@ def intermediate_q(
                           path_len, target_accept, loss, pgd_steps, pgd_restarts, inputs, confidence, budget,
                           seed, batch_size, device, 1)
     with guarded(model, plan.device) as info:
-        forward = GradForward(model, batch_size)
+        forward = plan.forward(model)
         est = _estimate(plan, forward, q)
         adversarial = _run_pgd(plan, model, forward)
-    mean, lower, upper, se = _bound(est, plan.n_total, confidence)
+    mean, lower, upper, se = _bound(est, plan.n_total, plan.args.confidence)
     healthy = not est.problems
     if threshold is None:
         verdict = "estimate"
@@ -522,23 +545,24 @@ def intermediate_q(
     q_inf = float(adversarial.mean()) if adversarial is not None else float(est.max_visited.mean())
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
     n = len(plan.index)
-    note = _note(plan, est, verdict, mean, mc_mean, q_inf, q_inf_name, threshold, lower, upper, budget)
+    reason = _inconclusive_reason(est, threshold, lower, upper) if verdict == "inconclusive" else None
+    note = _note(plan, est, reason, mc_mean, q_inf, q_inf_name)
     return Result(
         metric="q",
         estimate=mean,
         lower=lower,
         upper=upper,
         threshold=threshold,
-        confidence=confidence,
+        confidence=plan.args.confidence,
         verdict=verdict,
         n_inputs=n,
         draws=est.draws,
         forward_passes=forward.passes,
         seconds=time.perf_counter() - started,
         device=str(plan.device),
-        seed=seed,
+        seed=plan.seed,
         perturbation=repr(plan.perturbation),
-        budget=budget,
+        budget=plan.args.budget,
         direction="<=",
         note=note,
         details={
@@ -551,6 +575,8 @@ def intermediate_q(
             "q_infinity": q_inf,
             "q_infinity_method": q_inf_name,
             "healthy": healthy,
+            "inconclusive_reason": reason,
+            "budget_unit": "evaluations",
             "problems": [f"{what}; fix: {fix}" for what, fix in est.problems],
             "diagnostics": est.diagnostics,
             "bound": (
@@ -571,17 +597,18 @@ def intermediate_q(
     )
 
 
-def _note(plan, est, verdict, mean, mc_mean, q_inf, q_inf_name, threshold, lower, upper, budget) -> str:
+def _inconclusive_reason(est: _Estimate, threshold: float, lower: float, upper: float) -> str:
+    """Why an inconclusive check is undecided and what to change."""
+    if est.problems:
+        return "the MCMC diagnostics are unhealthy: " + "; ".join(f"{what} (fix: {fix})" for what, fix in est.problems)
+    return (
+        f"the bounds [{lower:.3g}, {upper:.3g}] straddle {threshold:g}: evaluate more inputs (inputs=, "
+        "budget=) or use a longer path (steps=)"
+    )
+
+
+def _note(plan, est, reason, mc_mean, q_inf, q_inf_name) -> str:
     parts = []
-    if verdict == "inconclusive":
-        if est.problems:
-            parts.append("inconclusive because the MCMC diagnostics are unhealthy: " + "; ".join(
-                f"{what} (fix: {fix})" for what, fix in est.problems))
-        else:
-            parts.append(
-                f"inconclusive because the {plan.config.chains}-chain bounds [{lower:.3g}, {upper:.3g}] "
-                f"straddle {threshold:g}: evaluate more inputs (inputs=, budget=) or more steps="
-            )
     parts.append(f"q={est.q:g}, {_describe(plan.config)}, loss {plan.loss!r}")
     parts.append("an estimate with MCMC diagnostics, not a guarantee" if est.estimator != "mc"
                  else "a Monte Carlo estimate (biased low for large q), not a guarantee")
@@ -590,12 +617,12 @@ def _note(plan, est, verdict, mean, mc_mean, q_inf, q_inf_name, threshold, lower
     d = est.diagnostics
     if est.estimator != "mc":
         parts.append(
-            f"acceptance {d['acceptance']:.2f}, split R-hat <= {RHAT_LIMIT:g} on {1 - d['rhat_share_over']:.0%} "
-            f"of inputs (max {d['rhat_max']:.2f}), median ESS {d['ess_median']:.0f}"
+            f"acceptance {d['acceptance']:.2f}, split R-hat median {d['rhat_median']:.2f} (above "
+            f"{RHAT_LIMIT:g} on {d['rhat_share_over']:.0%} of inputs), median ESS {d['ess_median']:.0f}"
         )
     n = len(plan.index)
     if n < plan.n_total:
-        parts.append(f"on a random subset of {n} of {plan.n_total} inputs (budget {budget} evaluations)")
+        parts.append(f"on a random subset of {n} of {plan.n_total} inputs (budget {plan.args.budget} evaluations)")
     return "; ".join(parts)
 
 
@@ -607,10 +634,10 @@ def q_curve(
     *,
     estimator: str = "auto",
     chains: int = 4,
-    steps: int = 40,
-    leapfrog: int = 10,
-    mh_steps: int = 10,
-    warmup: int = 10,
+    steps: int = 100,
+    leapfrog: int = 5,
+    mh_steps: int = 5,
+    warmup: int = 20,
     path_len: float = 1.0,
     target_accept: float | None = None,
     loss=None,
@@ -618,7 +645,7 @@ def q_curve(
     pgd_restarts: int = 1,
     inputs: int | None = None,
     confidence: float = 0.95,
-    budget: int = 400_000,
+    budget: int = 100_000,
     seed: int = 0,
     batch_size: int = 1024,
     device=None,
@@ -629,7 +656,8 @@ def q_curve(
     Returns a ``Result`` with metric "q_curve" and verdict "estimate": ``estimate``/``lower``/
     ``upper`` belong to the largest q; ``details["table"]`` has one row per q; ``details["curves"]``
     holds the curve, written as a PNG when a report directory is set. ``budget`` caps model
-    evaluations over all of ``qs`` together; the other parameters are those of ``intermediate_q``.
+    evaluations per value of q (as if each were its own check; PGD runs once for all); the other
+    parameters are those of ``intermediate_q``.
     """
     if isinstance(qs, (int, float)) or not len(qs):
         raise SettingError("qs", qs, "a non-empty sequence of numbers > 0, e.g. (1, 10, 100, 1000)")
@@ -639,7 +667,7 @@ def q_curve(
                           path_len, target_accept, loss, pgd_steps, pgd_restarts, inputs, confidence, budget,
                           seed, batch_size, device, len(qs))
     with guarded(model, plan.device) as info:
-        forward = GradForward(model, batch_size)
+        forward = plan.forward(model)
         estimates = [_estimate(plan, forward, q) for q in qs]
         adversarial = _run_pgd(plan, model, forward)
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
@@ -647,44 +675,46 @@ def q_curve(
         np.max([e.max_visited for e in estimates], axis=0).mean())
     table = []
     for est in estimates:
-        mean, lower, upper, _ = _bound(est, plan.n_total, confidence)
+        mean, lower, upper, _ = _bound(est, plan.n_total, plan.args.confidence)
         table.append({
             "q": est.q, "estimate": mean, "lower": lower, "upper": upper, "monte_carlo": float(est.mc.mean()),
             "healthy": not est.problems, "problems": [f"{w}; fix: {f}" for w, f in est.problems],
             "diagnostics": {k: v for k, v in est.diagnostics.items() if not k.startswith("per_input")},
         })
     last = table[-1]
-    label = SAMPLER_NAMES[estimates[-1].estimator]
-    series = {label: [row["estimate"] for row in table]}
-    if estimates[-1].estimator != "mc":
+    with_mc = estimates[-1].estimator != "mc"
+    series = {SAMPLER_NAMES[estimates[-1].estimator]: [row["estimate"] for row in table]}
+    if with_mc:
         series["Monte Carlo"] = [row["monte_carlo"] for row in table]
     series[f"{q_inf_name} (q=inf)"] = [q_inf] * len(qs)
-    unhealthy = [f"q={row['q']:g}" for row in table if not row["healthy"]]
-    n = len(plan.index)
-    note = f"{_describe(plan.config)}; " + ", ".join(
-        f"q={row['q']:g}: {row['estimate']:.3g}" + (f" (MC {row['monte_carlo']:.3g})" if estimates[-1].estimator != "mc" else "")
+    points = ", ".join(
+        f"q={row['q']:g}: {row['estimate']:.3g}" + (f" (MC {row['monte_carlo']:.3g})" if with_mc else "")
         for row in table
-    ) + f"; {q_inf_name} {q_inf:.3g}; estimates with MCMC diagnostics, not guarantees"
+    )
+    note = f"{_describe(plan.config)}; {points}; {q_inf_name} {q_inf:.3g} (q=inf); estimates with MCMC diagnostics, "
+    note += "not guarantees"
+    unhealthy = [f"q={row['q']:g}" for row in table if not row["healthy"]]
     if unhealthy:
         note += f"; diagnostics unhealthy at {', '.join(unhealthy)} (see details['table'])"
+    n = len(plan.index)
     if n < plan.n_total:
-        note += f"; on a random subset of {n} of {plan.n_total} inputs (budget {budget} evaluations)"
+        note += f"; on a random subset of {n} of {plan.n_total} inputs (budget {plan.args.budget} evaluations per q)"
     return Result(
         metric="q_curve",
         estimate=last["estimate"],
         lower=last["lower"],
         upper=last["upper"],
         threshold=None,
-        confidence=confidence,
+        confidence=plan.args.confidence,
         verdict="estimate",
         n_inputs=n,
         draws=sum(e.draws for e in estimates),
         forward_passes=forward.passes,
         seconds=time.perf_counter() - started,
         device=str(plan.device),
-        seed=seed,
+        seed=plan.seed,
         perturbation=repr(plan.perturbation),
-        budget=budget,
+        budget=plan.args.budget,
         direction="<=",
         note=note,
         details={

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..results import Result
 
 COLUMNS = (
-    "test", "metric", "perturbation", "estimate", "bounds", "threshold", "draws/budget",
+    "test", "metric", "perturbation", "estimate", "bounds", "threshold", "used/budget",
     "forward passes", "seconds", "seed", "verdict",
 )
 
@@ -18,7 +18,7 @@ def _row(r: Result) -> tuple[str, ...]:
         f"{r.estimate:.4f}",
         f"[{r.lower:.4f}, {r.upper:.4f}] @{r.confidence:.0%}",
         "-" if r.threshold is None else f"{r.direction} {r.threshold:g}",
-        f"{r.draws}/{r.budget}",
+        f"{r.forward_passes if r.details.get('budget_unit') == 'evaluations' else r.draws}/{r.budget}",
         str(r.forward_passes),
         f"{r.seconds:.2f}",
         str(r.seed),
