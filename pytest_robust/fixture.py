@@ -8,6 +8,8 @@ check with ``inconclusive = skip``).
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from . import checks
@@ -110,8 +112,8 @@ class RobustFixture:
         from .engine import resolve_device
 
         settings, params = self._split(kwargs, name)
-        common = dict(confidence=settings.confidence, budget=settings.budget, seed=settings.seed,
-                      batch_size=settings.batch_size)
+        accepted = inspect.signature(fn).parameters
+        common = {k: getattr(settings, k) for k in ("confidence", "budget", "seed", "batch_size") if k in accepted}
 
         def call():
             return fn(model, *args, device=resolve_device(settings.device), **common, **params)
@@ -137,6 +139,34 @@ class RobustFixture:
         from .metrics.intermediate_q import q_curve
 
         return self._library(q_curve, "q_curve", model, data, perturbation, qs, **kwargs)
+
+    def certified_accuracy(self, model, data, threshold: float | None = None, *, radius: float, sigma: float,
+                           **kwargs) -> Result:
+        """Certified accuracy of the Gaussian-smoothed ``model`` within L2 ``radius`` (sigma and
+        radius in the units of the model's inputs), gated when ``threshold`` is given; other
+        keywords: alpha, max_draws, or settings."""
+        return self._measure("certified_accuracy", model, data, threshold, {"radius": radius, "sigma": sigma, **kwargs})
+
+    def certify(self, model, data, sigma: float, n0: int = 100, n: int = 100_000, alpha: float = 0.001, **kwargs):
+        """Cohen's CERTIFY per input (returns the per-input ``Certification``); a summary with the
+        certified-accuracy-against-radius curve is recorded in the reports."""
+        from .metrics.smoothing import certify
+
+        holder = {}
+
+        def summarised(*args, seed, batch_size, confidence, device):
+            holder["certification"] = certify(*args, seed=seed, batch_size=batch_size, device=device)
+            return holder["certification"].to_result(confidence)
+
+        self._library(summarised, "certify", model, data, sigma, n0, n, alpha, **kwargs)
+        return holder["certification"]
+
+    def pa_report(self, model, data, sigma: float, **kwargs) -> Result:
+        """Per-input pA, its survival curve and certified accuracy against radius (and under other
+        budgets); verdict "estimate", curves as PNGs in the report directory."""
+        from .metrics.smoothing import pa_report
+
+        return self._library(pa_report, "pa_report", model, data, sigma, **kwargs)
 
     def _fixture(self, name: str, role: str):
         try:

@@ -29,11 +29,14 @@ SETTINGS = pytest.StashKey[Settings]()
 SPECS = pytest.StashKey[list]()
 
 MARKER_DOC = (
-    "robust(<metric>=<threshold>, **params): a robustness requirement checked after the test body. "
-    "tsrm=0.9, perturbation=UniformLinf(eps=0.1): accuracy under random corruption is at least 0.9 "
-    "at the configured confidence. Per-check settings: "
+    "robust(<metric>=<threshold>, **params): a robustness requirement checked after the test body, "
+    "at the configured confidence. Metrics: tsrm=0.9, perturbation=UniformLinf(eps=0.1) (accuracy "
+    "under random corruption >= 0.9); q=100, max_loss=0.5 (mean intermediate-q loss <= 0.5 under "
+    "UniformLinf(eps=robust_eps) or perturbation=); certified_accuracy=0.6, radius=0.5, sigma=0.25 "
+    "(randomized-smoothing certified accuracy); nppr=0.8, eps=8/255 (accuracy under a learned "
+    "worst-case noise distribution). Per-check settings: "
     + ", ".join(f"{k.name}=" for k in KEYS)
-    + " (model=/data= name the fixtures to use)."
+    + " (model=/data= name the fixtures to use). See the README for every metric parameter."
 )
 
 

@@ -33,6 +33,8 @@ METRIC_NAMES = {
     "tsrm": "TSRM",
     "q": "q-loss",
     "q_curve": "q-curve",
+    "pa_report": "mean pA",
+    "certify": "CERTIFY accuracy",
     "certified_accuracy": "certified accuracy",
     "nppr": "NPPR",
 }

@@ -35,14 +35,14 @@ from statistics import NormalDist
 import numpy as np
 
 from . import validation
-from .stats import binom_sf, clopper_pearson_lower, clopper_pearson_upper, rejects_at
+from .stats import SequentialGate, binom_sf, clopper_pearson_lower, clopper_pearson_upper
 from .validation import SettingError
 
 NORMAL = NormalDist()
 
 #: Fewer than this many draws per input must suffice to certify; larger requests are refused
 #: (they would mean a radius many sigmas wide, far beyond any practical certificate).
-MAX_DRAWS_TO_CERTIFY = 10**8
+MAX_DRAWS_TO_CERTIFY = 10**7
 
 
 def required_pa(radius: float, sigma: float) -> float:
@@ -73,7 +73,8 @@ def min_samples_to_certify(radius: float, sigma: float, alpha: float) -> int:
     sigma=0.25, r=0.5, alpha=1e-3 -> 301 (Cohen's default spends n0 + n = 100 100).
     """
     alpha = validation.open_unit("alpha", alpha)
-    need = math.log(1.0 / alpha) / _neg_log_required(radius, sigma)
+    neg_log = _neg_log_required(radius, sigma)
+    need = math.log(1.0 / alpha) / neg_log if neg_log > 0.0 else math.inf
     if need >= MAX_DRAWS_TO_CERTIFY:
         raise SettingError(
             "radius", radius,
@@ -84,22 +85,15 @@ def min_samples_to_certify(radius: float, sigma: float, alpha: float) -> int:
 
 
 def min_sequential_draws(radius: float, sigma: float, alpha: float) -> int:
-    """Fewest draws with which the anytime-valid betting test (``stats.SequentialGate``) can
-    certify radius r at level alpha: the draw at which it rejects H0: p_y <= Phi(r/sigma) when
-    every draw is correct (the fastest possible path). Always >= ``min_samples_to_certify``: the
-    price of being allowed to stop at any time."""
-    t = required_pa(radius, sigma)
-    length = 2 * min_samples_to_certify(radius, sigma, alpha)
-    while True:
-        hit = rejects_at(np.ones(length), t, alpha)
-        if hit is not None:
-            return hit + 1
-        if length > MAX_DRAWS_TO_CERTIFY:
-            raise SettingError(
-                "radius", radius,
-                f"a radius the sequential test can certify with fewer than {MAX_DRAWS_TO_CERTIFY:.0e} draws",
-            )
-        length *= 2
+    """Fewest draws with which the anytime-valid betting test (``stats.SequentialGate``, as used by
+    the certified-accuracy gate) can certify radius r at level alpha: the draw at which it rejects
+    H0: p_y <= Phi(r/sigma) when every draw is correct (the fastest possible path). Always at
+    least ``min_samples_to_certify``: the price of being allowed to stop at any time."""
+    min_samples_to_certify(radius, sigma, alpha)  # refuses radii no practical budget certifies
+    gate = SequentialGate(required_pa(radius, sigma), alpha)
+    while gate.update(np.ones(4096)) is None:
+        pass
+    return gate.decision.at
 
 
 def min_count_to_certify(radius: float, sigma: float, n: int, alpha: float) -> int | None:

@@ -119,7 +119,7 @@ def test_terminal_summary_lists_every_check(suite):
 
 def test_markers_and_help_document_everything(suite):
     result = suite.runpytest("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.robust(<metric>=<threshold>*tsrm=0.9*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.robust(<metric>=<threshold>*tsrm=0.9*q=100, max_loss=0.5*certified_accuracy=0.6*nppr=0.8*"])
     result = suite.runpytest("--help")
     for flag in ("--robust-device", "--robust-seed", "--robust-confidence", "--robust-batch-size",
                  "--robust-budget", "--robust-config", "--robust-inconclusive", "--robust-model",

@@ -36,10 +36,10 @@ import torch
 from .. import smoothing, validation
 from ..engine import (
     Forward,
-    RobustDataError,
     correct_predictions,
     guarded,
     load_data,
+    report_progress,
     resolve_device,
     stream_generator,
 )
@@ -82,57 +82,59 @@ def _noisy(x_i: torch.Tensor, sigma: float, seed: int, index: int, start: int, s
     return x_i + sigma * noise[start - offset : stop - offset]
 
 
-def _check_labels(y: torch.Tensor, n_classes: int) -> None:
-    if int(y.max()) >= n_classes:
-        raise RobustDataError(f"label {int(y.max())} is out of range for a model with {n_classes} classes")
-
-
 # ----------------------------------------------------------------------------------------------
 # Fixed sample sizes: class counts per input (CERTIFY, PREDICT, the pA report)
 # ----------------------------------------------------------------------------------------------
 
 
-def _class_counts(forward: Forward, x: torch.Tensor, y: torch.Tensor, sigma: float, phases, seed: int,
-                  device) -> np.ndarray:
+def _pieces(x: torch.Tensor, sigma: float, phases, seed: int, device):
+    """(noisy rows, tags) of every input's draws in each phase, inputs one after another, cut at
+    multiples of PIECE; a row's tag is input * len(phases) + phase."""
+    for i in range(len(x)):
+        for p, (start, stop) in enumerate(phases):
+            edges = [start, *range((start // PIECE + 1) * PIECE, stop, PIECE), stop]
+            for a, b in zip(edges, edges[1:]):
+                tags = torch.full((b - a,), i * len(phases) + p, dtype=torch.long, device=device)
+                yield _noisy(x[i], sigma, seed, i, a, b, device), tags
+
+
+def _full_batches(pieces, forward: Forward):
+    """Re-cut a stream of (rows, tags) into batches of exactly ``forward.batch_size`` rows (the last
+    may be shorter), so that the device always evaluates full batches."""
+    rows, tags, count = [], [], 0
+    for piece_rows, piece_tags in pieces:
+        rows.append(piece_rows)
+        tags.append(piece_tags)
+        count += len(piece_tags)
+        if count >= forward.batch_size:
+            all_rows, all_tags = torch.cat(rows), torch.cat(tags)
+            full = count - count % forward.batch_size
+            yield all_rows[:full], all_tags[:full]
+            rows, tags, count = [all_rows[full:]], [all_tags[full:]], count - full
+    if count:
+        yield torch.cat(rows), torch.cat(tags)
+
+
+def _class_counts(forward: Forward, x: torch.Tensor, sigma: float, phases, seed: int, device,
+                  metric: str) -> np.ndarray:
     """Counts of f(x_i + eps) over the draws of each phase: array (inputs, phases, classes).
 
     ``phases`` are draw ranges [start, stop) of every input's stream (disjoint ranges are
-    independent samples). All draws are packed into full batches of ``forward.batch_size`` rows,
-    inputs one after another; a tie between logits counts in no class. The labels ``y`` are only
-    checked against the model's number of classes.
+    independent samples). A tie between logits counts in no class. ``metric`` names the
+    procedure in progress reports.
     """
-    n_phases = len(phases)
     counts = None
-    pending_x, pending_tag = [], []
-
-    def run(rows: torch.Tensor, tags: torch.Tensor) -> None:
-        nonlocal counts
+    total = len(x) * sum(stop - start for start, stop in phases)
+    for rows, tags in _full_batches(_pieces(x, sigma, phases, seed, device), forward):
         logits = forward.logits(rows)
         n_classes = logits.shape[1]
         top = logits.topk(2, dim=1).values
         pred = torch.where(top[:, 0] > top[:, 1], logits.argmax(dim=1), n_classes)
         if counts is None:
-            _check_labels(y, n_classes)
-            counts = torch.zeros(len(x) * n_phases, n_classes + 1, dtype=torch.long, device=device)
+            counts = torch.zeros(len(x) * len(phases), n_classes + 1, dtype=torch.long, device=device)
         counts.index_put_((tags, pred), torch.ones_like(pred), accumulate=True)
-
-    for i in range(len(x)):
-        for p, (start, stop) in enumerate(phases):
-            a = start
-            while a < stop:
-                b = min(stop, (a // PIECE + 1) * PIECE)
-                pending_x.append(_noisy(x[i], sigma, seed, i, a, b, device))
-                pending_tag.append(torch.full((b - a,), i * n_phases + p, dtype=torch.long, device=device))
-                rows = sum(len(t) for t in pending_tag)
-                if rows >= forward.batch_size:
-                    xs, tags = torch.cat(pending_x), torch.cat(pending_tag)
-                    full = rows - rows % forward.batch_size
-                    run(xs[:full], tags[:full])
-                    pending_x, pending_tag = [xs[full:]], [tags[full:]]
-                a = b
-    if sum(len(t) for t in pending_tag):
-        run(torch.cat(pending_x), torch.cat(pending_tag))
-    return counts[:, :-1].reshape(len(x), n_phases, -1).cpu().numpy()
+        report_progress(metric=metric, draws=forward.passes, budget=total)
+    return counts[:, :-1].reshape(len(x), len(phases), -1).cpu().numpy()
 
 
 def _validate_fixed(sigma, alpha, seed, batch_size, **sizes) -> tuple[float, float]:
@@ -183,6 +185,33 @@ class Certification:
         """Fraction of inputs certified correct at ``radius`` (abstentions never count)."""
         return float(np.mean(self.certified(radius)))
 
+    def to_result(self, confidence: float = 0.95) -> Result:
+        """A report-ready summary (metric "certify", verdict "estimate"): the smoothed classifier's
+        certified-correct fraction at radius 0 with Clopper-Pearson bounds over inputs, and the
+        certified-accuracy-against-radius curve (a PNG in the report directory)."""
+        n_in, k = len(self.label), int(self.certified(0.0).sum())
+        alpha_over_inputs = 1.0 - confidence
+        radii = sorted({0.0, *np.round(self.radius[self.correct], 4).tolist()})
+        return Result(
+            metric="certify", estimate=k / n_in,
+            lower=clopper_pearson_lower(k, n_in, alpha_over_inputs),
+            upper=clopper_pearson_upper(k, n_in, alpha_over_inputs),
+            threshold=None, confidence=confidence, verdict="estimate", n_inputs=n_in,
+            draws=int(self.draws.sum()), forward_passes=self.forward_passes, seconds=self.seconds,
+            device=self.device, seed=self.seed,
+            perturbation=f"Gaussian smoothing sigma={self.sigma:g}, CERTIFY n0={self.n0}, n={self.n}, alpha={self.alpha:g}",
+            budget=int(self.draws.sum()),
+            note=f"{int((self.prediction == ABSTAIN).sum())} of {n_in} inputs abstained; per-input results are "
+                 "in the Certification object",
+            details={
+                "curves": {"certified_accuracy": {
+                    "title": f"CERTIFY: certified accuracy against radius (sigma={self.sigma:g})",
+                    "xlabel": "L2 radius (input units)", "ylabel": "certified accuracy",
+                    "x": radii, "series": {"certified accuracy": [self.certified_accuracy(r) for r in radii]},
+                }},
+            },
+        )
+
 
 def certify(
     model: torch.nn.Module,
@@ -209,8 +238,8 @@ def certify(
     device = resolve_device(device, model)
     started = time.perf_counter()
     with guarded(model, device):
-        forward = Forward(model, batch_size)
-        counts = _class_counts(forward, ds.x.to(device), ds.y, sigma, [(0, n0), (n0, n0 + n)], seed, device)
+        forward = Forward(model, batch_size, max_label=int(ds.y.max()))
+        counts = _class_counts(forward, ds.x.to(device), sigma, [(0, n0), (n0, n0 + n)], seed, device, "CERTIFY")
     choice = counts[:, 0].argmax(axis=1)
     k = counts[np.arange(len(choice)), 1, choice]
     lower_of = {c: clopper_pearson_lower(c, n, alpha) for c in np.unique(k).tolist()}
@@ -218,7 +247,7 @@ def certify(
     abstain = pa_lower < 0.5
     radius = np.array([sigma * smoothing.NORMAL.inv_cdf(p) if p >= 0.5 else 0.0 for p in pa_lower])
     prediction = np.where(abstain, ABSTAIN, choice)
-    label = ds.y.numpy()
+    label = ds.y.cpu().numpy()
     return Certification(
         sigma=sigma, n0=n0, n=n, alpha=alpha, seed=seed, device=str(device),
         seconds=time.perf_counter() - started, forward_passes=forward.passes,
@@ -232,15 +261,19 @@ class Prediction:
     """Per-input outcome of Cohen's PREDICT: ``prediction`` (ABSTAIN = -1), the top two class
     counts among the n draws, the two-sided binomial p-value of their comparison, ``correct``."""
 
+    sigma: float
     n: int
     alpha: float
+    seed: int
+    device: str
+    seconds: float
+    forward_passes: int
     label: np.ndarray
     prediction: np.ndarray
     top_count: np.ndarray
     runner_up_count: np.ndarray
     p_value: np.ndarray
     correct: np.ndarray
-    forward_passes: int
 
 
 def predict(
@@ -261,18 +294,20 @@ def predict(
     sigma, alpha = _validate_fixed(sigma, alpha, seed, batch_size, n=n)
     ds = load_data(data)
     device = resolve_device(device, model)
+    started = time.perf_counter()
     with guarded(model, device):
-        forward = Forward(model, batch_size)
-        counts = _class_counts(forward, ds.x.to(device), ds.y, sigma, [(0, n)], seed, device)[:, 0]
+        forward = Forward(model, batch_size, max_label=int(ds.y.max()))
+        counts = _class_counts(forward, ds.x.to(device), sigma, [(0, n)], seed, device, "PREDICT")[:, 0]
     order = np.argsort(-counts, axis=1, kind="stable")
     rows = np.arange(len(counts))
     top, runner_up = counts[rows, order[:, 0]], counts[rows, order[:, 1]]
     p_value = np.array([smoothing.predict_pvalue(int(a), int(b)) for a, b in zip(top, runner_up)])
     prediction = np.where(p_value > alpha, ABSTAIN, order[:, 0])
-    label = ds.y.numpy()
+    label = ds.y.cpu().numpy()
     return Prediction(
-        n=n, alpha=alpha, label=label, prediction=prediction, top_count=top, runner_up_count=runner_up,
-        p_value=p_value, correct=prediction == label, forward_passes=forward.passes,
+        sigma=sigma, n=n, alpha=alpha, seed=seed, device=str(device), seconds=time.perf_counter() - started,
+        forward_passes=forward.passes, label=label, prediction=prediction, top_count=top,
+        runner_up_count=runner_up, p_value=p_value, correct=prediction == label,
     )
 
 
@@ -309,12 +344,16 @@ def _check_feasible(n_inputs, threshold, radius, sigma, alpha, confidence, budge
             f"accuracy (Clopper-Pearson minus alpha={alpha:g}) cannot exceed that even if every input "
             f"is certified; {fix}",
         )
+
+    def passes(certified: int) -> bool:
+        return clopper_pearson_lower(certified, n_inputs, level) - alpha >= threshold
+
     affordable = min(n_inputs, budget // fewest)
-    if clopper_pearson_lower(affordable, n_inputs, level) - alpha < threshold:
-        needed = next(
-            k for k in range(affordable + 1, n_inputs + 1)
-            if clopper_pearson_lower(k, n_inputs, level) - alpha >= threshold
-        )
+    if not passes(affordable):
+        short, needed = affordable, n_inputs  # passes(n_inputs) holds (checked above); bisect the boundary
+        while needed - short > 1:
+            mid = (short + needed) // 2
+            short, needed = (short, mid) if passes(mid) else (mid, needed)
         raise SettingError(
             "budget", budget,
             f"at least {needed * fewest}: passing needs at least {needed} of {n_inputs} inputs certified "
@@ -324,17 +363,52 @@ def _check_feasible(n_inputs, threshold, radius, sigma, alpha, confidence, budge
     return fewest, fixed
 
 
+@dataclass(frozen=True)
+class _GatePlan:
+    """What the per-input tests need: noise, the tested probability Phi(r/sigma), their level,
+    the caps, and the fewest draws with which any test can pass."""
+
+    sigma: float
+    required: float
+    alpha: float
+    seed: int
+    budget: int
+    max_draws: int
+    fewest: int
+
+
 @dataclass
 class _GateRun:
-    """Per-input state of the sequential tests: gates, draws consumed, correct draws, rounds."""
+    """Per-input state of the sequential tests: gates, draws consumed, correct draws, outcomes not
+    yet fed to the gate (see ``_feed``), rounds of budget allocation."""
 
     gates: list
     drawn: np.ndarray
     hits: np.ndarray
+    waiting: list
     rounds: int = 0
 
+    def decided(self) -> int:
+        return sum(g.decision is not None for g in self.gates)
 
-def _run_gates(forward, x, y, sigma, required, alpha, seed, budget, max_draws, device) -> _GateRun:
+
+def _feed(run: _GateRun, plan: _GatePlan, i: int, chunk: np.ndarray, stop: int):
+    """Give input i's outcomes up to draw ``stop`` to its test; returns its decision or None.
+
+    While every outcome so far is correct and fewer than ``plan.fewest`` draws were made, neither
+    side of the test can decide (a pass needs at least ``fewest`` correct draws, a fail needs a
+    miss), so the outcomes wait and are fed in one later update: the decision, at its exact draw,
+    is the same, with fewer calls into the test.
+    """
+    run.waiting[i].append(chunk)
+    if stop < plan.fewest and chunk.all():
+        return None
+    block = np.concatenate(run.waiting[i])
+    run.waiting[i] = []
+    return run.gates[i].update(block)
+
+
+def _run_gates(forward: Forward, x: torch.Tensor, y: torch.Tensor, plan: _GatePlan, device) -> _GateRun:
     """Run every input's sequential test until it is decided, reaches ``max_draws``, or the total
     ``budget`` is spent.
 
@@ -347,14 +421,15 @@ def _run_gates(forward, x, y, sigma, required, alpha, seed, budget, max_draws, d
     decides; the rest of that chunk counts as forward passes, not as draws.
     """
     n = len(y)
-    run = _GateRun([SequentialGate(required, alpha) for _ in range(n)], np.zeros(n, np.int64), np.zeros(n, np.int64))
+    run = _GateRun([SequentialGate(plan.required, plan.alpha) for _ in range(n)], np.zeros(n, np.int64),
+                   np.zeros(n, np.int64), [[] for _ in range(n)])
     while True:
-        open_inputs = [i for i in range(n) if run.gates[i].decision is None and run.drawn[i] < max_draws]
-        share = (budget - int(run.drawn.sum())) // len(open_inputs) if open_inputs else 0
+        open_inputs = [i for i in range(n) if run.gates[i].decision is None and run.drawn[i] < plan.max_draws]
+        share = (plan.budget - int(run.drawn.sum())) // len(open_inputs) if open_inputs else 0
         if share == 0:
             return run
         run.rounds += 1
-        allowance = np.minimum(run.drawn + share, max_draws)
+        allowance = np.minimum(run.drawn + share, plan.max_draws)
         queue, active = deque(open_inputs), []
         while queue or active:
             slots = max(1, forward.batch_size // BLOCK)
@@ -365,19 +440,21 @@ def _run_gates(forward, x, y, sigma, required, alpha, seed, budget, max_draws, d
                 start = int(run.drawn[i])
                 blocks = max(1, min(slots // len(active), start // (GROWTH * BLOCK)))
                 spans.append((i, start, int(min(allowance[i], (start // BLOCK + blocks) * BLOCK))))
-            rows = torch.cat([_noisy(x[i], sigma, seed, i, a, b, device) for i, a, b in spans])
+            rows = torch.cat([_noisy(x[i], plan.sigma, plan.seed, i, a, b, device) for i, a, b in spans])
             labels = torch.cat([y[i].expand(b - a) for i, a, b in spans])
             hit = correct_predictions(forward.logits(rows), labels).cpu().numpy()
             active, offset = [], 0
             for i, a, b in spans:
                 chunk = hit[offset : offset + b - a]
                 offset += b - a
-                decision = run.gates[i].update(chunk)
+                decision = _feed(run, plan, i, chunk, b)
                 used = (decision.at if decision else b) - a
                 run.hits[i] += int(chunk[:used].sum())
                 run.drawn[i] += used
                 if decision is None and run.drawn[i] < allowance[i]:
                     active.append(i)
+            report_progress(metric="certified accuracy", draws=int(run.drawn.sum()), budget=plan.budget,
+                            inputs_done=run.decided, inputs=n, forward_passes=forward.passes)
 
 
 def certified_accuracy(
@@ -419,7 +496,9 @@ def certified_accuracy(
     (a cap too small to certify even when every draw is correct, too few inputs or too small a
     budget for the threshold) raise ``SettingError`` before any forward pass.
     """
-    check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
+    args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
+                          batch_size=batch_size)
+    threshold, confidence, budget, seed = args.threshold, args.confidence, args.budget, args.seed
     radius = validation.non_negative_float("radius", radius)
     sigma = validation.positive_float("sigma", sigma)
     alpha = validation.open_unit("alpha", alpha)
@@ -430,9 +509,9 @@ def certified_accuracy(
     device = resolve_device(device, model)
     started = time.perf_counter()
     with guarded(model, device) as info:
-        forward = Forward(model, batch_size)
-        run = _run_gates(forward, ds.x.to(device), ds.y.to(device), sigma, required, alpha, seed, budget,
-                         max_draws, device)
+        forward = Forward(model, args.batch_size, max_label=int(ds.y.max()))
+        plan = _GatePlan(sigma, required, alpha, seed, budget, max_draws, fewest)
+        run = _run_gates(forward, ds.x.to(device), ds.y.to(device), plan, device)
     verdicts = [g.decision.verdict if g.decision else "undecided" for g in run.gates]
     certified, refuted = verdicts.count("pass"), verdicts.count("fail")
     undecided = len(verdicts) - certified - refuted
@@ -442,16 +521,18 @@ def certified_accuracy(
         verdict = "estimate"
     else:
         verdict = "pass" if lower >= threshold else "fail" if upper < threshold else "inconclusive"
-    at_cap = sum(v == "undecided" and d >= max_draws for v, d in zip(verdicts, run.drawn))
+    at_cap = sum(v == "undecided" and d >= max_draws for v, d in zip(verdicts, run.drawn.tolist()))
     note = f"{certified} of {n} inputs certified, {refuted} proven not certifiable"
     if undecided:
         note += (
             f", {undecided} undecided and counted as not certified ({at_cap} reached max_draws={max_draws}, "
             f"{undecided - at_cap} stopped by the budget of {budget} draws)"
         )
-    elif verdict == "inconclusive":
-        note += "; every input was decided, so only more inputs (not more draws) can narrow the bounds"
     note += f"; bounds: Clopper-Pearson over inputs -/+ alpha={alpha:g}"
+    reason = None
+    if verdict == "inconclusive" and not undecided:
+        reason = ("every input was decided and the bounds still straddle the threshold: only more inputs "
+                  "(not more draws) can narrow them")
     return Result(
         metric="certified_accuracy",
         estimate=certified / n,
@@ -470,6 +551,7 @@ def certified_accuracy(
         budget=budget,
         note=note,
         details={
+            "inconclusive_reason": reason,
             "radius": radius,
             "sigma": sigma,
             "alpha": alpha,
@@ -551,9 +633,9 @@ def pa_report(
     device = resolve_device(device, model)
     started = time.perf_counter()
     with guarded(model, device) as info:
-        forward = Forward(model, batch_size)
-        counts = _class_counts(forward, ds.x.to(device), ds.y, sigma, [(0, n)], seed, device)[:, 0]
-    k = counts[np.arange(len(counts)), ds.y.numpy()]
+        forward = Forward(model, batch_size, max_label=int(ds.y.max()))
+        counts = _class_counts(forward, ds.x.to(device), sigma, [(0, n)], seed, device, "pA report")[:, 0]
+    k = counts[np.arange(len(counts)), ds.y.cpu().numpy()]
     pa = k / n
     grid = np.round(np.linspace(0.5, 1.0, 101), 4).tolist()
     survival = [float(np.mean(pa >= p)) for p in grid]

@@ -82,6 +82,7 @@ def write_plots(results: list[dict], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for i, (result, name, curve) in enumerate(curves):
-        stem = _slug(f"{result.get('test_id') or 'programmatic'}-{name}")
+        test = (result.get("test_id") or "programmatic").rsplit("/", 1)[-1]
+        stem = _slug("-".join(p for p in (test, result.get("model", ""), name) if p))
         written.append(plot_curve(curve, directory / f"{i:02d}-{stem}.png"))
     return written
