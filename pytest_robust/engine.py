@@ -338,6 +338,5 @@ def correct_predictions(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         raise RobustDataError(
             f"label {int(y.max())} is out of range for a model with {logits.shape[1]} classes"
         )
-    true = logits.gather(1, y[:, None]).squeeze(1)
-    others = logits.scatter(1, y[:, None], float("-inf")).amax(dim=1)
-    return true > others
+    top = logits.topk(2, dim=1)
+    return (top.indices[:, 0] == y) & (top.values[:, 0] > top.values[:, 1])

@@ -82,8 +82,12 @@ class Perturbation(ABC):
         """Draw one perturbed copy of every row of x (before clipping to the box)."""
 
     def clip(self, x: torch.Tensor) -> torch.Tensor:
+        """x clamped coordinate-wise to the box (scalar bounds take the cheaper scalar clamp)."""
         if self.bounds is None:
             return x
+        lo, hi = self.bounds
+        if isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
+            return x.clamp(float(lo), float(hi))
         lo, hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in self.bounds)
         return torch.maximum(torch.minimum(x, hi), lo)
 
@@ -109,10 +113,7 @@ class UniformLinf(Perturbation):
         return BoxSpace(x, self.eps, self.bounds)
 
     def sample(self, x, generator):
-        lo, hi = x - self.eps, x + self.eps
-        if self.bounds is not None:
-            box_lo, box_hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in self.bounds)
-            lo, hi = torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)
+        lo, hi = self.clip(x - self.eps), self.clip(x + self.eps)  # the ball intersected with the box
         u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
         return lo + u * (hi - lo)
 
