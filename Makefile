@@ -25,9 +25,12 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest tests -p no:cacheprovider
 
-## bench: the TSRM benchmarks (throughput vs a bare model loop; sequential vs fixed design)
+## bench: every benchmark (tables in benchmarks/results/; figures copied into README)
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_tsrm.py
+	$(BIN)/python benchmarks/bench_smoothing.py --threads 1
+	$(BIN)/python benchmarks/bench_q.py --threads 1
+	$(BIN)/python benchmarks/bench_nppr.py --threads 1
 
 ## train: retrain the digits checkpoints shipped in examples/digits/checkpoints
 train: $(BIN)/.installed

@@ -20,6 +20,7 @@ _EXPORTS = {
     "intermediate_q": "pytest_robust.metrics.intermediate_q",
     "q_curve": "pytest_robust.metrics.intermediate_q",
     "Spatial": "pytest_robust.perturbations",
+    "nppr": "pytest_robust.metrics.nppr",
     "certify": "pytest_robust.metrics.smoothing",
     "predict": "pytest_robust.metrics.smoothing",
     "certified_accuracy": "pytest_robust.metrics.smoothing",

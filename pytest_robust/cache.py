@@ -56,8 +56,8 @@ def entry_path(cache_dir: str | os.PathLike, kind: str, key: str) -> Path:
 
 
 def load(path: Path, key: str) -> tuple[dict | None, str]:
-    """(entry, "hit") for a valid entry with this key, (None, "miss") when there is no file,
-    (None, "invalid: <reason>") when the file cannot be trusted."""
+    """(entry, "hit") for a trusted entry with this key, (None, "miss") when there is no file,
+    (None, "invalid: <reason>") when the file cannot be trusted (the caller should refit)."""
     if not path.exists():
         return None, "miss"
     try:
@@ -67,7 +67,7 @@ def load(path: Path, key: str) -> tuple[dict | None, str]:
     if not isinstance(entry, dict) or entry.get("format") != FORMAT:
         return None, "invalid: not an entry of this format"
     if entry.get("key") != key:
-        return None, "invalid: its key does not match the model and settings"
+        return None, "invalid: keyed to another model or other settings"
     return entry, "hit"
 
 

@@ -8,6 +8,7 @@ check with ``inconclusive = skip``).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -168,13 +169,23 @@ class RobustFixture:
 
         return self._library(pa_report, "pa_report", model, data, sigma, **kwargs)
 
+    def nppr(self, model, data, eps: float, threshold: float | None = None, **kwargs) -> Result:
+        """NPPR (see ``metrics.nppr``): PR under a learned worst-case Gaussian-mixture noise in the
+        L-inf ball of radius ``eps``, gated >= ``threshold`` when given; other keywords are the
+        marker's parameters (``fit_data=`` as data or a fixture name) or settings."""
+        params = {"eps": eps, **kwargs}
+        if isinstance(params.get("fit_data"), str):
+            params["fit_data"] = self._fixture(params["fit_data"], "fit_data")
+        return self._measure("nppr", model, data, threshold, params)
+
     def _fixture(self, name: str, role: str):
         try:
             return self._request.getfixturevalue(name)
         except pytest.FixtureLookupError:
+            where = f"{role}= on the marker" + (f" or robust_{role} in ini" if role in KEY_NAMES else "")
             pytest.fail(
                 f"robust check needs the {role}: define a fixture named {name!r} (e.g. in conftest.py), "
-                f"or name another one with {role}= on the marker or robust_{role} in ini",
+                f"or name another one with {where}",
                 pytrace=False,
             )
 
@@ -186,6 +197,9 @@ class RobustFixture:
             settings = settings_for(self.settings, spec.overrides, "on the robust marker")
             model = self._fixture(settings.model, "model")
             data = self._fixture(settings.data, "data")
+            if isinstance(spec.params.get("fit_data"), str):
+                fit_data = self._fixture(spec.params["fit_data"], "fit_data")
+                spec = dataclasses.replace(spec, params={**spec.params, "fit_data": fit_data})
             runs.append((settings, run_spec(self._request.node, spec, model, data, settings, settings.model)))
         enforce(runs)
         return [r for _, r in runs]

@@ -142,14 +142,14 @@ class Mixture(NamedTuple):
 
 
 class _Free(nn.Module):
-    """Parameters shared by every input: a learned vector broadcast over the batch."""
+    """Parameters shared by every input: one learned vector, without a batch dimension."""
 
     def __init__(self, init: torch.Tensor):
         super().__init__()
         self.value = nn.Parameter(init.clone())
 
     def forward(self, features, labels):
-        return self.value[None]
+        return self.value
 
 
 class _LabelHead(nn.Module):
@@ -228,9 +228,7 @@ class GMMPerturbation(nn.Module):
         """Mixture parameters for a batch of inputs, from their features (B, F) and labels (B,)."""
         k, d = self.cfg.components, self.cfg.latent_dim
         logits = self.weights(features, labels).expand(len(labels), -1)
-        comp = self.components(features, labels)
-        if isinstance(self.components, _Free):
-            comp = comp[0]
+        comp = self.components(features, labels)  # (P,) when shared, else (B, P)
         means = comp[..., : k * d].unflatten(-1, (k, d))
         raw = comp[..., k * d :].unflatten(-1, (k, self.cfg.scale_size))
         if self.cfg.covariance == "diagonal":

@@ -5,6 +5,7 @@ imported during the run, and re-importing torch's C extension in the same proces
 """
 
 import torch  # noqa: F401
+import torch._dynamo  # noqa: F401  (imported lazily by torch.optim; same reason)
 
 import pytest_robust.metrics.tsrm  # noqa: F401  (same reason: keep the core imported once)
 

@@ -1,0 +1,285 @@
+"""TSRM benchmarks on the digits example: engine throughput, and sequential vs fixed-size design.
+
+Run from the repository root:
+
+    python benchmarks/bench_tsrm.py [--quick] [--device cpu|cuda] [--threads N]
+
+(a) Throughput. Draws per second (one draw = one perturbed input through the model) of
+    ``tsrm(model, data, UniformLinf(eps=0.3), threshold=None, budget=N)`` -- estimate-only mode, so
+    exactly N draws, timed by wall clock around the whole call (noise generation, forward passes,
+    scoring and the final confidence bounds included) -- against a bare loop
+    ``with torch.inference_mode(): model(x)`` over pre-built noisy batches of the same batch size,
+    which times only the forward passes. Engine and bare runs alternate; medians are reported.
+
+(b) Sequential vs fixed design. Draws the anytime-valid sequential gate ``tsrm(..., threshold=tau)``
+    needs to decide, at thresholds tau = p - d (truly passes) and tau = p + d (truly fails), against
+    the smallest sample size n of a fixed-size one-sided Clopper-Pearson test at the same confidence
+    that decides correctly with probability >= 95% (power), computed exactly with scipy.stats.
+    p is estimated first from a large run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import beta, binom
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples" / "digits"))
+
+from digits_model import digits_split, load_model  # noqa: E402
+
+from pytest_robust import UniformLinf, tsrm  # noqa: E402
+
+CONFIDENCE = 0.95
+ALPHA = 1.0 - CONFIDENCE
+POWER = 0.95
+
+#: Settings of a full run and of a --quick run.
+FULL = dict(runs=5, draws=65_536, p_draws=400_000, gate_seeds=20)
+QUICK = dict(runs=3, draws=16_384, p_draws=100_000, gate_seeds=5)
+
+THROUGHPUT_EPS = 0.3
+THROUGHPUT_BATCHES = (256, 1024)
+THROUGHPUT_SEED = 0
+GATE_EPS = 0.5
+P_SEED = 12345
+P_BATCH = 1024
+GATE_BATCH = 256
+GATE_BUDGET = 1_000_000
+MARGINS = (0.02, 0.05, 0.10)
+
+
+def machine(device: torch.device) -> str:
+    """A short description of the device the benchmark runs on."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"cpu ({os.cpu_count()} cores, {name})"
+
+
+def header(title: str, device: torch.device, seed: str, perturbation, batch: str) -> str:
+    """The line above each table: everything the numbers depend on."""
+    load = "n/a"
+    if hasattr(os, "getloadavg"):
+        load = f"{os.getloadavg()[0]:.2f}"
+    return (
+        f"### {title}\n\n"
+        f"device={machine(device)} | torch={torch.__version__} | threads={torch.get_num_threads()} | "
+        f"seed={seed} | perturbation={perturbation!r} | confidence={CONFIDENCE} (one-sided) | "
+        f"batch size={batch} | 1-min load average at start={load}\n"
+    )
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# (a) Throughput
+# ----------------------------------------------------------------------------------------------
+
+
+def bare_batches(x, perturbation, draws: int, batch: int, seed: int, device) -> list[torch.Tensor]:
+    """``draws`` perturbed inputs (random rows of x, one noise draw each), split into batches, on device."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(x), (draws,), generator=gen)
+    return list(perturbation(x[idx], gen).to(device).split(batch))
+
+
+def bare_rate(model, batches, device) -> tuple[float, float]:
+    """Draws per second of forward passes alone over pre-built batches: (per wall second, per process CPU second)."""
+    draws = sum(len(b) for b in batches)
+    sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    with torch.inference_mode():
+        for b in batches:
+            model(b)
+    sync(device)
+    return draws / (time.perf_counter() - wall), draws / (time.process_time() - cpu)
+
+
+def engine_rate(model, data, perturbation, draws: int, batch: int, seed: int, device) -> tuple[float, float]:
+    """Draws per second of one whole estimate-only ``tsrm`` call making exactly ``draws`` draws.
+
+    Returns (per wall second, per process CPU second).
+    """
+    sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = tsrm(model, data, perturbation, threshold=None, budget=draws, batch_size=batch, seed=seed, device=device)
+    sync(device)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert result.draws == draws and result.verdict == "estimate", result
+    return draws / wall, draws / cpu
+
+
+def throughput_table(model, data, device, cfg) -> str:
+    """Table (a): median engine and bare rates (draws per wall second) over interleaved runs, per batch size.
+
+    Also the ratio of median rates per process CPU second (all threads of this process), which
+    other processes on the machine disturb less than wall time.
+    """
+    perturbation = UniformLinf(eps=THROUGHPUT_EPS)
+    out = [
+        header(
+            "(a) Throughput: TSRM engine vs bare forward loop (draws per second)",
+            device,
+            str(THROUGHPUT_SEED),
+            perturbation,
+            " and ".join(map(str, THROUGHPUT_BATCHES)),
+        ),
+        "| batch | draws/run | runs | engine draws/s | bare draws/s | engine/bare | per-run-pair engine/bare (min-max) "
+        "| engine/bare by CPU time |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    x = data[0]
+    for batch in THROUGHPUT_BATCHES:
+        batches = bare_batches(x, perturbation, cfg["draws"], batch, THROUGHPUT_SEED, device)
+        # warm-up: first calls allocate memory and pick kernels
+        engine_rate(model, data, perturbation, 4 * batch, batch, THROUGHPUT_SEED, device)
+        bare_rate(model, batches[:4], device)
+        engine, bare = [], []
+        for run in range(cfg["runs"]):
+            order = ("engine", "bare") if run % 2 == 0 else ("bare", "engine")
+            for which in order:
+                if which == "engine":
+                    engine.append(engine_rate(model, data, perturbation, cfg["draws"], batch, THROUGHPUT_SEED, device))
+                else:
+                    bare.append(bare_rate(model, batches, device))
+        pairs = [e[0] / b[0] for e, b in zip(engine, bare)]
+        e_med, b_med = (statistics.median(r[0] for r in rates) for rates in (engine, bare))
+        e_cpu, b_cpu = (statistics.median(r[1] for r in rates) for rates in (engine, bare))
+        out.append(
+            f"| {batch} | {cfg['draws']} | {cfg['runs']} | {e_med:,.0f} | {b_med:,.0f} | {e_med / b_med:.3f} "
+            f"| {min(pairs):.3f}-{max(pairs):.3f} | {e_cpu / b_cpu:.3f} |"
+        )
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) Sequential vs fixed design
+# ----------------------------------------------------------------------------------------------
+
+
+def fixed_design_n(p: float, tau: float, alpha: float = ALPHA, power: float = POWER, side: str = "pass") -> int:
+    """Smallest n at which a fixed-size one-sided Clopper-Pearson test decides correctly w.p. >= power.
+
+    pass side (p > tau): power(n) = P(CP_lower(K, n, alpha) >= tau), K ~ Bin(n, p);
+    fail side (p < tau): power(n) = P(CP_upper(K, n, alpha) < tau).
+    The CP lower bound is increasing in k, and CP_lower(k, n) >= tau exactly when
+    P(Bin(n, tau) >= k) <= alpha, so the critical k of every n comes from scipy's binomial
+    quantiles (vectorised over n); likewise CP_upper(k, n) < tau exactly when P(Bin(n, tau) <= k) < alpha.
+    power(n) is a saw-tooth in n, not monotone, so every n is checked (no bisection) and the
+    first n reaching the power is returned; its critical k is re-checked with scipy.stats.beta.ppf.
+    """
+    cap = 1024
+    while True:
+        n = np.arange(1, cap + 1)
+        if side == "pass":
+            j = binom.isf(alpha, n, tau)  # smallest j with P(Bin(n, tau) > j) <= alpha; critical k = j + 1
+            pw = binom.sf(j, n, p)
+        else:
+            j = binom.ppf(alpha, n, tau) - 1  # largest k with P(Bin(n, tau) <= k) < alpha
+            pw = binom.cdf(j, n, p)
+        hit = np.flatnonzero(pw >= power)
+        if len(hit):
+            best = int(n[hit[0]])
+            break
+        cap *= 2
+    i = best - 1
+    if side == "pass":
+        k = int(j[i]) + 1
+        assert beta.ppf(alpha, k, best - k + 1) >= tau and (k == 1 or beta.ppf(alpha, k - 1, best - k + 2) < tau)
+    else:
+        k = int(j[i])
+        assert beta.ppf(1 - alpha, k + 1, best - k) < tau and (k + 1 >= best or beta.ppf(1 - alpha, k + 2, best - k - 1) >= tau)
+    return best
+
+
+def estimate_p(model, data, device, cfg) -> tuple[float, int, int]:
+    """The standard model's TSRM at UniformLinf(eps=GATE_EPS) from one large estimate-only run: (p, k, n)."""
+    result = tsrm(
+        model, data, UniformLinf(eps=GATE_EPS), budget=cfg["p_draws"], seed=P_SEED, batch_size=P_BATCH, device=device
+    )
+    k, n = result.details["correct"], result.draws
+    return k / n, k, n
+
+
+def sequential_table(model, data, device, cfg) -> str:
+    """Table (b): draws used by the sequential gate (R seeds) vs the fixed design's n, per threshold."""
+    perturbation = UniformLinf(eps=GATE_EPS)
+    seeds = list(range(cfg["gate_seeds"]))
+    p, k, n = estimate_p(model, data, device, cfg)
+    lo, hi = beta.ppf(ALPHA / 2, k, n - k + 1), beta.ppf(1 - ALPHA / 2, k + 1, n - k)
+    out = [
+        header(
+            "(b) Sequential gate vs fixed-size Clopper-Pearson design (draws to a decision)",
+            device,
+            f"p-estimate {P_SEED} (batch {P_BATCH}); gate runs {seeds[0]}..{seeds[-1]}",
+            perturbation,
+            str(GATE_BATCH),
+        ),
+        f"True TSRM estimate p = {p:.5f} ({k}/{n} correct draws, seed {P_SEED}); "
+        f"two-sided 95% Clopper-Pearson interval [{lo:.5f}, {hi:.5f}]. "
+        f"Gate: alpha = {ALPHA:.2f} per side, budget {GATE_BUDGET:,} draws, {len(seeds)} seeds per row. "
+        f"Fixed design: one-sided CP at alpha = {ALPHA:.2f}, power {POWER:.2f} at the true p (= the estimate above).\n",
+        "| d | tau | truth | fixed n | seq median draws | seq mean draws | seq mean forward passes | correct decisions | seq mean / fixed n |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for d in MARGINS:
+        for side, tau in (("pass", p - d), ("fail", p + d)):
+            draws, passes, correct = [], [], 0
+            for seed in seeds:
+                r = tsrm(
+                    model, data, perturbation, threshold=tau, budget=GATE_BUDGET,
+                    seed=seed, batch_size=GATE_BATCH, device=device,
+                )
+                draws.append(r.draws)
+                passes.append(r.forward_passes)
+                correct += r.verdict == side
+            n_fixed = fixed_design_n(p, tau, side=side)
+            mean = statistics.fmean(draws)
+            out.append(
+                f"| {d:.2f} | {tau:.4f} | {side} | {n_fixed:,} | {statistics.median(draws):,.0f} | {mean:,.0f} "
+                f"| {statistics.fmean(passes):,.0f} | {correct}/{len(seeds)} | {mean / n_fixed:.2f} |"
+            )
+    return "\n".join(out)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer runs, draws and seeds (about a minute on 2 CPU cores)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    cfg = QUICK if args.quick else FULL
+    device = torch.device(args.device)
+    model = load_model("standard").to(device)
+    data = digits_split()[1]  # the 359 held-out test digits
+    started = time.perf_counter()
+    print(f"# TSRM benchmarks ({'quick' if args.quick else 'full'} run), digits example, standard model\n")
+    print(throughput_table(model, data, device, cfg))
+    print()
+    print(sequential_table(model, data, device, cfg))
+    print(f"\nTotal time: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
