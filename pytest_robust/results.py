@@ -91,11 +91,12 @@ class Result:
             f"under {self.perturbation}, {self.draws} draws on {self.n_inputs} inputs, seed {self.seed}"
         )
         note = f"; {self.note}" if self.note else ""
-        at_least = self.direction == ">="
+        word = "required" if self.direction == ">=" else "allowed"
+        broken = "<" if self.direction == ">=" else ">"
         if self.verdict == "pass":
-            return f"{head} {self.direction} {'required' if at_least else 'allowed'} {self.threshold:g} {cond}{note}"
+            return f"{head} {self.direction} {word} {self.threshold:g} {cond}{note}"
         if self.verdict == "fail":
-            return f"{head} {'<' if at_least else '>'} {'required' if at_least else 'allowed'} {self.threshold:g} {cond}{note}"
+            return f"{head} {broken} {word} {self.threshold:g} {cond}{note}"
         if self.verdict == "inconclusive":
             reason = self.details.get("inconclusive_reason") or (
                 f"the budget of {self.budget} draws ran out before the {pct} bounds left the threshold; "
