@@ -23,23 +23,11 @@ the q = infinity number, so all three come from one run. Cross-entropy in nats.
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-import sys
-import time
-from pathlib import Path
+# importing common first puts the repository root and examples/digits on sys.path
+from common import digits, header, load, markdown_table, parse_args, report, timed
 
-import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples" / "digits"))
-
-from digits_model import digits_split, load_model  # noqa: E402
-
-from pytest_robust.metrics.intermediate_q import intermediate_q  # noqa: E402
-from pytest_robust.perturbations import Spatial, UniformLinf  # noqa: E402
+from pytest_robust.metrics.intermediate_q import intermediate_q
+from pytest_robust.perturbations import Spatial, UniformLinf
 
 EPS = 0.3
 SEED = 0
@@ -57,50 +45,26 @@ FULL = dict(inputs=32, qs=(1, 10, 100, 1000), spatial_models=("standard", "noise
 QUICK = dict(inputs=12, qs=(1, 100), spatial_models=("standard",))
 
 
-def machine(device: torch.device) -> str:
-    """A short description of the device the benchmark runs on."""
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"cpu ({os.cpu_count()} cores, {name})"
-
-
-def header(title: str, device: torch.device, perturbation, inputs: int) -> str:
-    load = f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
-    return (
-        f"### {title}\n\n"
-        f"device={machine(device)} | torch={torch.__version__} | threads={torch.get_num_threads()} | "
-        f"seed={SEED} | perturbation={perturbation!r} | inputs={inputs} of 359 (seeded subset) | "
-        f"1-min load average at start={load}\n"
-    )
-
-
 def run(model, data, perturbation, q, inputs, device, **kw):
-    started = time.perf_counter()
+    """One ``intermediate_q`` call (seed 0, PATH_STEPS temperatures unless ``kw`` says otherwise):
+    (result, wall seconds)."""
     kw = {"steps": PATH_STEPS, **kw}
-    r = intermediate_q(model, data, perturbation, q, inputs=inputs, budget=10**9, seed=SEED, chains=CHAINS,
-                       device=device, pgd_steps=PGD_STEPS, **kw)
-    return r, time.perf_counter() - started
+    return timed(lambda: intermediate_q(model, data, perturbation, q, inputs=inputs, budget=10**9, seed=SEED,
+                                        chains=CHAINS, device=device, pgd_steps=PGD_STEPS, **kw))
 
 
-def _row(cells) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def table(models, perturbation, qs, inputs, device, data, protocol_mc: bool) -> str:
-    """Estimates per model and q, then how each was obtained (budget, diagnostics, seconds).
+def table(title, models, perturbation, qs, inputs, device, data, protocol_mc: bool) -> str:
+    """The header line, then estimates per model and q, then how each was obtained (budget,
+    diagnostics, seconds).
 
     With ``protocol_mc`` a second Monte Carlo run per cell uses the paper's protocol
     (PAPER_DRAWS draws, as many as the path records)."""
+    line = header(device, f"seed={SEED}", f"perturbation={perturbation!r}", f"inputs={inputs} of 359 (seeded subset)",
+                  title=title)
     sampler = "PS+MH" if protocol_mc else "PS+HMC"
     estimates, how = [], []
     for name in models:
-        model = load_model(name).to(device)
+        model = load(name, device)
         mc, paper, path = [], [], []
         for q in qs:
             r, seconds = run(model, data, perturbation, q, inputs, device)
@@ -113,12 +77,12 @@ def table(models, perturbation, qs, inputs, device, data, protocol_mc: bool) -> 
                 draws += f" / {p.details['monte_carlo_draws_per_input']}"
                 seconds += p_seconds
             d, cost = r.details["diagnostics"], r.details["evaluations_per_input"]
-            how.append(_row([
+            how.append([
                 name, f"{q:g}", f"{cost['path'] + cost['warmup']}", draws, f"{r.upper:.3f}",
                 f"{d['acceptance']:.2f}", f"{d['rhat_median']:.2f}", f"{d['ess_median']:.0f}",
                 "yes" if r.details["healthy"] else "no", f"{seconds:.1f}",
-            ]))
-        estimates.append(_row([name, *mc, *paper, *path, f"{r.details['q_infinity']:.3f}"]))
+            ])
+        estimates.append([name, *mc, *paper, *path, f"{r.details['q_infinity']:.3f}"])
     cols = [f"q={q:g}" for q in qs]
     head = ["model", *(f"MC {c}" for c in cols)]
     head += [f"MC-{PAPER_DRAWS} {c}" for c in cols] if protocol_mc else []
@@ -128,37 +92,25 @@ def table(models, perturbation, qs, inputs, device, data, protocol_mc: bool) -> 
         "MC draws/input (equal budget" + (" / paper)" if protocol_mc else ")"),
         f"{sampler} 95% upper bound", "acceptance", "R-hat median", "ESS median", "healthy", "seconds",
     ]
-    return "\n".join([
-        _row(head), _row(["---"] * len(head)), *estimates, "",
-        _row(how_head), _row(["---"] * len(how_head)), *how,
-    ])
+    return line + "\n" + markdown_table(head, estimates) + "\n\n" + markdown_table(how_head, how)
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="12 inputs, q in {1, 100}, one spatial model (one to two minutes)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--inputs", type=int, default=None, help="test digits per cell (default: 32, quick 12)")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    args = parse_args(
+        __doc__, quick="12 inputs, q in {1, 100}, one spatial model (one to two minutes)", argv=argv,
+        extra={"--inputs": dict(type=int, default=None, help="test digits per cell (default: 32, quick 12)")},
+    )
     cfg = QUICK if args.quick else FULL
     inputs = args.inputs or cfg["inputs"]
-    device = torch.device(args.device)
-    data = digits_split()[1]
-    started = time.perf_counter()
-    print(f"# Intermediate-q benchmarks ({'quick' if args.quick else 'full'} run), digits example\n")
-    ball = UniformLinf(eps=EPS)
-    print(header("(A) Table 1: L-inf ball, Monte Carlo vs path sampling with HMC at equal budget",
-                 device, ball, inputs))
-    print(table(MODELS, ball, cfg["qs"], inputs, device, data, protocol_mc=False))
-    print()
-    print(header("(B) Table 3: spatial transforms, Monte Carlo vs path sampling with Metropolis-Hastings", device,
-                 SPATIAL, inputs))
-    print(table(cfg["spatial_models"], SPATIAL, cfg["qs"], inputs, device, data, protocol_mc=True))
-    print(f"\nTotal time: {time.perf_counter() - started:.0f} s")
+    device, qs = args.device, cfg["qs"]
+    data = digits()[1]
+    report(
+        f"Intermediate-q benchmarks ({args.mode} run), digits example",
+        lambda: table("(A) Table 1: L-inf ball, Monte Carlo vs path sampling with HMC at equal budget",
+                      MODELS, UniformLinf(eps=EPS), qs, inputs, device, data, protocol_mc=False),
+        lambda: table("(B) Table 3: spatial transforms, Monte Carlo vs path sampling with Metropolis-Hastings",
+                      cfg["spatial_models"], SPATIAL, qs, inputs, device, data, protocol_mc=True),
+    )
 
 
 if __name__ == "__main__":

@@ -29,24 +29,14 @@ data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
+# importing common first puts the repository root and examples/digits on sys.path
+from common import digits, forward_loop, header, interleaved, load, markdown_table, parse_args, report, timed
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples" / "digits"))
-
-from bench_tsrm import machine, sync  # noqa: E402  (device description and CUDA sync, shared)
-from digits_model import digits_split, load_model  # noqa: E402
-
-from pytest_robust.metrics.smoothing import certified_accuracy, certify  # noqa: E402
+from pytest_robust.metrics.smoothing import certified_accuracy, certify
 
 SIGMA = 0.25
 RADIUS = 0.5
@@ -62,24 +52,10 @@ QUICK = dict(inputs=20, n=10_000, caps=(10_000, 2_000), runs=3,
              throughput_inputs=2, throughput_n=10_000, gate_inputs=10)
 
 
-def header(title: str, device: torch.device, inputs: int, n: int) -> str:
-    """The line above each table: everything the numbers depend on."""
-    load = f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
-    return (
-        f"### {title}\n\n"
-        f"device={machine(device)} | torch={torch.__version__} | threads={torch.get_num_threads()} | "
-        f"seed={SEED} | sigma={SIGMA} | radius={RADIUS} (L2, pixel units) | alpha={ALPHA} | n0={N0} | n={n:,} | "
-        f"inputs={inputs} (first of the 359 test digits) | batch size={BATCH} | "
-        f"1-min load average at start={load}\n"
-    )
-
-
-def timed(fn, device):
-    sync(device)
-    start = time.perf_counter()
-    out = fn()
-    sync(device)
-    return out, time.perf_counter() - start
+def facts(inputs: int, n: int) -> list[str]:
+    """The settings in the line above each table, after device, torch version and threads."""
+    return [f"seed={SEED}", f"sigma={SIGMA}", f"radius={RADIUS} (L2, pixel units)", f"alpha={ALPHA}", f"n0={N0}",
+            f"n={n:,}", f"inputs={inputs} (first of the 359 test digits)", f"batch size={BATCH}"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,13 +68,10 @@ def comparison_table(model, data, device, cfg) -> str:
     cert, cert_s = timed(lambda: certify(model, data, SIGMA, n0=N0, n=n, alpha=ALPHA, seed=SEED,
                                          batch_size=BATCH, device=device), device)
     by_certify = cert.certified(RADIUS)
-    out = [
-        header("(a) Sequential gate vs fixed-size CERTIFY at one radius", device, inputs, n),
-        "| procedure | forward passes | per input (mean) | seconds | certified accuracy at r=0.5 | "
-        "CERTIFY / gate forward passes | decisions agreeing with CERTIFY | undecided (gate) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-        f"| CERTIFY (n0={N0}, n={n:,}) | {cert.forward_passes:,} | {cert.forward_passes / inputs:,.0f} | "
-        f"{cert_s:.1f} | {cert.certified_accuracy(RADIUS):.3f} | 1 | {inputs}/{inputs} | - |",
+    line = header(device, *facts(inputs, n), title="(a) Sequential gate vs fixed-size CERTIFY at one radius")
+    rows = [
+        [f"CERTIFY (n0={N0}, n={n:,})", f"{cert.forward_passes:,}", f"{cert.forward_passes / inputs:,.0f}",
+         f"{cert_s:.1f}", f"{cert.certified_accuracy(RADIUS):.3f}", "1", f"{inputs}/{inputs}", "-"],
     ]
     notes = []
     for cap in cfg["caps"]:
@@ -107,11 +80,11 @@ def comparison_table(model, data, device, cfg) -> str:
                                                         device=device), device)
         by_gate = np.array([d == "certified" for d in gate.details["decisions"]])
         draws = np.array(gate.details["draws_per_input"])
-        out.append(
-            f"| sequential gate (max_draws={cap:,}) | {gate.forward_passes:,} | {gate.forward_passes / inputs:,.0f} | "
-            f"{gate_s:.1f} | {gate.estimate:.3f} | {cert.forward_passes / gate.forward_passes:.0f}x | "
-            f"{int(np.sum(by_certify == by_gate))}/{inputs} | {gate.details['undecided']} |"
-        )
+        rows.append([
+            f"sequential gate (max_draws={cap:,})", f"{gate.forward_passes:,}", f"{gate.forward_passes / inputs:,.0f}",
+            f"{gate_s:.1f}", f"{gate.estimate:.3f}", f"{cert.forward_passes / gate.forward_passes:.0f}x",
+            f"{int(np.sum(by_certify == by_gate))}/{inputs}", gate.details["undecided"],
+        ])
         notes.append(
             f"Gate with max_draws={cap:,}: {gate.details['certified']} certified, {gate.details['not_certifiable']} "
             f"not certifiable, {gate.details['undecided']} undecided; {gate.draws:,} draws to the decisions "
@@ -127,7 +100,10 @@ def comparison_table(model, data, device, cfg) -> str:
                 f"{cert.radius[i]:.3f}); gate {gate.details['decisions'][i]} after {draws[i]:,} draws "
                 f"(needs p_y > Phi(r/sigma) = {gate.details['required_pa']:.5f})"
             )
-    out += [
+    columns = ["procedure", "forward passes", "per input (mean)", "seconds", "certified accuracy at r=0.5",
+               "CERTIFY / gate forward passes", "decisions agreeing with CERTIFY", "undecided (gate)"]
+    out = [
+        line + "\n" + markdown_table(columns, rows, "lrrrrrrr"),
         "",
         f"Fewest draws that can certify r={RADIUS} at sigma={SIGMA}, alpha={ALPHA}: "
         f"{gate.details['min_draws_to_certify']} for the sequential test, {gate.details['min_draws_fixed_size']} "
@@ -169,11 +145,7 @@ def bare_batches(x, sizes: list[int], device) -> list[torch.Tensor]:
 
 def bare_rate(model, batches, device) -> float:
     """Rows per second (wall clock) of forward passes alone."""
-    def loop():
-        with torch.inference_mode():
-            for b in batches:
-                model(b)
-    _, seconds = timed(loop, device)
+    _, seconds = timed(lambda: forward_loop(model, batches), device)
     return sum(len(b) for b in batches) / seconds
 
 
@@ -188,12 +160,9 @@ def throughput_table(model, data, device, cfg) -> str:
             x[:g], lambda m: certified_accuracy(m, (x[:g], y[:g]), None, RADIUS, SIGMA, alpha=ALPHA, max_draws=n,
                                                 budget=g * n, seed=SEED, batch_size=BATCH, device=device)),
     }
-    out = [
-        header("(b) Throughput: smoothing engine vs bare forward loop (forward passes per second)", device, k, n),
-        "| procedure | forward passes | mean batch | runs | engine passes/s | bare passes/s | engine/bare | "
-        "per-run-pair engine/bare (min-max) | model share of engine time |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]
+    line = header(device, *facts(k, n),
+                  title="(b) Throughput: smoothing engine vs bare forward loop (forward passes per second)")
+    rows = []
     for name, (inputs, call) in procedures.items():
         log = Instrumented(model, device)
         call(log)  # warm-up; records the batches the engine evaluates, which the bare loop replays
@@ -205,54 +174,40 @@ def throughput_table(model, data, device, cfg) -> str:
             result, seconds = timed(lambda: call(clock), device)
             return result.forward_passes / seconds, clock.seconds / seconds
 
-        engine, shares, bare = [], [], []
-        for run in range(cfg["runs"]):
-            order = ("engine", "bare") if run % 2 == 0 else ("bare", "engine")
-            for which in order:
-                if which == "engine":
-                    rate, share = engine_run()
-                    engine.append(rate)
-                    shares.append(share)
-                else:
-                    bare.append(bare_rate(model, batches, device))
+        runs, bare = interleaved(cfg["runs"], engine_run, lambda: bare_rate(model, batches, device))
+        engine, shares = [rate for rate, _ in runs], [share for _, share in runs]
         pairs = [e / b for e, b in zip(engine, bare)]
         e_med, b_med = statistics.median(engine), statistics.median(bare)
-        out.append(
-            f"| {name} | {sum(log.sizes):,} | {statistics.fmean(log.sizes):,.0f} | {cfg['runs']} | {e_med:,.0f} | "
-            f"{b_med:,.0f} | {e_med / b_med:.3f} | {min(pairs):.3f}-{max(pairs):.3f} | "
-            f"{statistics.median(shares):.3f} |"
-        )
-    out.append(
+        rows.append([
+            name, f"{sum(log.sizes):,}", f"{statistics.fmean(log.sizes):,.0f}", cfg["runs"], f"{e_med:,.0f}",
+            f"{b_med:,.0f}", f"{e_med / b_med:.3f}", f"{min(pairs):.3f}-{max(pairs):.3f}",
+            f"{statistics.median(shares):.3f}",
+        ])
+    columns = ["procedure", "forward passes", "mean batch", "runs", "engine passes/s", "bare passes/s", "engine/bare",
+               "per-run-pair engine/bare (min-max)", "model share of engine time"]
+    out = [
+        line + "\n" + markdown_table(columns, rows, "lrrrrrrlr"),
         "\nThe bare loop replays exactly the batch sizes the engine used (recorded in a warm-up run), so "
         "engine/bare measures the engine's own cost: noise generation, packing, scoring, sequential tests and "
         "bounds (goal: >= 0.95). On a shared machine the two loops run at different moments and load noise can "
         "exceed that cost; the last column is measured within each engine run (time inside the model's forward "
         "calls / wall time of the call, median over runs) and is immune to that drift: 1 - share is the engine's "
-        "overhead."
-    )
+        "overhead.",
+    ]
     return "\n".join(out)
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="20 inputs, n = 10 000 (a minute or two on 2 CPU cores)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    args = parse_args(__doc__, quick="20 inputs, n = 10 000 (a minute or two on 2 CPU cores)", argv=argv)
     cfg = QUICK if args.quick else FULL
-    device = torch.device(args.device)
-    model = load_model("gaussian_0.25").to(device)
-    x, y = digits_split()[1]
+    model = load("gaussian_0.25", args.device)
+    x, y = digits()[1]
     data = (x[: cfg["inputs"]], y[: cfg["inputs"]])
-    started = time.perf_counter()
-    print(f"# Randomized-smoothing benchmarks ({'quick' if args.quick else 'full'} run), digits example, "
-          f"gaussian_0.25 model\n")
-    print(comparison_table(model, data, device, cfg))
-    print()
-    print(throughput_table(model, (x, y), device, cfg))
-    print(f"\nTotal time: {time.perf_counter() - started:.0f} s")
+    report(
+        f"Randomized-smoothing benchmarks ({args.mode} run), digits example, gaussian_0.25 model",
+        lambda: comparison_table(model, data, args.device, cfg),
+        lambda: throughput_table(model, (x, y), args.device, cfg),
+    )
 
 
 if __name__ == "__main__":

@@ -20,25 +20,15 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
+# importing common first puts the repository root and examples/digits on sys.path
+from common import digits, forward_loop, header, interleaved, load, markdown_table, parse_args, report, timed_cpu
 from scipy.stats import beta, binom
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples" / "digits"))
-
-from digits_model import digits_split, load_model  # noqa: E402
-
-from pytest_robust import UniformLinf, tsrm  # noqa: E402
+from pytest_robust import UniformLinf, tsrm
 
 CONFIDENCE = 0.95
 ALPHA = 1.0 - CONFIDENCE
@@ -59,35 +49,10 @@ GATE_BUDGET = 1_000_000
 MARGINS = (0.02, 0.05, 0.10)
 
 
-def machine(device: torch.device) -> str:
-    """A short description of the device the benchmark runs on."""
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"cpu ({os.cpu_count()} cores, {name})"
-
-
-def header(title: str, device: torch.device, seed: str, perturbation, batch: str) -> str:
-    """The line above each table: everything the numbers depend on."""
-    load = "n/a"
-    if hasattr(os, "getloadavg"):
-        load = f"{os.getloadavg()[0]:.2f}"
-    return (
-        f"### {title}\n\n"
-        f"device={machine(device)} | torch={torch.__version__} | threads={torch.get_num_threads()} | "
-        f"seed={seed} | perturbation={perturbation!r} | confidence={CONFIDENCE} (one-sided) | "
-        f"batch size={batch} | 1-min load average at start={load}\n"
-    )
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def facts(seed: str, perturbation, batch: str) -> list[str]:
+    """The settings in the line above each table, after device, torch version and threads."""
+    return [f"seed={seed}", f"perturbation={perturbation!r}", f"confidence={CONFIDENCE} (one-sided)",
+            f"batch size={batch}"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -105,13 +70,8 @@ def bare_batches(x, perturbation, draws: int, batch: int, seed: int, device) -> 
 def bare_rate(model, batches, device) -> tuple[float, float]:
     """Draws per second of forward passes alone over pre-built batches: (per wall second, per process CPU second)."""
     draws = sum(len(b) for b in batches)
-    sync(device)
-    wall, cpu = time.perf_counter(), time.process_time()
-    with torch.inference_mode():
-        for b in batches:
-            model(b)
-    sync(device)
-    return draws / (time.perf_counter() - wall), draws / (time.process_time() - cpu)
+    _, wall, cpu = timed_cpu(lambda: forward_loop(model, batches), device)
+    return draws / wall, draws / cpu
 
 
 def engine_rate(model, data, perturbation, draws: int, batch: int, seed: int, device) -> tuple[float, float]:
@@ -119,11 +79,10 @@ def engine_rate(model, data, perturbation, draws: int, batch: int, seed: int, de
 
     Returns (per wall second, per process CPU second).
     """
-    sync(device)
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = tsrm(model, data, perturbation, threshold=None, budget=draws, batch_size=batch, seed=seed, device=device)
-    sync(device)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    call = lambda: tsrm(  # noqa: E731
+        model, data, perturbation, threshold=None, budget=draws, batch_size=batch, seed=seed, device=device
+    )
+    result, wall, cpu = timed_cpu(call, device)
     assert result.draws == draws and result.verdict == "estimate", result
     return draws / wall, draws / cpu
 
@@ -135,40 +94,31 @@ def throughput_table(model, data, device, cfg) -> str:
     other processes on the machine disturb less than wall time.
     """
     perturbation = UniformLinf(eps=THROUGHPUT_EPS)
-    out = [
-        header(
-            "(a) Throughput: TSRM engine vs bare forward loop (draws per second)",
-            device,
-            str(THROUGHPUT_SEED),
-            perturbation,
-            " and ".join(map(str, THROUGHPUT_BATCHES)),
-        ),
-        "| batch | draws/run | runs | engine draws/s | bare draws/s | engine/bare | per-run-pair engine/bare (min-max) "
-        "| engine/bare by CPU time |",
-        "|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]
+    line = header(
+        device,
+        *facts(str(THROUGHPUT_SEED), perturbation, " and ".join(map(str, THROUGHPUT_BATCHES))),
+        title="(a) Throughput: TSRM engine vs bare forward loop (draws per second)",
+    )
+    rows = []
     x = data[0]
     for batch in THROUGHPUT_BATCHES:
         batches = bare_batches(x, perturbation, cfg["draws"], batch, THROUGHPUT_SEED, device)
         # warm-up: first calls allocate memory and pick kernels
         engine_rate(model, data, perturbation, 4 * batch, batch, THROUGHPUT_SEED, device)
         bare_rate(model, batches[:4], device)
-        engine, bare = [], []
-        for run in range(cfg["runs"]):
-            order = ("engine", "bare") if run % 2 == 0 else ("bare", "engine")
-            for which in order:
-                if which == "engine":
-                    engine.append(engine_rate(model, data, perturbation, cfg["draws"], batch, THROUGHPUT_SEED, device))
-                else:
-                    bare.append(bare_rate(model, batches, device))
+        engine, bare = interleaved(
+            cfg["runs"],
+            lambda: engine_rate(model, data, perturbation, cfg["draws"], batch, THROUGHPUT_SEED, device),
+            lambda: bare_rate(model, batches, device),
+        )
         pairs = [e[0] / b[0] for e, b in zip(engine, bare)]
         e_med, b_med = (statistics.median(r[0] for r in rates) for rates in (engine, bare))
         e_cpu, b_cpu = (statistics.median(r[1] for r in rates) for rates in (engine, bare))
-        out.append(
-            f"| {batch} | {cfg['draws']} | {cfg['runs']} | {e_med:,.0f} | {b_med:,.0f} | {e_med / b_med:.3f} "
-            f"| {min(pairs):.3f}-{max(pairs):.3f} | {e_cpu / b_cpu:.3f} |"
-        )
-    return "\n".join(out)
+        rows.append([batch, cfg["draws"], cfg["runs"], f"{e_med:,.0f}", f"{b_med:,.0f}", f"{e_med / b_med:.3f}",
+                     f"{min(pairs):.3f}-{max(pairs):.3f}", f"{e_cpu / b_cpu:.3f}"])
+    columns = ["batch", "draws/run", "runs", "engine draws/s", "bare draws/s", "engine/bare",
+               "per-run-pair engine/bare (min-max)", "engine/bare by CPU time"]
+    return line + "\n" + markdown_table(columns, rows, "rrrrrrlr")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,19 +178,17 @@ def sequential_table(model, data, device, cfg) -> str:
     lo, hi = beta.ppf(ALPHA / 2, k, n - k + 1), beta.ppf(1 - ALPHA / 2, k + 1, n - k)
     out = [
         header(
-            "(b) Sequential gate vs fixed-size Clopper-Pearson design (draws to a decision)",
             device,
-            f"p-estimate {P_SEED} (batch {P_BATCH}); gate runs {seeds[0]}..{seeds[-1]}",
-            perturbation,
-            str(GATE_BATCH),
+            *facts(f"p-estimate {P_SEED} (batch {P_BATCH}); gate runs {seeds[0]}..{seeds[-1]}", perturbation,
+                   str(GATE_BATCH)),
+            title="(b) Sequential gate vs fixed-size Clopper-Pearson design (draws to a decision)",
         ),
         f"True TSRM estimate p = {p:.5f} ({k}/{n} correct draws, seed {P_SEED}); "
         f"two-sided 95% Clopper-Pearson interval [{lo:.5f}, {hi:.5f}]. "
         f"Gate: alpha = {ALPHA:.2f} per side, budget {GATE_BUDGET:,} draws, {len(seeds)} seeds per row. "
         f"Fixed design: one-sided CP at alpha = {ALPHA:.2f}, power {POWER:.2f} at the true p (= the estimate above).\n",
-        "| d | tau | truth | fixed n | seq median draws | seq mean draws | seq mean forward passes | correct decisions | seq mean / fixed n |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for d in MARGINS:
         for side, tau in (("pass", p - d), ("fail", p + d)):
             draws, passes, correct = [], [], 0
@@ -254,31 +202,24 @@ def sequential_table(model, data, device, cfg) -> str:
                 correct += r.verdict == side
             n_fixed = fixed_design_n(p, tau, side=side)
             mean = statistics.fmean(draws)
-            out.append(
-                f"| {d:.2f} | {tau:.4f} | {side} | {n_fixed:,} | {statistics.median(draws):,.0f} | {mean:,.0f} "
-                f"| {statistics.fmean(passes):,.0f} | {correct}/{len(seeds)} | {mean / n_fixed:.2f} |"
-            )
-    return "\n".join(out)
+            rows.append([f"{d:.2f}", f"{tau:.4f}", side, f"{n_fixed:,}", f"{statistics.median(draws):,.0f}",
+                         f"{mean:,.0f}", f"{statistics.fmean(passes):,.0f}", f"{correct}/{len(seeds)}",
+                         f"{mean / n_fixed:.2f}"])
+    columns = ["d", "tau", "truth", "fixed n", "seq median draws", "seq mean draws", "seq mean forward passes",
+               "correct decisions", "seq mean / fixed n"]
+    return "\n".join([*out, markdown_table(columns, rows, "rrlrrrrrr")])
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer runs, draws and seeds (about a minute on 2 CPU cores)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    args = parse_args(__doc__, quick="fewer runs, draws and seeds (about a minute on 2 CPU cores)", argv=argv)
     cfg = QUICK if args.quick else FULL
-    device = torch.device(args.device)
-    model = load_model("standard").to(device)
-    data = digits_split()[1]  # the 359 held-out test digits
-    started = time.perf_counter()
-    print(f"# TSRM benchmarks ({'quick' if args.quick else 'full'} run), digits example, standard model\n")
-    print(throughput_table(model, data, device, cfg))
-    print()
-    print(sequential_table(model, data, device, cfg))
-    print(f"\nTotal time: {time.perf_counter() - started:.0f} s")
+    model = load("standard", args.device)
+    data = digits()[1]  # the 359 held-out test digits
+    report(
+        f"TSRM benchmarks ({args.mode} run), digits example, standard model",
+        lambda: throughput_table(model, data, args.device, cfg),
+        lambda: sequential_table(model, data, args.device, cfg),
+    )
 
 
 if __name__ == "__main__":

@@ -16,24 +16,17 @@ adds about a microsecond per traced line, which inflates Python-heavy lines a li
 
 from __future__ import annotations
 
-import argparse
 import linecache
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
+from bench_tsrm import bare_batches, bare_rate, engine_rate
+# importing common first puts the repository root and examples/digits on sys.path
+from common import ROOT, digits, header, load, load_average, markdown_table, parse_args, sync
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples" / "digits"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_tsrm import bare_batches, bare_rate, engine_rate, sync  # noqa: E402
-from digits_model import digits_split, load_model  # noqa: E402
-
-from pytest_robust import UniformLinf, tsrm  # noqa: E402
+from pytest_robust import UniformLinf, tsrm
 
 PACKAGE = str(ROOT / "pytest_robust")
 OPAQUE = {"_betacf", "betainc", "betaincinv"}
@@ -90,18 +83,15 @@ class LineTimer:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--draws", type=int, default=65_536)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--top", type=int, default=15)
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    model = load_model("standard").to(device)
-    data = digits_split()[1]
+    args = parse_args(__doc__, argv=argv, extra={
+        "--batch": dict(type=int, default=1024),
+        "--draws": dict(type=int, default=65_536),
+        "--top": dict(type=int, default=15),
+    })
+    device = args.device
+    started_load = load_average()
+    model = load("standard", device)
+    data = digits()[1]
     noise = UniformLinf(eps=0.3)
     batches = bare_batches(data[0], noise, args.draws, args.batch, 0, device)
     engine_rate(model, data, noise, 4 * args.batch, args.batch, 0, device)  # warm-up
@@ -112,24 +102,28 @@ def main(argv=None) -> None:
     _, wall = timer.run(lambda: (run(), sync(device)))
     bare = args.draws / bare_rate(model, batches, device)[0]
 
-    print(
-        f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
-        f"batch={args.batch} draws={args.draws} perturbation={noise!r}"
-    )
+    facts = f"batch={args.batch}", f"draws={args.draws}", f"perturbation={noise!r}"
+    print(header(device, *facts, load_avg=started_load), end="")
     print(f"traced engine call: {wall * 1e3:.1f} ms; bare forward loop (untraced): {bare * 1e3:.1f} ms\n")
     traced = sum(timer.seconds.values())
     by_function = defaultdict(float)
     for (path, _, func), sec in timer.seconds.items():
         by_function[(path, func)] += sec
-    print("By function (self time of its lines):\n\n| ms | % of call | function |\n|---:|---:|---|")
-    for (path, func), sec in sorted(by_function.items(), key=lambda kv: -kv[1])[: args.top]:
-        print(f"| {sec * 1e3:.1f} | {100 * sec / wall:.1f} | `{Path(path).relative_to(ROOT)}:{func}` |")
-    print("\nBy line:\n\n| ms | % of call | hits | line |\n|---:|---:|---:|---|")
-    for (path, line, _), sec in sorted(timer.seconds.items(), key=lambda kv: -kv[1])[: args.top]:
-        code = linecache.getline(path, line).strip()
-        hits = timer.hits[(path, line, _)]
-        print(f"| {sec * 1e3:.1f} | {100 * sec / wall:.1f} | {hits} | `{Path(path).relative_to(ROOT)}:{line}` `{code}` |")
-    print(f"| {(wall - traced) * 1e3:.1f} | {100 * (wall - traced) / wall:.1f} | | (time outside traced lines) |")
+    top_functions = sorted(by_function.items(), key=lambda kv: -kv[1])[: args.top]
+    print("By function (self time of its lines):\n")
+    print(markdown_table(["ms", "% of call", "function"], [
+        [f"{sec * 1e3:.1f}", f"{100 * sec / wall:.1f}", f"`{Path(path).relative_to(ROOT)}:{func}`"]
+        for (path, func), sec in top_functions
+    ], "rrl"))
+    top_lines = sorted(timer.seconds.items(), key=lambda kv: -kv[1])[: args.top]
+    print("\nBy line:\n")
+    print(markdown_table(["ms", "% of call", "hits", "line"], [
+        *([f"{sec * 1e3:.1f}", f"{100 * sec / wall:.1f}", timer.hits[key],
+           f"`{Path(key[0]).relative_to(ROOT)}:{key[1]}` `{linecache.getline(key[0], key[1]).strip()}`"]
+          for key, sec in top_lines),
+        [f"{(wall - traced) * 1e3:.1f}", f"{100 * (wall - traced) / wall:.1f}", "", "(time outside traced lines)"],
+    ], "rrrl"))
+
 
 if __name__ == "__main__":
     main()
