@@ -4,7 +4,9 @@ Run from the repository root:
 
     python benchmarks/bench_tsrm.py [--quick] [--device cpu|cuda] [--threads N]
 
-(a) Throughput. Draws per second (one draw = one perturbed input through the model) of
+(a) Throughput, for the digits CNN and for an untrained wide CNN about 50x costlier per input (to
+    show how the engine's fixed per-draw cost shrinks relative to the model). Draws per second
+    (one draw = one perturbed input through the model) of
     ``tsrm(model, data, UniformLinf(eps=0.3), threshold=None, budget=N)`` -- estimate-only mode, so
     exactly N draws, timed by wall clock around the whole call (noise generation, forward passes,
     scoring and the final confidence bounds included) -- against a bare loop
@@ -35,8 +37,8 @@ ALPHA = 1.0 - CONFIDENCE
 POWER = 0.95
 
 #: Settings of a full run and of a --quick run.
-FULL = dict(runs=5, draws=65_536, p_draws=400_000, gate_seeds=20)
-QUICK = dict(runs=3, draws=16_384, p_draws=100_000, gate_seeds=5)
+FULL = dict(runs=5, draws=65_536, wide_draws=4_096, p_draws=400_000, gate_seeds=20)
+QUICK = dict(runs=3, draws=16_384, wide_draws=1_024, p_draws=100_000, gate_seeds=5)
 
 THROUGHPUT_EPS = 0.3
 THROUGHPUT_BATCHES = (256, 1024)
@@ -87,7 +89,19 @@ def engine_rate(model, data, perturbation, draws: int, batch: int, seed: int, de
     return draws / wall, draws / cpu
 
 
-def throughput_table(model, data, device, cfg) -> str:
+def wide_cnn(device) -> torch.nn.Module:
+    """An untrained (seeded) CNN for 8x8 inputs, ~19M multiply-adds per input against ~0.33M for the
+    digits CNN: throughput only, its accuracy is irrelevant."""
+    torch.manual_seed(0)
+    layers = [
+        torch.nn.Conv2d(1, 128, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(128, 256, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(256 * 4 * 4, 10),
+    ]
+    return torch.nn.Sequential(*layers).to(device).eval()
+
+
+def throughput_table(models, data, device, cfg) -> str:
     """Table (a): median engine and bare rates (draws per wall second) over interleaved runs, per batch size.
 
     Also the ratio of median rates per process CPU second (all threads of this process), which
@@ -101,24 +115,25 @@ def throughput_table(model, data, device, cfg) -> str:
     )
     rows = []
     x = data[0]
-    for batch in THROUGHPUT_BATCHES:
-        batches = bare_batches(x, perturbation, cfg["draws"], batch, THROUGHPUT_SEED, device)
-        # warm-up: first calls allocate memory and pick kernels
-        engine_rate(model, data, perturbation, 4 * batch, batch, THROUGHPUT_SEED, device)
-        bare_rate(model, batches[:4], device)
-        engine, bare = interleaved(
-            cfg["runs"],
-            lambda: engine_rate(model, data, perturbation, cfg["draws"], batch, THROUGHPUT_SEED, device),
-            lambda: bare_rate(model, batches, device),
-        )
-        pairs = [e[0] / b[0] for e, b in zip(engine, bare)]
-        e_med, b_med = (statistics.median(r[0] for r in rates) for rates in (engine, bare))
-        e_cpu, b_cpu = (statistics.median(r[1] for r in rates) for rates in (engine, bare))
-        rows.append([batch, cfg["draws"], cfg["runs"], f"{e_med:,.0f}", f"{b_med:,.0f}", f"{e_med / b_med:.3f}",
-                     f"{min(pairs):.3f}-{max(pairs):.3f}", f"{e_cpu / b_cpu:.3f}"])
-    columns = ["batch", "draws/run", "runs", "engine draws/s", "bare draws/s", "engine/bare",
+    for name, model, draws in models:
+        for batch in THROUGHPUT_BATCHES:
+            batches = bare_batches(x, perturbation, draws, batch, THROUGHPUT_SEED, device)
+            # warm-up: first calls allocate memory and pick kernels
+            engine_rate(model, data, perturbation, min(4 * batch, draws), batch, THROUGHPUT_SEED, device)
+            bare_rate(model, batches[:4], device)
+            engine, bare = interleaved(
+                cfg["runs"],
+                lambda: engine_rate(model, data, perturbation, draws, batch, THROUGHPUT_SEED, device),
+                lambda: bare_rate(model, batches, device),
+            )
+            pairs = [e[0] / b[0] for e, b in zip(engine, bare)]
+            e_med, b_med = (statistics.median(r[0] for r in rates) for rates in (engine, bare))
+            e_cpu, b_cpu = (statistics.median(r[1] for r in rates) for rates in (engine, bare))
+            rows.append([name, batch, draws, cfg["runs"], f"{e_med:,.0f}", f"{b_med:,.0f}", f"{e_med / b_med:.3f}",
+                         f"{min(pairs):.3f}-{max(pairs):.3f}", f"{e_cpu / b_cpu:.3f}"])
+    columns = ["model", "batch", "draws/run", "runs", "engine draws/s", "bare draws/s", "engine/bare",
                "per-run-pair engine/bare (min-max)", "engine/bare by CPU time"]
-    return line + "\n" + markdown_table(columns, rows, "rrrrrrlr")
+    return line + "\n" + markdown_table(columns, rows, "lrrrrrrlr")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,7 +232,10 @@ def main(argv=None) -> None:
     data = digits()[1]  # the 359 held-out test digits
     report(
         f"TSRM benchmarks ({args.mode} run), digits example, standard model",
-        lambda: throughput_table(model, data, args.device, cfg),
+        lambda: throughput_table(
+            [("digits CNN", model, cfg["draws"]), ("wide CNN (untrained)", wide_cnn(args.device), cfg["wide_draws"])],
+            data, args.device, cfg,
+        ),
         lambda: sequential_table(model, data, args.device, cfg),
     )
 
