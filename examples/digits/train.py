@@ -22,7 +22,9 @@ BATCH = 64
 NOISE_EPS = 0.3
 
 
-def train(corrupt=None, seed: int = 0) -> DigitsCNN:
+def train(corrupt=None, seed: int = 0, attack=None) -> DigitsCNN:
+    """Adam on cross-entropy; each batch is replaced by ``corrupt(x, generator)`` (random corruption)
+    or by ``attack(model, x, y, generator)`` (adversarial examples against the model being trained)."""
     torch.manual_seed(seed)
     (x, y), _ = digits_split()
     model = DigitsCNN()
@@ -32,7 +34,11 @@ def train(corrupt=None, seed: int = 0) -> DigitsCNN:
         order = torch.randperm(len(y), generator=gen)
         for start in range(0, len(y), BATCH):
             idx = order[start : start + BATCH]
-            xb = x[idx] if corrupt is None else corrupt(x[idx], gen)
+            xb = x[idx]
+            if corrupt is not None:
+                xb = corrupt(xb, gen)
+            if attack is not None:
+                xb = attack(model, xb, y[idx], gen)
             loss = nn.functional.cross_entropy(model(xb), y[idx])
             opt.zero_grad()
             loss.backward()
