@@ -32,9 +32,10 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_q.py --threads 1
 	$(BIN)/python benchmarks/bench_nppr.py --threads 1
 
-## train: retrain the digits checkpoints shipped in examples/digits/checkpoints
+## train: retrain the digits checkpoints shipped in examples/digits/checkpoints (seeded)
 train: $(BIN)/.installed
-	cd examples/digits && ../../$(BIN)/python train.py
+	cd examples/digits && ../../$(BIN)/python train.py && ../../$(BIN)/python train_smoothing.py \
+		&& ../../$(BIN)/python train_pgd.py
 
 clean:
 	rm -rf $(VENV) $(REPORTS) *.egg-info
