@@ -53,7 +53,8 @@ def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, lim
     rank, size = world()
     per_rank = -(-forward.batch_size // BLOCK)
     mine = range(first + rank, first + per_rank * size, size)
-    idx = [_indices(len(ds), seed, b) for b in mine]
+    drawn = {b: _indices(len(ds), seed, b) for b in mine}
+    idx = list(drawn.values())
     x = torch.cat([
         perturbation(ds.x[i.to(ds.x.device)].to(device), stream_generator(seed, "tsrm-noise", b, device=device))
         for b, i in zip(mine, idx)
@@ -63,7 +64,8 @@ def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, lim
         hits = correct_predictions(forward.logits(x[:limit]), y[:limit])
     else:
         hits = gather_blocks(correct_predictions(forward.logits(x), y).reshape(per_rank, BLOCK)).reshape(-1)
-    indices = torch.cat([_indices(len(ds), seed, b) for b in range(first, first + per_rank * size)])
+    blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
+    indices = torch.cat([drawn[b] if b in drawn else _indices(len(ds), seed, b) for b in blocks])
     return hits[:limit].cpu().numpy(), indices[:limit].numpy(), per_rank * size
 
 
