@@ -4,16 +4,20 @@ PGD maximises a per-example loss over the L-inf ball of radius eps around x inte
 input box [lo, hi]: from a uniform random start, ``steps`` signed-gradient ascent steps of size
 ``step_size`` (default 2.5 * eps / steps), each followed by projection onto the feasible box
 [max(x - eps, lo), min(x + eps, hi)]. With ``restarts`` > 1 the highest final loss per example is
-kept. Randomness (the starts) comes from the given generator only. The model is used as given: call
-inside ``engine.guarded`` so that its mode and flags are restored.
+kept. Randomness (the starts) comes from the given generator only. The model is called only through
+the forward wrapper ``engine.Forward`` of a guarded run (counted, capped, OOM-safe).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from .engine import Forward, correct_predictions
+from .errors import ArgumentError
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -32,8 +36,19 @@ def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, tor
     return lo, hi
 
 
+@dataclass
+class Attack:
+    """PGD's outcome per input: the adversarial point (x's shape) with the highest final loss, that
+    loss (n,), and ``fooled`` (n,): whether any iterate of any restart was misclassified (a tie
+    counts as misclassified, as everywhere in pytest-robust)."""
+
+    x: torch.Tensor
+    loss: torch.Tensor
+    fooled: torch.Tensor
+
+
 def pgd(
-    model: torch.nn.Module,
+    forward: Forward,
     x: torch.Tensor,
     y: torch.Tensor,
     eps: float,
@@ -44,29 +59,37 @@ def pgd(
     loss: Loss = cross_entropy,
     bounds=(0.0, 1.0),
     generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Adversarial inputs and their losses: (x_adv of x's shape, per-example loss of shape (n,)).
+    stop_when_fooled: bool = False,
+) -> Attack:
+    """PGD on every row of x through the forward wrapper (counted, capped, OOM-safe).
 
-    Every returned x_adv lies in the feasible box; the returned loss is the loss at x_adv.
+    Costs restarts x (steps + 1) model evaluations per input (steps of them with a backward pass);
+    with ``stop_when_fooled`` a restart runs only on the inputs no earlier restart fooled. Every
+    returned point lies in the feasible box; the returned loss is the loss there.
     """
     if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
+        raise ArgumentError(f"eps must be > 0, got {eps!r}")
     if steps < 1 or restarts < 1:
-        raise ValueError(f"steps and restarts must be >= 1, got steps={steps}, restarts={restarts}")
+        raise ArgumentError(f"steps and restarts must be >= 1, got steps={steps}, restarts={restarts}")
     step_size = 2.5 * eps / steps if step_size is None else step_size
     lo, hi = feasible_box(x, eps, bounds)
-    best_x, best_loss = x.clone(), torch.full((len(x),), -float("inf"), device=x.device)
+    best_x, best_loss = x.clone(), None
+    fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
     for _ in range(restarts):
-        u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-        x_adv = lo + u * (hi - lo)
+        rows = (~fooled).nonzero().squeeze(1) if stop_when_fooled else torch.arange(len(x), device=x.device)
+        u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)[rows]
+        x_adv, y_r, lo_r, hi_r = lo[rows] + u * (hi[rows] - lo[rows]), y[rows], lo[rows], hi[rows]
+        hit = torch.zeros(len(rows), dtype=torch.bool, device=x.device)
         for _ in range(steps):
-            x_adv.requires_grad_(True)
-            with torch.enable_grad():
-                value = loss(model(x_adv), y)
-                (grad,) = torch.autograd.grad(value.sum(), x_adv)
-            x_adv = torch.minimum(torch.maximum(x_adv.detach() + step_size * grad.sign(), lo), hi)
-        with torch.no_grad():
-            final = loss(model(x_adv), y)
-        better = final > best_loss
-        best_x[better], best_loss[better] = x_adv[better], final[better]
-    return best_x, best_loss
+            _, grad, logits = forward.grad(x_adv, y_r, loss, with_logits=True)
+            hit |= ~correct_predictions(logits, y_r)
+            x_adv = torch.minimum(torch.maximum(x_adv + step_size * grad.sign(), lo_r), hi_r)
+        logits = forward.logits(x_adv)
+        hit |= ~correct_predictions(logits, y_r)
+        final = loss(logits, y_r).detach()
+        if best_loss is None:
+            best_loss = torch.full((len(x),), -float("inf"), device=x.device, dtype=final.dtype)
+        better = final > best_loss[rows]
+        best_x[rows[better]], best_loss[rows[better]] = x_adv[better], final[better]
+        fooled[rows] |= hit
+    return Attack(best_x, best_loss, fooled)

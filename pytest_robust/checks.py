@@ -1,4 +1,10 @@
-"""Robustness requirements as data: parse a ``robust(...)`` marker into a ``CheckSpec`` and run it.
+"""Robustness requirements as data: metric declarations, the registry, and ``CheckSpec``.
+
+A metric is declared once, as a ``Metric``: its runner (the library function), its threshold
+keyword, its required and optional parameters, the settings it reads and its default budget. From
+that one declaration follow the marker keywords (``parse_marker``), the ``robust`` fixture's
+methods, the YAML suite schema and the help texts. Built-in metrics and third-party metrics
+register the same way, through the ``pytest_robust_metrics`` hook (``hookspec.py``).
 
 A marker names exactly one metric with its threshold (``tsrm=0.9``; for the q-loss metric the
 metric keyword carries q and the threshold has its own keyword: ``q=100, max_loss=0.5``), the
@@ -11,77 +17,74 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 from . import validation
+from .errors import MarkerError, SettingError
 from .settings import KEY_NAMES, Settings, parse_layer
-from .validation import SettingError
 
 
 @dataclass(frozen=True)
 class Metric:
-    """A marker metric: where its threshold is, its parameters, the function that evaluates it.
+    """A metric's declaration.
 
-    The runner is called as ``runner(model, data, threshold=..., confidence=..., budget=...,
-    seed=..., batch_size=..., device=..., **params)`` and returns a ``Result``. When
-    ``threshold_key`` differs from the metric keyword, the metric keyword's value is passed as a
-    parameter of the same name (``q=100``). ``threshold_kind`` is "probability" (strictly between
-    0 and 1) or "loss" (>= 0). ``settings`` names extra settings keys the runner takes as keyword
-    arguments (``cache_dir``, ``refit``). A metric listing ``perturbation`` as optional gets
-    ``UniformLinf(eps=<settings.eps>)`` when the marker gives none.
+    ``runner`` is the library function, or its import path "module:function" (imported when the
+    check runs, which keeps torch out of collection). It is called as ``runner(model, data,
+    threshold=..., confidence=..., budget=..., seed=..., batch_size=..., device=..., **params)``
+    and returns a ``Result``. ``direction`` is ">=" for requirements "at least" (accuracies: the
+    threshold is a probability) and "<=" for "at most" (losses: a number >= 0). When
+    ``threshold_key`` is set, the threshold has that keyword and the metric keyword's own value is
+    passed as a parameter of the metric's name (``q=100, max_loss=0.5``). ``settings`` names
+    settings keys the runner takes as keyword arguments (``cache_dir``, ``refit``). A metric that
+    lists ``perturbation`` as optional gets ``UniformLinf(eps=<settings.eps>)`` when none is given.
+    ``budget`` is the default cap on model evaluations (``--robust-budget`` overrides it).
     """
 
-    runner: str  # "module:function", imported when the check runs (keeps torch out of collection)
+    runner: str | Callable
     required: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
     threshold_key: str | None = None
-    threshold_kind: str = "probability"
-    settings: tuple[str, ...] = ()  # settings keys passed to the runner as keyword arguments
+    direction: str = ">="
+    settings: tuple[str, ...] = ()
+    budget: int = 100_000
+    doc: str = ""
 
     def keywords(self, name: str) -> tuple[str, tuple[str, ...]]:
         """(the threshold's keyword, the parameters passed to the runner) for metric ``name``."""
         return self.threshold_key or name, self.required + self.optional + ((name,) if self.threshold_key else ())
 
-    def load(self):
+    def load(self) -> Callable:
+        if callable(self.runner):
+            return self.runner
         module, name = self.runner.split(":")
         return getattr(importlib.import_module(module), name)
 
-
-METRICS = {
-    "tsrm": Metric("pytest_robust.metrics.tsrm:tsrm", required=("perturbation",)),
-    "q": Metric(
-        "pytest_robust.metrics.intermediate_q:intermediate_q",
-        optional=("perturbation", "estimator", "chains", "steps", "leapfrog", "mh_steps", "path_len",
-                  "target_accept", "warmup", "loss", "pgd_steps", "pgd_restarts", "inputs"),
-        threshold_key="max_loss",
-        threshold_kind="loss",
-    ),
-    "certified_accuracy": Metric(
-        "pytest_robust.metrics.smoothing:certified_accuracy",
-        required=("radius", "sigma"),
-        optional=("alpha", "max_draws"),
-    ),
-    "nppr": Metric(
-        "pytest_robust.metrics.nppr:nppr",
-        required=("eps",),
-        optional=("components", "latent_dim", "covariance", "dependency", "feature_layer", "norm",
-                  "grid_size", "fit_steps", "fit_fraction", "fit_data", "fit_batch_size", "fit_draws",
-                  "fit_lr", "fit_temperature", "fit_clip_norm", "kappa", "draws_per_input", "pgd", "pgd_steps",
-                  "bounds"),
-        settings=("eps", "cache_dir", "refit"),  # eps: the marker's, also when given to robust.nppr()
-    ),
-}
+    def threshold(self, key: str, value) -> float:
+        if self.direction == "<=":
+            return validation.non_negative_float(key, value)
+        return validation.open_unit(key, value)
 
 
-class MarkerError(ValueError):
-    """A ``robust`` marker that cannot be run as written."""
+def register(metrics: dict, found: dict, source: str) -> None:
+    """Add the metrics ``found`` by one hook implementation to ``metrics``; names must be new."""
+    if not isinstance(found, dict):
+        raise SettingError(f"pytest_robust_metrics ({source})", found, "a dict {name: Metric(...)}")
+    for name, metric in found.items():
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise SettingError(f"pytest_robust_metrics ({source})", name, "metric names that are identifiers")
+        if not isinstance(metric, Metric):
+            raise SettingError(f"metric {name} ({source})", metric, "a pytest_robust.checks.Metric")
+        if name in metrics or name in KEY_NAMES:
+            raise SettingError(f"metric {name} ({source})", name, "a name not already taken by a metric or setting")
+        metrics[name] = metric
 
 
-def valid_keywords() -> str:
+def valid_keywords(metrics: dict) -> str:
     params = sorted(
-        {p for k, m in METRICS.items() for p in m.required + m.optional + ((m.threshold_key,) if m.threshold_key else ())}
+        {p for m in metrics.values() for p in m.required + m.optional + ((m.threshold_key,) if m.threshold_key else ())}
     )
     return (
-        f"metrics: {', '.join(METRICS)}; metric parameters: {', '.join(params)}; "
+        f"metrics: {', '.join(metrics)}; metric parameters: {', '.join(params)}; "
         f"settings: {', '.join(KEY_NAMES)}"
     )
 
@@ -96,44 +99,38 @@ class CheckSpec:
     overrides: dict = field(default_factory=dict)
 
 
-def _threshold(metric: Metric, key: str, value) -> float:
-    if metric.threshold_kind == "loss":
-        return validation.non_negative_float(key, value)
-    return validation.open_unit(key, value)
-
-
-def parse_marker(args: tuple, kwargs: dict) -> CheckSpec:
-    """Validate a marker's arguments; errors list the valid keywords."""
+def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
+    """Validate a marker's arguments against the registered ``metrics``; errors list the valid keywords."""
     if args:
         raise MarkerError(
             f"robust markers take keywords only, got positional {args!r}; valid keywords: "
-            + valid_keywords()
+            + valid_keywords(metrics)
         )
-    names = [k for k in kwargs if k in METRICS]
+    names = [k for k in kwargs if k in metrics]
     if len(names) != 1:
         found = f"several ({', '.join(names)})" if names else "none"
         raise MarkerError(
             f"a robust marker names exactly one metric with its threshold, e.g. "
             f"robust(tsrm=0.9, perturbation=UniformLinf(eps=0.1)); found {found}. Use one marker per "
-            f"metric. Valid keywords: " + valid_keywords()
+            f"metric. Valid keywords: " + valid_keywords(metrics)
         )
     name = names[0]
-    metric = METRICS[name]
+    metric = metrics[name]
     threshold_key, params_allowed = metric.keywords(name)
     unknown = [k for k in kwargs if k not in (threshold_key,) + params_allowed + KEY_NAMES]
     if unknown:
         raise MarkerError(
             f"unknown keyword(s) {', '.join(unknown)} on robust({name}=...). Valid keywords: "
-            + valid_keywords()
+            + valid_keywords(metrics)
         )
     missing = [k for k in (threshold_key,) + metric.required if k not in kwargs]
     if missing:
         raise MarkerError(
             f"robust({name}=...) needs {', '.join(k + '=' for k in missing)}; valid keywords: "
-            + valid_keywords()
+            + valid_keywords(metrics)
         )
     try:
-        threshold = _threshold(metric, threshold_key, kwargs[threshold_key])
+        threshold = metric.threshold(threshold_key, kwargs[threshold_key])
         overrides = {k: v for k, v in kwargs.items() if k in KEY_NAMES}
         parse_layer(overrides, "on the robust marker")
     except SettingError as err:
@@ -147,9 +144,14 @@ def parse_marker(args: tuple, kwargs: dict) -> CheckSpec:
     return CheckSpec(name, threshold, params, overrides)
 
 
-def run(spec: CheckSpec, model, data, settings: Settings, device):
+def budget_of(settings: Settings, metric: Metric) -> int:
+    """The check's budget: the configured one, else the metric's default."""
+    return metric.budget if settings.budget is None else settings.budget
+
+
+def run(spec: CheckSpec, metrics: dict, model, data, settings: Settings, device):
     """Evaluate one spec with resolved settings on a resolved device; returns a ``Result``."""
-    metric = METRICS[spec.metric]
+    metric = metrics[spec.metric]
     params = dict(spec.params)
     if "perturbation" in metric.optional and "perturbation" not in params:
         from .perturbations import UniformLinf
@@ -161,7 +163,7 @@ def run(spec: CheckSpec, model, data, settings: Settings, device):
         data,
         threshold=spec.threshold,
         confidence=settings.confidence,
-        budget=settings.budget,
+        budget=budget_of(settings, metric),
         seed=settings.seed,
         batch_size=settings.batch_size,
         device=device,

@@ -22,18 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import validation
-
-class RobustDataError(ValueError):
-    """The data cannot be evaluated as given (empty, wrong shape or type, labels out of range)."""
-
-
-class RobustModelError(RuntimeError):
-    """The model cannot be evaluated as given (wrong device, bad logits, modifies itself)."""
-
-
-class RobustWarning(UserWarning):
-    """Something the user should know about how a check was evaluated."""
-
+from .errors import ArgumentError, RobustDataError, RobustError, RobustModelError, RobustWarning
 
 def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.device:
     """``auto`` -> CUDA when available else CPU; ``None`` -> the model's device; else as given.
@@ -53,13 +42,13 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
     device = torch.device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {spec!r} requested but torch sees no CUDA device on this machine")
+            raise ArgumentError(f"device {spec!r} requested but torch sees no CUDA device on this machine")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
+            raise ArgumentError(
                 f"device {spec!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
             )
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device 'mps' requested but MPS is not available on this machine")
+        raise ArgumentError("device 'mps' requested but MPS is not available on this machine")
     return device
 
 
@@ -257,28 +246,75 @@ MODE_DEPENDENT = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnor
 
 
 def is_oom(err: BaseException) -> bool:
-    """Whether ``err`` is an out-of-memory error of the device."""
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+    """Whether ``err`` is an out-of-memory error of the device (or a failed host allocation)."""
+    text = str(err).lower()
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+class BudgetError(RobustError):
+    """A check needed more model evaluations than its budget allows."""
+
+
+class NotDifferentiable(RobustModelError):
+    """A gradient was asked of an objective (a loss) that does not carry one."""
 
 
 @dataclass
 class Forward:
-    """Batched, validated forward passes with OOM back-off. Counts every input it evaluates."""
+    """The one way a check calls its model: batched, validated, counted, capped, OOM-safe.
+
+    Units: one *model evaluation* is one input row through the model, with or without a backward
+    pass (``backward_passes`` counts those with one). Every evaluation is counted in ``passes``
+    and attributed to the current ``phase`` (``by_phase``: e.g. gate / context / fit), and a call
+    that would take ``passes`` past ``budget`` raises ``BudgetError`` before the model runs. A CUDA
+    (or host) out-of-memory error halves the batch and retries the same rows: none lost, none
+    repeated, and the counts include only the rows that completed.
+    """
 
     model: torch.nn.Module
     batch_size: int
     max_label: int | None = None  # largest label of the data: checked against the class count
     n_classes: int | None = None
+    budget: int | None = None
     passes: int = 0
-    halvings: int = field(default=0)
+    backward_passes: int = 0
+    halvings: int = 0
+    by_phase: dict = field(default_factory=dict)
+    current: str = "gate"
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Attribute the evaluations made inside the block to phase ``name``."""
+        outer, self.current = self.current, name
+        try:
+            yield self
+        finally:
+            self.current = outer
+
+    @property
+    def remaining(self) -> int | None:
+        """Evaluations left under the budget (None: no cap)."""
+        return None if self.budget is None else self.budget - self.passes
+
+    def charge(self, n: int) -> None:
+        """Count ``n`` evaluations in the current phase; BudgetError if they exceed the budget."""
+        if self.budget is not None and self.passes + n > self.budget:
+            raise BudgetError(
+                f"the budget of {self.budget} model evaluations ran out in the {self.current} phase "
+                f"({self.passes} spent, {n} more needed): raise budget= (or --robust-budget)"
+            )
+        self.passes += n
+        self.by_phase[self.current] = self.by_phase.get(self.current, 0) + n
 
     def chunked(self, n: int, run):
         """``run(start, stop)`` over consecutive row ranges of [0, n), each at most ``batch_size``
-        rows; a CUDA out-of-memory error halves the batch and retries the same rows (none lost,
-        none repeated). Counts every row in ``passes``; returns the list of ``run``'s outputs."""
+        rows; an out-of-memory error halves the batch and retries the same rows (none lost,
+        none repeated). Charges every row; returns the list of ``run``'s outputs."""
         out, start = [], 0
         while start < n:
             stop = min(n, start + self.batch_size)
+            if self.budget is not None and self.passes + (stop - start) > self.budget:
+                self.charge(stop - start)  # raises BudgetError naming the phase
             try:
                 out.append(run(start, stop))
             except (torch.OutOfMemoryError, RuntimeError) as err:
@@ -293,7 +329,7 @@ class Forward:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
                 continue
-            self.passes += stop - start
+            self.charge(stop - start)
             start = stop
         return out
 
@@ -305,6 +341,32 @@ class Forward:
                 return self.validated(self.model(x[start:stop]), stop - start)
 
         return torch.cat(self.chunked(len(x), run))
+
+    def grad(self, x: torch.Tensor, y: torch.Tensor, objective, with_logits: bool = False):
+        """(objective(logits, y) per row, its gradient with respect to x[, the logits]), chunked
+        like ``logits``.
+
+        The model's parameters stay frozen (``guarded`` turned their requires_grad off); only the
+        input carries a gradient. Each row counts as one evaluation and one backward pass.
+        """
+
+        def run(start: int, stop: int):
+            chunk = x[start:stop].detach().requires_grad_(True)
+            with torch.enable_grad():
+                z = self.validated(self.model(chunk), stop - start)
+                value = objective(z, y[start:stop])
+                if not value.requires_grad:
+                    raise NotDifferentiable(
+                        "the objective is not differentiable in the input (it returned values without a "
+                        "gradient); use a differentiable loss, or an estimator that needs no gradients"
+                    )
+                (g,) = torch.autograd.grad(value.sum(), chunk)
+            return value.detach(), g, z.detach()
+
+        values, grads, logits = zip(*self.chunked(len(x), run))
+        self.backward_passes += len(x)
+        out = torch.cat(values), torch.cat(grads)
+        return out + (torch.cat(logits),) if with_logits else out
 
     def validated(self, z, n: int) -> torch.Tensor:
         """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches."""

@@ -1,84 +1,20 @@
-"""Running checks inside pytest: the ``robust`` fixture, result recording and verdict enforcement.
+"""The ``robust`` fixture: programmatic checks of any registered metric and explicit marker checks.
 
-Shared by marker checks, programmatic checks and YAML-suite items: every result is recorded on
-its test item (JUnit properties plus a JSON-able list that rides on the test report to the
-controller), and a check that does not pass fails its test (or skips it, for an inconclusive
-check with ``inconclusive = skip``).
+Results are recorded by ``recording`` exactly like marker checks, so they reach every report.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 
 import pytest
 
-from . import checks
 from .checks import CheckSpec
-from .report.progress import Progress
+from .recording import enforce, evaluate, metrics, run_spec, settings_for
 from .results import Result
 from .settings import KEY_NAMES, Settings
-from .validation import SettingError
-
-#: Result dicts recorded on a test item; the report hook copies them onto the test report.
-ITEM_RESULTS = pytest.StashKey[list]()
-
-
-def record(item: pytest.Item, result: Result) -> Result:
-    """Attach ``result`` to ``item``: JUnit properties now, the report at the end of the call."""
-    result.test_id = item.nodeid
-    item.stash.setdefault(ITEM_RESULTS, []).append(result.to_dict())
-    item.user_properties.extend(result.properties())
-    return result
-
-
-def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
-    try:
-        return base.replace(overrides, source)
-    except SettingError as err:
-        raise pytest.UsageError(f"pytest-robust: {err}") from None
-
-
-def evaluate(item: pytest.Item, call, model_name: str) -> Result:
-    """Run ``call()`` (returning a Result) with progress reporting and record the result under
-    ``model_name``; a model, data or argument problem fails the test with its message (not a
-    traceback from inside the engine)."""
-    from .engine import RobustDataError, RobustModelError, progress_sink
-
-    try:
-        with progress_sink(_progress(item)):
-            result = call()
-    except (RobustDataError, RobustModelError, SettingError, TypeError, ValueError) as err:
-        pytest.fail(f"robust check could not run: {err}", pytrace=False)
-    result.model = model_name
-    return record(item, result)
-
-
-def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str) -> Result:
-    """Evaluate one spec with resolved settings and record its result."""
-    from .engine import resolve_device
-
-    return evaluate(item, lambda: checks.run(spec, model, data, settings, resolve_device(settings.device)), model_name)
-
-
-def _progress(item: pytest.Item):
-    """A throttled progress printer when pytest shows output (-s), else None."""
-    terminal = item.config.pluginmanager.get_plugin("terminalreporter")
-    if terminal is None or item.config.getoption("capture") != "no":
-        return None
-    return Progress(terminal, item.nodeid.rsplit("/", 1)[-1])
-
-
-def enforce(runs: list[tuple[Settings, Result]]) -> None:
-    """Fail the test if any check failed or was inconclusive with ``inconclusive = fail``; skip it
-    if the only problems are inconclusive checks with ``inconclusive = skip``."""
-    undecided = [(s.inconclusive, r.message()) for s, r in runs if r.verdict == "inconclusive"]
-    fatal = [r.message() for _, r in runs if r.verdict == "fail"] + [m for how, m in undecided if how == "fail"]
-    skipped = [m for how, m in undecided if how == "skip"]
-    if fatal:
-        pytest.fail("\n".join(fatal + skipped), pytrace=False)
-    if skipped:
-        pytest.skip("\n".join(skipped))
 
 
 class RobustFixture:
@@ -102,11 +38,21 @@ class RobustFixture:
         overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in KEY_NAMES}
         return settings_for(self.settings, overrides, f"argument of robust.{source}"), kwargs
 
-    def _measure(self, metric: str, model, data, threshold, params: dict) -> Result:
-        """A registered metric through the same path as a marker (defaults, settings, errors)."""
+    def measure(self, metric: str, model, data, threshold: float | None = None, **params) -> Result:
+        """Any registered metric (built-in or from a ``pytest_robust_metrics`` hook) through the same
+        path as a marker: its parameters and defaults, settings given as keywords, clear errors.
+        ``robust.<metric>(model, data, threshold, **params)`` is the same call."""
+        registered = metrics(self._request.config)
+        if metric not in registered:
+            pytest.fail(f"robust.measure: no metric {metric!r}; registered: {', '.join(registered)}", pytrace=False)
         settings, params = self._split(params, metric)
         spec = CheckSpec(metric, threshold, params, {})
         return run_spec(self._request.node, spec, model, data, settings, type(model).__name__)
+
+    def __getattr__(self, name: str):
+        if not name.startswith("_") and name in metrics(self._request.config):
+            return functools.partial(self.measure, name)
+        raise AttributeError(f"the robust fixture has no attribute {name!r}")
 
     def _library(self, fn, name: str, model, *args, **kwargs) -> Result:
         """A library function that is not a marker metric (certify, pa_report, q_curve)."""
@@ -114,7 +60,8 @@ class RobustFixture:
 
         settings, params = self._split(kwargs, name)
         accepted = inspect.signature(fn).parameters
-        common = {k: getattr(settings, k) for k in ("confidence", "budget", "seed", "batch_size") if k in accepted}
+        common = {k: getattr(settings, k) for k in ("confidence", "budget", "seed", "batch_size")
+                  if k in accepted and getattr(settings, k) is not None}
 
         def call():
             return fn(model, *args, device=resolve_device(settings.device), **common, **params)
@@ -126,14 +73,14 @@ class RobustFixture:
         is given. Keyword arguments that are settings (confidence, budget, seed, batch_size,
         device) override this test's settings. Returns the Result (recorded in the reports);
         assert on ``result.passed`` or ``result.verdict`` yourself."""
-        return self._measure("tsrm", model, data, threshold, {"perturbation": perturbation, **kwargs})
+        return self.measure("tsrm", model, data, threshold, perturbation=perturbation, **kwargs)
 
     def q(self, model, data, q: float, max_loss: float | None = None, perturbation=None, **kwargs) -> Result:
         """Mean intermediate-q loss Z_q (see ``metrics.intermediate_q``), gated <= ``max_loss`` when
         given; ``perturbation`` defaults to UniformLinf(eps=<robust_eps>); other keywords are the
         marker's parameters or settings."""
         params = {"q": q, **({"perturbation": perturbation} if perturbation is not None else {}), **kwargs}
-        return self._measure("q", model, data, max_loss, params)
+        return self.measure("q", model, data, max_loss, **params)
 
     def q_curve(self, model, data, perturbation, qs=(1, 10, 100, 1000), **kwargs) -> Result:
         """The q-curve (path sampling, Monte Carlo, q = infinity); a PNG in the report directory."""
@@ -146,7 +93,7 @@ class RobustFixture:
         """Certified accuracy of the Gaussian-smoothed ``model`` within L2 ``radius`` (sigma and
         radius in the units of the model's inputs), gated when ``threshold`` is given; other
         keywords: alpha, max_draws, or settings."""
-        return self._measure("certified_accuracy", model, data, threshold, {"radius": radius, "sigma": sigma, **kwargs})
+        return self.measure("certified_accuracy", model, data, threshold, radius=radius, sigma=sigma, **kwargs)
 
     def certify(self, model, data, sigma: float, n0: int = 100, n: int = 100_000, alpha: float = 0.001, **kwargs):
         """Cohen's CERTIFY per input (returns the per-input ``Certification``); a summary with the
@@ -176,7 +123,7 @@ class RobustFixture:
         params = {"eps": eps, **kwargs}
         if isinstance(params.get("fit_data"), str):
             params["fit_data"] = self._fixture(params["fit_data"], "fit_data")
-        return self._measure("nppr", model, data, threshold, params)
+        return self.measure("nppr", model, data, threshold, **params)
 
     def _fixture(self, name: str, role: str):
         try:

@@ -18,3 +18,12 @@ def pytest_robust_perturbations() -> dict:
 @hookspec
 def pytest_robust_environment(env: dict) -> None:
     """Amend, in place, the environment facts recorded with results (versions, device names...)."""
+
+
+@hookspec
+def pytest_robust_metrics() -> dict:
+    """Return ``{name: pytest_robust.checks.Metric(...)}``: metrics usable as marker keywords
+    (``@pytest.mark.robust(name=threshold, ...)``), fixture methods (``robust.name(model, data,
+    threshold, ...)``) and YAML-suite checks. The built-in metrics register through this hook
+    too; a name may be registered only once. See README, "How checks are built".
+    """

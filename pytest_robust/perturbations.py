@@ -21,14 +21,16 @@ from typing import Callable
 
 import torch
 
+from .errors import ArgumentError
+
 
 def _check_size(name: str, value: float, *, allow_zero: bool) -> float:
     if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise ArgumentError(f"{name} must be a number, got {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         need = "a finite number >= 0" if allow_zero else "a finite number > 0"
-        raise ValueError(f"{name} must be {need}, got {value!r}")
+        raise ArgumentError(f"{name} must be {need}, got {value!r}")
     return value
 
 
@@ -38,13 +40,13 @@ def _check_bounds(bounds):
     try:
         lo, hi = bounds
     except (TypeError, ValueError):
-        raise ValueError(f"bounds must be a pair (lo, hi) or None, got {bounds!r}") from None
+        raise ArgumentError(f"bounds must be a pair (lo, hi) or None, got {bounds!r}") from None
     try:
         ordered = not torch.any(torch.as_tensor(lo) >= torch.as_tensor(hi))
     except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"bounds must be numbers or tensors (lo, hi), got {bounds!r}") from None
+        raise ArgumentError(f"bounds must be numbers or tensors (lo, hi), got {bounds!r}") from None
     if not ordered:
-        raise ValueError(f"bounds must satisfy lo < hi everywhere, got {bounds!r}")
+        raise ArgumentError(f"bounds must satisfy lo < hi everywhere, got {bounds!r}")
     return lo, hi
 
 
@@ -68,6 +70,10 @@ class Perturbation(ABC):
 
     #: True when x' is differentiable in the perturbation's parameters (HMC applies).
     differentiable = False
+    #: True when the distribution also depends on which data rows it perturbs (e.g. a learned
+    #: label- or input-conditional distribution): ``draw`` then passes their positions in the data
+    #: and their labels to ``__call__`` as the keywords ``index`` and ``y``.
+    conditional = False
 
     def __init__(self, bounds=(0.0, 1.0)):
         self.bounds = _check_bounds(bounds)
@@ -93,6 +99,12 @@ class Perturbation(ABC):
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         return self.clip(self.sample(x, generator))
+
+    def draw(self, x: torch.Tensor, generator: torch.Generator, index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One perturbed copy of the rows x, which are rows ``index`` of the data with labels ``y``."""
+        if self.conditional:
+            return self(x, generator, index=index, y=y)
+        return self(x, generator)
 
 
 class UniformLinf(Perturbation):
@@ -163,6 +175,25 @@ class CauchyNoise(Perturbation):
         return f"CauchyNoise(scale={self.scale:g}{_bounds_repr(self.bounds)})"
 
 
+class UniformL2(Perturbation):
+    """Uniform noise in the L2 ball of radius eps: delta = eps U^(1/D) g / ||g||, g ~ N(0, I),
+    U ~ U(0, 1), D the number of coordinates of an input; clipped to the box."""
+
+    def __init__(self, eps: float, bounds=(0.0, 1.0)):
+        super().__init__(bounds)
+        self.eps = _check_size("eps", eps, allow_zero=False)
+
+    def sample(self, x, generator):
+        g = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        u = torch.rand((len(x),), generator=generator, device=x.device, dtype=x.dtype)
+        width = math.prod(x.shape[1:])
+        radius = self.eps * u ** (1.0 / width) / g.flatten(start_dim=1).norm(dim=1).clamp(min=1e-12)
+        return x + g * radius.reshape(-1, *([1] * (x.ndim - 1)))
+
+    def __repr__(self):
+        return f"UniformL2(eps={self.eps:g}{_bounds_repr(self.bounds)})"
+
+
 class CallablePerturbation(Perturbation):
     """A user's function ``fn(x, generator) -> x'``; no clipping (the function owns its box)."""
 
@@ -174,7 +205,7 @@ class CallablePerturbation(Perturbation):
         out = self.fn(x, generator)
         if not isinstance(out, torch.Tensor) or out.shape != x.shape:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(
+            raise ArgumentError(
                 f"perturbation {self!r} must return a tensor of the input's shape {tuple(x.shape)}, "
                 f"got {got}"
             )
@@ -190,7 +221,7 @@ def as_perturbation(p) -> Perturbation:
         return p
     if callable(p):
         return CallablePerturbation(p)
-    raise TypeError(
+    raise ArgumentError(
         f"perturbation must be a pytest_robust Perturbation (UniformLinf, GaussianNoise, CauchyNoise) "
         f"or a callable (x, generator) -> x', got {p!r}"
     )
@@ -264,7 +295,7 @@ class BoxSpace(ParameterSpace):
 
         self.lo, self.hi = feasible_box(x, eps, bounds)
         if torch.any(self.lo > self.hi):
-            raise ValueError(
+            raise ArgumentError(
                 f"inputs lie outside the perturbation's box {bounds!r}: fix the data or the bounds"
             )
         self.scale = float(eps)
@@ -330,29 +361,29 @@ class Spatial(Perturbation):
                  padding_mode: str = "reflection", bounds=(0.0, 1.0)):
         super().__init__(bounds)
         if not isinstance(flip, bool):
-            raise ValueError(f"flip must be True or False, got {flip!r}")
+            raise ArgumentError(f"flip must be True or False, got {flip!r}")
         self.flip = flip
         self.rotation = _check_size("rotation", rotation, allow_zero=True)
         if self.rotation >= 180:
-            raise ValueError(f"rotation must be below 180 degrees, got {rotation!r}")
+            raise ArgumentError(f"rotation must be below 180 degrees, got {rotation!r}")
         try:
             lo, hi = (float(s) for s in scale)
         except (TypeError, ValueError):
-            raise ValueError(f"scale must be a pair (lo, hi) of zoom factors, got {scale!r}") from None
+            raise ArgumentError(f"scale must be a pair (lo, hi) of zoom factors, got {scale!r}") from None
         if not (0 < lo <= hi and math.isfinite(hi)):
-            raise ValueError(f"scale must satisfy 0 < lo <= hi, got {scale!r}")
+            raise ArgumentError(f"scale must satisfy 0 < lo <= hi, got {scale!r}")
         self.scale = (lo, hi)
         if isinstance(translate, bool) or not isinstance(translate, int) or translate < 0:
-            raise ValueError(f"translate must be an integer number of pixels >= 0, got {translate!r}")
+            raise ArgumentError(f"translate must be an integer number of pixels >= 0, got {translate!r}")
         self.translate = translate
         if padding_mode not in ("reflection", "zeros", "border"):
-            raise ValueError(f"padding_mode must be 'reflection', 'zeros' or 'border', got {padding_mode!r}")
+            raise ArgumentError(f"padding_mode must be 'reflection', 'zeros' or 'border', got {padding_mode!r}")
         self.padding_mode = padding_mode
 
     @staticmethod
     def _check_images(x: torch.Tensor) -> None:
         if x.ndim != 4:
-            raise ValueError(
+            raise ArgumentError(
                 f"Spatial transforms images of shape (n, channels, height, width), got shape {tuple(x.shape)}"
             )
 
@@ -378,7 +409,7 @@ class Spatial(Perturbation):
         """
         self._check_images(x)
         if params.shape != (len(x), 5):
-            raise ValueError(f"params must have shape ({len(x)}, 5), got {tuple(params.shape)}")
+            raise ArgumentError(f"params must have shape ({len(x)}, 5), got {tuple(params.shape)}")
         n, _, h, w = x.shape
         params = params.to(device=x.device, dtype=x.dtype)
         a = torch.deg2rad(params[:, ANGLE])

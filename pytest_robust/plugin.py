@@ -15,18 +15,16 @@ from pathlib import Path
 import pytest
 
 from . import checks
-from .fixture import ITEM_RESULTS, RobustFixture
+from .errors import MarkerError, RobustError, SettingError
+from .fixture import RobustFixture
+from .recording import ITEM_RESULTS, SETTINGS, SPECS, metrics
 from .report import store
 from .report.environment import environment
 from .report.junit import metric_junit
 from .report.markdown import summary_markdown
 from .report.plots import write_plots
 from .report.terminal import summary_lines
-from .settings import KEYS, Settings, read_yaml, resolve
-from .validation import SettingError
-
-SETTINGS = pytest.StashKey[Settings]()
-SPECS = pytest.StashKey[list]()
+from .settings import KEYS, read_yaml, resolve
 
 MARKER_DOC = (
     "robust(<metric>=<threshold>, **params): a robustness requirement checked after the test body, "
@@ -34,7 +32,8 @@ MARKER_DOC = (
     "under random corruption >= 0.9); q=100, max_loss=0.5 (mean intermediate-q loss <= 0.5 under "
     "UniformLinf(eps=robust_eps) or perturbation=); certified_accuracy=0.6, radius=0.5, sigma=0.25 "
     "(randomized-smoothing certified accuracy); nppr=0.8, eps=8/255 (accuracy under a learned "
-    "worst-case noise distribution). Per-check settings: "
+    "worst-case noise distribution); adversarial_accuracy=0.4, eps=8/255 (accuracy under a PGD attack; "
+    "an upper estimate). Per-check settings: "
     + ", ".join(f"{k.name}=" for k in KEYS)
     + " (model=/data= name the fixtures to use). See the README for every metric parameter."
 )
@@ -107,7 +106,7 @@ def _check_device_exists(device: str) -> None:
 
     try:
         resolve_device(device)
-    except ValueError as err:
+    except RobustError as err:
         raise pytest.UsageError(
             f"--robust-device / robust_device: {err}; use --robust-device cpu, or auto to use CUDA "
             "only when present"
@@ -168,14 +167,24 @@ def pytest_configure(config: pytest.Config) -> None:
     _join_torchrun(config, settings.device)
     _check_device_exists(settings.device)
     config.stash[SETTINGS] = settings
+    metrics(config)  # registration errors are usage errors, now
     config.pluginmanager.register(ResultCollector(config), "robust-results")
+
+
+def pytest_robust_metrics() -> dict:
+    """The built-in metrics, registered like any plugin's (see hookspec.pytest_robust_metrics)."""
+    from .metrics import BUILTIN
+
+    return BUILTIN
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     s = config.stash[SETTINGS]
     return (
         f"robust: device={s.device}, seed={s.seed}, confidence={s.confidence:g}, "
-        f"batch_size={s.batch_size}, budget={s.budget} draws, inconclusive={s.inconclusive}"
+        f"batch_size={s.batch_size}, budget="
+        + ("each metric's default" if s.budget is None else f"{s.budget} model evaluations")
+        + f", inconclusive={s.inconclusive}"
         + (f", profile={s.profile}" if s.profile else "")
     )
 
@@ -186,8 +195,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not markers:
             continue
         try:
-            specs = [checks.parse_marker(m.args, m.kwargs) for m in reversed(markers)]
-        except checks.MarkerError as err:
+            specs = [checks.parse_marker(m.args, m.kwargs, metrics(config)) for m in reversed(markers)]
+        except MarkerError as err:
             raise pytest.UsageError(f"{item.nodeid}: {err}") from None
         item.stash[SPECS] = specs
         if "robust" not in getattr(item, "fixturenames", ["robust"]):

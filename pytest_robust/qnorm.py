@@ -104,51 +104,17 @@ class Loss:
         return torch.log(torch.clamp(self.values(logits, y), min=LOSS_FLOOR))
 
 
-@dataclass
-class GradForward(Forward):
-    """``engine.Forward`` plus log losses with gradients with respect to the inputs.
-
-    Every input evaluated counts once in ``passes`` (with or without a gradient);
-    ``backward_passes`` counts those that also had a backward pass.
-    """
-
-    backward_passes: int = 0
-
-    def log_loss(self, x: torch.Tensor, y: torch.Tensor, loss: Loss) -> torch.Tensor:
-        """log l per row (no gradients)."""
-        return loss.log_values(self.logits(x), y)
-
-    def log_loss_and_grad(self, x: torch.Tensor, y: torch.Tensor, loss: Loss) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log l per row, its gradient with respect to x), in chunks of ``batch_size`` rows.
-
-        The model's parameters stay frozen (``engine.guarded`` turned their requires_grad off);
-        only the input carries a gradient. CUDA out-of-memory halves the batch and retries.
-        """
-        def run(start: int, stop: int):
-            chunk = x[start:stop].detach().requires_grad_(True)
-            with torch.enable_grad():
-                z = self.validated(self.model(chunk), stop - start)
-                value = loss.log_values(z, y[start:stop])
-                (grad,) = torch.autograd.grad(value.sum(), chunk)
-            return value.detach(), grad
-
-        parts = self.chunked(len(x), run)
-        self.backward_passes += len(x)
-        values, grads = zip(*parts)
-        return torch.cat(values), torch.cat(grads)
-
-
-def evaluator(space, y: torch.Tensor, forward: GradForward, loss: Loss):
+def evaluator(space, y: torch.Tensor, forward: Forward, loss: Loss):
     """``evaluate(theta, with_grad)`` for ``mcmc``: log loss at x' = space.apply(theta) and, when
     asked, its gradient with respect to theta (through the model, then through ``space.apply``)."""
 
     def evaluate(theta: torch.Tensor, with_grad: bool):
         if not with_grad:
-            return forward.log_loss(space.apply(theta), y, loss), None
+            return loss.log_values(forward.logits(space.apply(theta)), y), None
         leaf = theta.detach().requires_grad_(True)
         with torch.enable_grad():
             x = space.apply(leaf)
-        value, grad_x = forward.log_loss_and_grad(x.detach(), y, loss)
+        value, grad_x = forward.grad(x.detach(), y, loss.log_values)
         if x is leaf:
             return value, grad_x
         (grad,) = torch.autograd.grad(x, leaf, grad_x)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-VERDICTS = ("pass", "fail", "inconclusive", "estimate")
-
-#: JUnit property names, in order (DESIGN.md section 6); other tools read these.
+#: JUnit property names, in order (stable names); other tools read these.
 PROPERTY_FIELDS = (
     "metric",
     "estimate",
@@ -38,6 +36,30 @@ METRIC_NAMES = {
     "certified_accuracy": "certified accuracy",
     "nppr": "NPPR",
 }
+
+
+def decide(threshold: float | None, lower: float, upper: float, direction: str = ">=", healthy: bool = True) -> str:
+    """The one verdict rule of every check.
+
+    ``lower``/``upper`` are the check's one-sided bounds at its confidence. A requirement
+    "estimate >= threshold" (direction ">=", accuracies) passes when lower >= threshold and fails
+    when upper <= threshold; "estimate <= threshold" (direction "<=", losses) passes when
+    upper <= threshold and fails when lower >= threshold. It is inconclusive when the threshold
+    lies strictly between the bounds, or when ``healthy`` is False (the estimator's diagnostics
+    say its bounds cannot be trusted). Without a threshold the verdict is "estimate".
+    """
+    if threshold is None:
+        return "estimate"
+    if direction not in (">=", "<="):
+        raise ValueError(f"direction must be '>=' or '<=', got {direction!r}")
+    good, bad = (lower >= threshold, upper <= threshold)
+    if direction == "<=":
+        good, bad = bad, good
+    if healthy and good:
+        return "pass"
+    if healthy and bad:
+        return "fail"
+    return "inconclusive"
 
 
 @dataclass
@@ -99,7 +121,7 @@ class Result:
             return f"{head} {broken} {word} {self.threshold:g} {cond}{note}"
         if self.verdict == "inconclusive":
             reason = self.details.get("inconclusive_reason") or (
-                f"the budget of {self.budget} draws ran out before the {pct} bounds left the threshold; "
+                f"the budget of {self.budget} model evaluations ran out before the {pct} bounds left the threshold; "
                 "raise it (--robust-budget, robust_budget in ini, budget= on the marker or budget: in "
                 "a YAML suite) or move the threshold away from the estimate"
             )

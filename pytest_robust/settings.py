@@ -24,7 +24,7 @@ class Settings:
     seed: int = 0
     confidence: float = 0.95
     batch_size: int = 1024
-    budget: int = 100_000
+    budget: int | None = None  # None: each metric's own default (checks.Metric.budget)
     inconclusive: str = "fail"
     model: str = "robust_model"
     data: str = "robust_data"
@@ -65,7 +65,9 @@ KEYS = (
     Key("batch_size", validation.positive_int,
         "inputs per forward pass (halved automatically on CUDA out-of-memory)"),
     Key("budget", validation.positive_int,
-        "cap on random draws per check; a check undecided at the cap is inconclusive"),
+        "cap on model evaluations per check (one input through the model, with or without a "
+        "backward pass); a check undecided at the cap is inconclusive; default: each metric's own "
+        "(README, 'Budgets')"),
     Key("inconclusive", validation.choice("fail", "skip"),
         "what an inconclusive check does to its test: fail or skip"),
     Key("model", validation.identifier, "name of the fixture that returns the model"),

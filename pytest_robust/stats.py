@@ -80,6 +80,15 @@ def betaincinv(a: float, b: float, y: float) -> float:
     return 0.5 * (lo + hi)
 
 
+def t_quantile(p: float, dof: int) -> float:
+    """The p-quantile (p > 1/2) of Student's t with ``dof`` degrees of freedom.
+
+    P(T > t) = I_x(dof/2, 1/2) / 2 with x = dof / (dof + t^2), solved with ``betaincinv``.
+    """
+    x = betaincinv(dof / 2.0, 0.5, 2.0 * (1.0 - p))
+    return math.sqrt(dof * (1.0 - x) / x)
+
+
 def binom_sf(k: int, n: int, p: float) -> float:
     """P(Bin(n, p) >= k), exactly, via I_p(k, n - k + 1)."""
     if k <= 0:

@@ -58,13 +58,14 @@ from typing import Callable
 import pytest
 import yaml
 
-from .checks import METRICS, CheckSpec, MarkerError, parse_marker
-from .fixture import enforce, run_spec
+from .checks import CheckSpec, budget_of, parse_marker
+from .errors import ArgumentError, MarkerError, RobustError, SettingError
+from .recording import SETTINGS, enforce, metrics, run_spec
 from .settings import KEY_NAMES, Settings, parse_layer
-from .validation import SettingError, positive_float
+from .validation import positive_float
 
 #: Perturbation classes of ``pytest_robust.perturbations`` that a suite may name.
-BUILTIN_PERTURBATIONS = ("UniformLinf", "GaussianNoise", "CauchyNoise", "Spatial")
+BUILTIN_PERTURBATIONS = ("UniformLinf", "UniformL2", "GaussianNoise", "CauchyNoise", "Spatial")
 
 #: Top-level keys of a suite file and what each holds (the text is used in error messages).
 SUITE_KEYS = {
@@ -287,11 +288,12 @@ class Check:
         return f"runs only under --robust-profile {' or '.join(self.profiles)} ({now})"
 
 
-def load_suite(path: Path, where: str, session: Settings, perturbations: dict[str, Callable]) -> list[Check]:
+def load_suite(path: Path, where: str, session: Settings, perturbations: dict[str, Callable],
+               registered: dict) -> list[Check]:
     """Parse and validate the suite at ``path``; ``where`` names it in messages (its node id).
 
     ``session`` holds the session settings (including the chosen profile) and ``perturbations``
-    the perturbation factories a check may name. Imports the factories' modules (from the
+    the perturbation factories a check may name, ``registered`` the metrics. Imports the factories' modules (from the
     suite's folder or sys.path) but calls no factory. Raises ``SuiteError``.
     """
     try:
@@ -319,7 +321,7 @@ def load_suite(path: Path, where: str, session: Settings, perturbations: dict[st
     entries = doc.expect(("checks",), top["checks"], list, "a list of checks")
     if not entries:
         raise doc.error(("checks",), "the list of checks is empty")
-    context = _Context(doc, folder, model, data, base, profile, profiles, perturbations, names={})
+    context = _Context(doc, folder, model, data, base, profile, profiles, perturbations, registered, names={})
     return [_check(context, index, entry) for index, entry in enumerate(entries)]
 
 
@@ -449,6 +451,7 @@ class _Context:
     profile: Profile
     profiles: dict
     perturbations: dict
+    metrics: dict  # the registered metrics
     names: dict  # check name -> index, filled while the checks are parsed
 
 
@@ -465,16 +468,17 @@ def _check(ctx: _Context, index: int, raw) -> Check:
     if name in ctx.names:
         raise doc.error(path + ("name",), f"duplicate check name {name!r} (also checks[{ctx.names[name]}])")
     ctx.names[name] = index
-    metrics = [k for k in raw if k in METRICS]
+    metrics = [k for k in raw if k in ctx.metrics]
     for key in raw if not metrics else ():
-        if difflib.get_close_matches(key, list(METRICS), n=1):  # a misspelt metric, e.g. "tsr"
-            raise doc.error(path + (key,), f"unknown key{_suggest(key, METRICS)}; metrics: {_metric_examples()}")
+        if difflib.get_close_matches(key, list(ctx.metrics), n=1):  # a misspelt metric, e.g. "tsr"
+            raise doc.error(path + (key,), f"unknown key{_suggest(key, ctx.metrics)}; metrics: "
+                                           f"{_metric_examples(ctx.metrics)}")
     if len(metrics) != 1:
         found = f"several ({', '.join(metrics)})" if metrics else "none"
-        raise doc.error(path, f"a check names exactly one metric with its threshold ({_metric_examples()}); "
+        raise doc.error(path, f"a check names exactly one metric with its threshold ({_metric_examples(ctx.metrics)}); "
                               f"found {found}: write one check per metric")
     metric_name = metrics[0]
-    metric = METRICS[metric_name]
+    metric = ctx.metrics[metric_name]
     threshold_key, params = metric.keywords(metric_name)
     allowed = tuple(dict.fromkeys((metric_name, threshold_key) + params + CHECK_KEYS + SUITE_SETTINGS))
     for key in raw:
@@ -489,11 +493,12 @@ def _check(ctx: _Context, index: int, raw) -> Check:
     if "perturbation" in kwargs:
         kwargs["perturbation"] = _perturbation(doc, path + ("perturbation",), raw["perturbation"], ctx.perturbations)
     try:
-        spec = parse_marker((), {**kwargs, **overrides})
+        spec = parse_marker((), {**kwargs, **overrides}, ctx.metrics)
     except MarkerError as err:
         raise doc.error(path + (threshold_key,), str(err)) from None
     settings = ctx.settings.replace(overrides, f"in {doc.where}")
-    settings = dataclasses.replace(settings, budget=max(1, round(settings.budget * ctx.profile.budget_scale)))
+    settings = dataclasses.replace(
+        settings, budget=max(1, round(budget_of(settings, metric) * ctx.profile.budget_scale)))
     return Check(
         name=name,
         line=doc.line(path),
@@ -506,9 +511,9 @@ def _check(ctx: _Context, index: int, raw) -> Check:
     )
 
 
-def _metric_examples() -> str:
+def _metric_examples(registered: dict) -> str:
     examples = []
-    for name, metric in METRICS.items():
+    for name, metric in registered.items():
         extra = f" with {metric.threshold_key}:" if metric.threshold_key else ""
         examples.append(f"{name}:{extra}")
     return ", ".join(examples)
@@ -545,6 +550,8 @@ def _perturbation(doc: SuiteDocument, path: KeyPath, raw, factories: dict[str, C
     factory = factories[name]
     try:
         return factory(**params)
+    except ArgumentError as err:
+        raise doc.error(at, f"{name}({_call_args(params)}): {err}") from None
     except TypeError as err:
         raise doc.error(at, f"{name}({_call_args(params)}): {err}{_takes(name, factory)}") from None
     except ValueError as err:
@@ -605,11 +612,9 @@ class SuiteFile(pytest.File):
     checks need once (per factory, arguments and device) and shares them between its items."""
 
     def collect(self):
-        from .plugin import SETTINGS  # here, not at the top: plugin.py imports this module
-
         try:
             checks = load_suite(self.path, self.nodeid, self.config.stash[SETTINGS],
-                                perturbation_factories(self.ihook))
+                                perturbation_factories(self.ihook), metrics(self.config))
         except SuiteError as err:
             raise self.CollectError(str(err)) from None
         except pytest.UsageError as err:
@@ -653,7 +658,7 @@ class SuiteItem(pytest.Item):
         settings = self.check.settings
         try:
             device = resolve_device(settings.device)
-        except ValueError as err:
+        except RobustError as err:
             pytest.fail(f"robust check could not run: {err}", pytrace=False)
         model = self.parent.built(self.check.model, device)
         data = self.parent.built(self.check.data)

@@ -1,6 +1,6 @@
 """Validators for settings and check arguments; each names the problem and what is accepted.
 
-Pure Python: the library raises ``SettingError`` (a ValueError), the pytest layer turns it into a
+Pure Python: the library raises ``errors.SettingError`` (a RobustError and a ValueError), the pytest layer turns it into a
 ``pytest.UsageError`` that also names where the value came from.
 """
 
@@ -10,15 +10,9 @@ import math
 import re
 from dataclasses import dataclass
 
+from .errors import SettingError
+
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-
-
-class SettingError(ValueError):
-    """An invalid value for a named setting or argument."""
-
-    def __init__(self, key: str, value, accepted: str):
-        self.key, self.value, self.accepted = key, value, accepted
-        super().__init__(f"{key}={value!r} is invalid: expected {accepted}")
 
 
 def _number(key, value, kind, accepted):
@@ -124,7 +118,7 @@ class RunArgs:
 
     threshold: float | None
     confidence: float
-    budget: int
+    budget: int | None  # None: no cap (fixed-size procedures, whose work is set by their arguments)
     seed: int
     batch_size: int
 
@@ -133,17 +127,18 @@ class RunArgs:
         return 1.0 - self.confidence
 
 
-def check_run_args(*, threshold, confidence, budget, seed, batch_size, threshold_kind: str = "probability") -> RunArgs:
+def check_run_args(*, threshold, confidence, budget, seed, batch_size, direction: str = ">=") -> RunArgs:
     """Validate and convert the common arguments of a metric function (raises SettingError).
 
-    ``threshold_kind`` is "probability" (strictly between 0 and 1) or "loss" (>= 0)."""
+    A threshold of an "at least" requirement (``direction`` ">=", an accuracy) is a probability
+    strictly between 0 and 1; one of an "at most" requirement ("<=", a loss) is a number >= 0."""
     if threshold is not None:
-        check = non_negative_float if threshold_kind == "loss" else open_unit
+        check = non_negative_float if direction == "<=" else open_unit
         threshold = check("threshold", threshold)
     return RunArgs(
         threshold=threshold,
         confidence=open_unit("confidence", confidence),
-        budget=positive_int("budget", budget),
+        budget=None if budget is None else positive_int("budget", budget),
         seed=non_negative_int("seed", seed),
         batch_size=positive_int("batch_size", batch_size),
     )

@@ -32,7 +32,8 @@ from pytest_robust.mcmc import (
     reflect,
     split_rhat,
 )
-from pytest_robust.metrics.intermediate_q import _t_quantile, intermediate_q, q_curve
+from pytest_robust.metrics.intermediate_q import intermediate_q, q_curve
+from pytest_robust.stats import t_quantile
 from pytest_robust.perturbations import (
     FLIP,
     SHIFT_X,
@@ -237,7 +238,7 @@ def test_unhealthy_diagnostics_make_the_gate_inconclusive_with_a_fix():
 
 def test_student_t_quantile_matches_scipy():
     for p, dof in [(0.95, 1), (0.95, 11), (0.99, 3), (0.9, 200)]:
-        assert _t_quantile(p, dof) == pytest.approx(scipy.stats.t.ppf(p, dof), rel=1e-6)
+        assert t_quantile(p, dof) == pytest.approx(scipy.stats.t.ppf(p, dof), rel=1e-6)
 
 
 def test_budget_caps_evaluations_and_subsets_inputs_when_needed():

@@ -21,12 +21,13 @@ from pytest_robust import cache
 from pytest_robust.engine import RobustDataError, RobustWarning, TensorData
 from pytest_robust.gmm import GMMConfig, GMMPerturbation
 from pytest_robust.metrics.nppr import FrozenGMM, _split, nppr
+from pytest_robust.run import Run
 from pytest_robust.validation import SettingError
 from toy_models import SmallNet, image_data
 
 D = 16  # input width of the weak linear model
 TINY = dict(latent_dim=4, components=2, fit_steps=40, fit_batch_size=16, fit_draws=4, fit_lr=0.05,
-            draws_per_input=8, budget=2000)
+            draws_per_input=8, budget=20_000)
 
 
 @pytest.fixture(autouse=True)
@@ -241,11 +242,15 @@ def test_result_reports_split_context_curve_and_per_input_fractions():
 def test_fit_split_and_evaluation_split_are_disjoint_and_seeded():
     x, y = weak_data(n=40)
     x[:, 0] = torch.arange(40) / 100 + 0.3  # make every row identifiable
-    fit, ev, _ = _split((x, y), None, 0.5, seed=3)
+
+    def split(seed):
+        return _split(Run("nppr", WeakLinear(), (x, y), seed=seed), None, 0.5, (0.0, 1.0))
+
+    fit, ev, _ = split(3)
     assert len(fit) == len(ev) == 20
     assert not set(fit.x[:, 0].tolist()) & set(ev.x[:, 0].tolist())
-    again, _, _ = _split((x, y), None, 0.5, seed=3)
-    other, _, _ = _split((x, y), None, 0.5, seed=4)
+    again, _, _ = split(3)
+    other, _, _ = split(4)
     assert torch.equal(fit.x, again.x) and not torch.equal(fit.x, other.x)
 
 
@@ -463,15 +468,16 @@ def test_inputs_outside_the_box_are_rejected():
         nppr(WeakLinear(), (x * 4, y), eps=0.1, **TINY)
 
 
-def test_frozen_mixture_keys_rows_beyond_one_key_digit():
-    """300 evaluation rows need two base-256 key columns; every row keeps its key and its label."""
+def test_frozen_mixture_is_a_conditional_perturbation_of_rows_and_labels():
+    """The engine hands the learned distribution each row's index and label (no keyed rows): draws
+    stay in the eps-ball, depend on the labels, and come from the generator alone."""
     x = torch.rand(300, D)
     y = torch.arange(300) % 2
     gmm = seeded_gmm(config(dependency="label"))
-    frozen = FrozenGMM(gmm, TensorData(x, y), None, (0.0, 1.0))
-    rows, labels = frozen.keyed_data
-    assert rows.shape == (300, D + 2) and torch.equal(labels, y)
-    assert torch.equal(frozen.row_index(rows), torch.arange(300))
-    out = frozen(rows, torch.Generator().manual_seed(0))
-    assert torch.equal(out[:, D:], rows[:, D:])
-    assert (out[:, :D] - x).abs().max() <= 0.1 + 1e-6
+    frozen = FrozenGMM(gmm, None, (0.0, 1.0))
+    assert frozen.conditional
+    index = torch.arange(300)
+    out = frozen.draw(x, torch.Generator().manual_seed(0), index, y)
+    assert out.shape == x.shape and (out - x).abs().max() <= 0.1 + 1e-6
+    assert torch.equal(out, frozen.draw(x, torch.Generator().manual_seed(0), index, y))
+    assert not torch.equal(out, frozen.draw(x, torch.Generator().manual_seed(0), index, 1 - y))

@@ -110,7 +110,7 @@ def test_terminal_summary_lists_every_check(suite):
     result = suite.runpytest()
     result.stdout.fnmatch_lines([
         "*robustness checks*",
-        "test*metric*perturbation*estimate*bounds*threshold*used/budget*forward passes*seconds*seed*verdict",
+        "test*metric*perturbation*estimate*bounds*threshold*evaluations/budget*seconds*seed*verdict",
         "*test_passes*TSRM*UniformLinf(eps=0.5)*>= 0.7*PASS",
         "*test_fails*TSRM*UniformLinf(eps=0.5)*>= 0.9*FAIL",
         "checks that did not pass:",
@@ -222,7 +222,7 @@ def test_ini_config_path_is_relative_to_the_ini_file(suite):
     suite.makeini("[pytest]\nrobust_config = robust.yaml\n")
     suite.makepyfile(PASSING)
     result = suite.runpytest("--junitxml=out.xml")
-    result.stdout.fnmatch_lines(["robust: device=auto, seed=0, confidence=0.9, batch_size=1024, budget=300 draws*"])
+    result.stdout.fnmatch_lines(["robust: device=auto, seed=0, confidence=0.9, batch_size=1024, budget=300 model evaluations*"])
 
 
 def test_yaml_errors_name_the_file_and_key(suite):
@@ -285,7 +285,7 @@ def test_inconclusive_fails_by_default_or_skips_when_configured(suite):
     suite.makepyfile(PASSING.replace("tsrm=0.7", "tsrm=0.8").replace("eps=0.5))", "eps=0.5), budget=50)"))
     result = suite.runpytest()
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*is inconclusive against >= 0.8*the budget of 50 draws ran out*raise it (--robust-budget*"])
+    result.stdout.fnmatch_lines(["*is inconclusive against >= 0.8*the budget of 50 model evaluations ran out*raise it (--robust-budget*"])
     result = suite.runpytest("--robust-inconclusive", "skip", "-rs")
     result.assert_outcomes(skipped=1)
 

@@ -54,7 +54,7 @@ def test_report_directory_has_results_summary_and_plots(suite):
     assert [r["verdict"] for r in payload["results"]] == ["pass", "pass", "fail"]
     assert all(r["model"] == "robust_model" for r in payload["results"])
     summary = (out / "summary.md").read_text()
-    assert "| check | metric | perturbation | estimate | bound | threshold | verdict | draws | time |" in summary
+    assert "| check | metric | perturbation | estimate | bound | threshold | verdict | evaluations/budget | time |" in summary
     assert "test_suite.py::test_too_strict" in summary and "❌ fail" in summary
     assert "< required 0.95 under UniformLinf(eps=0.5)" in summary
     plots = sorted(p.name for p in out.glob("*.png"))

@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy.stats import beta, binom, binomtest, norm
 
-from pytest_robust import smoothing
+from pytest_robust import certificates as smoothing
 from pytest_robust.engine import RobustDataError
 from pytest_robust.metrics.smoothing import (
     ABSTAIN,
@@ -315,7 +315,8 @@ def test_budget_is_shared_in_rounds_and_never_exceeded():
     assert r.details["decisions"][:20] == ["certified"] * 10 + ["not certifiable"] * 10
     assert r.details["undecided"] == 4 and r.details["undecided_at_max_draws"] == 0
     assert max(r.details["draws_per_input"][20:]) > 30_000 // 24  # more than an equal share
-    assert "stopped by the budget of 30000 draws" in r.note
+    assert "stopped by the budget of 30000 model evaluations" in r.note
+    assert r.forward_passes <= 30_000
 
 
 def test_per_input_decisions_do_not_depend_on_batch_size():

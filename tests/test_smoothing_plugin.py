@@ -70,7 +70,7 @@ def test_passing_marker_reports_its_numbers(suite):
     assert float(props["robust.estimate"]) == 0.8
     assert 0.6 <= float(props["robust.lower"]) < 0.8 < float(props["robust.upper"])
     assert props["robust.n_inputs"] == "50"
-    assert props["robust.budget"] == "100000"
+    assert props["robust.budget"] == "2000000"
     result.stdout.fnmatch_lines(["*robustness checks*", "*test_smoothed*certified accuracy*Gaussian smoothing*PASS"])
 
 

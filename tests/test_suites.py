@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from pytest_robust import perturbations
+from pytest_robust.metrics import BUILTIN
 from pytest_robust.settings import Settings
 from pytest_robust.suites import BUILTIN_PERTURBATIONS, SuiteError, key_name, load_suite, perturbation_factories
 
@@ -333,12 +334,12 @@ SCHEMA_ERRORS = [  # (suite text, "line: key: message" expected in the error)
      "7: checks[1].name: duplicate check name 'a' (also checks[0])"),
     (HEAD + "checks:\n  - name: a\n    perturbation: UniformLinf\n",
      "4: checks[0]: a check names exactly one metric with its threshold (tsrm:, q: with max_loss:, "
-     "certified_accuracy:, nppr:); found none"),
+     "certified_accuracy:, nppr:, adversarial_accuracy:); found none"),
     (HEAD + "checks:\n  - name: a\n    tsr: 0.9\n",
      "5: checks[0].tsr: unknown key (did you mean tsrm?); metrics: tsrm:, q: with max_loss:"),
     (HEAD + "checks:\n  - name: a\n    tsrm: 0.9\n    nppr: 0.8\n",
      "4: checks[0]: a check names exactly one metric with its threshold (tsrm:, q: with max_loss:, "
-     "certified_accuracy:, nppr:); found several (tsrm, nppr): write one check per metric"),
+     "certified_accuracy:, nppr:, adversarial_accuracy:); found several (tsrm, nppr): write one check per metric"),
     (HEAD + CHECK + "    epsilon: 0.1\n",
      "7: checks[0].epsilon: unknown key (did you mean eps?); a tsrm check takes: tsrm, perturbation, name,"),
     (HEAD + "checks:\n  - name: a\n    tsrm: 0.9\n",
@@ -428,7 +429,7 @@ def folder(tmp_path, monkeypatch):
 def _load(folder, text: str, profile: str | None = None):
     path = folder / "robust_bad.yaml"
     path.write_text(text)
-    return load_suite(path, "robust_bad.yaml", Settings(profile=profile), perturbation_factories(NO_HOOK))
+    return load_suite(path, "robust_bad.yaml", Settings(profile=profile), perturbation_factories(NO_HOOK), BUILTIN)
 
 
 @pytest.mark.parametrize("text, expected", SCHEMA_ERRORS, ids=[e.split(": ")[1][:30] for _, e in SCHEMA_ERRORS])

@@ -146,7 +146,7 @@ def test_inconclusive_with_tiny_budget_at_the_truth():
             assert r.draws == r.forward_passes == budget
             assert r.lower < t < r.upper
             message = r.message()
-            assert "inconclusive against" in message and "budget of 60 draws ran out" in message
+            assert "inconclusive against" in message and "budget of 60 model evaluations ran out" in message
         else:
             assert r.draws < budget
     assert verdicts.count("inconclusive") >= 0.85 * reps

@@ -17,6 +17,7 @@ from digits_model import CHECKPOINTS, DigitsCNN
 from train import accuracy, train
 
 from pytest_robust.attacks import pgd
+from pytest_robust.engine import Forward
 
 EPS = 0.3
 PGD_STEPS = 7
@@ -26,7 +27,7 @@ def train_pgd(seed: int = 0) -> DigitsCNN:
     """train.py's loop with every batch replaced by its PGD adversarial examples."""
 
     def attack(model, x, y, gen):
-        return pgd(model, x, y, EPS, steps=PGD_STEPS, generator=gen)[0]
+        return pgd(Forward(model, batch_size=len(x)), x, y, EPS, steps=PGD_STEPS, generator=gen).x
 
     return train(seed=seed, attack=attack)
 

@@ -53,7 +53,6 @@ run and says what budget it needs.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,11 +60,11 @@ import torch
 
 from .. import validation
 from ..attacks import pgd
-from ..engine import RobustDataError, guarded, load_data, report_progress, resolve_device, stream_generator
+from ..engine import NotDifferentiable, report_progress, stream_generator
+from ..errors import RobustDataError, SettingError
 from ..mcmc import RowStreams, detrend, effective_sample_size, split_rhat
 from ..perturbations import UniformLinf, as_perturbation
 from ..qnorm import (
-    GradForward,
     Loss,
     Sampler,
     evaluator,
@@ -75,8 +74,8 @@ from ..qnorm import (
     weight_ess,
 )
 from ..results import Result
-from ..stats import betaincinv
-from ..validation import RunArgs, SettingError, check_run_args
+from ..run import Run
+from ..stats import t_quantile
 
 #: Inputs per random stream: a block's chains draw from their own generators, so results do not
 #: depend on the batch size (several blocks share a batch).
@@ -178,170 +177,162 @@ def _config(estimator, chains, steps, leapfrog, mh_steps, warmup, path_len, targ
     return Config(estimator, chains, steps, sampler, pgd_steps, pgd_restarts)
 
 
-def _t_quantile(p: float, dof: int) -> float:
-    """The p-quantile (p > 1/2) of Student's t with ``dof`` degrees of freedom.
-
-    P(T > t) = I_x(dof/2, 1/2) / 2 with x = dof / (dof + t^2), solved with ``stats.betaincinv``.
-    """
-    x = betaincinv(dof / 2.0, 0.5, 2.0 * (1.0 - p))
-    return math.sqrt(dof * (1.0 - x) / x)
-
-
 @dataclass
 class _Plan:
-    """What a run evaluates: the chosen inputs in blocks and groups of blocks, on a device."""
+    """What a run evaluates: the chosen inputs in blocks (each with its own random streams), inside
+    the check's ``Run`` (device, dtype, forward wrapper, ranks)."""
 
+    run: Run
     x: torch.Tensor
     y: torch.Tensor
     index: np.ndarray  # positions of the evaluated inputs in the data
-    n_total: int
     perturbation: object
     loss: Loss
     config: Config
-    device: torch.device
-    args: RunArgs  # confidence, budget, seed, batch_size (validated)
 
     @property
     def seed(self) -> int:
-        return self.args.seed
+        return self.run.seed
+
+    @property
+    def n_total(self) -> int:
+        return len(self.run.ds)
 
     @property
     def blocks_per_group(self) -> int:
         """Input blocks evaluated together: as many as fill a batch of ``batch_size`` rows."""
-        return max(1, self.args.batch_size // (BLOCK_INPUTS * self.config.chains))
-
-    def forward(self, model) -> GradForward:
-        return GradForward(model, self.args.batch_size, max_label=int(self.y.max()))
+        return max(1, self.run.args.batch_size // (BLOCK_INPUTS * self.config.chains))
 
     @property
     def blocks(self) -> list[slice]:
         n = len(self.index)
         return [slice(s, min(s + BLOCK_INPUTS, n)) for s in range(0, n, BLOCK_INPUTS)]
 
-    def groups(self) -> list[list[int]]:
-        ids = list(range(len(self.blocks)))
-        return [ids[i : i + self.blocks_per_group] for i in range(0, len(ids), self.blocks_per_group)]
+    def rows(self, block_ids: list[int]) -> torch.Tensor:
+        """Positions (in x) of the inputs of the given blocks, block after block."""
+        return torch.cat([torch.arange(self.blocks[b].start, self.blocks[b].stop) for b in block_ids])
 
     def streams(self, purpose: str, block_ids: list[int], rows_per_input: int) -> RowStreams:
         blocks = self.blocks
-        gens = [stream_generator(self.seed, purpose, b, device=self.device) for b in block_ids]
+        gens = [stream_generator(self.seed, purpose, b, device=self.run.device) for b in block_ids]
         rows = [(blocks[b].stop - blocks[b].start) * rows_per_input for b in block_ids]
-        return RowStreams(gens, rows, self.device, self.x.dtype)
+        return RowStreams(gens, rows, self.run.device, self.x.dtype)
+
+    def sharded(self, n_items: int, per_group, group_size: int = 1) -> list:
+        """``per_group(item ids)`` -> one result per item, over this rank's share of the items
+        (``Run.shard``), in groups of ``group_size``; returns every item's result in item order,
+        the same on every rank (``Run.gather``)."""
+        mine = self.run.shard(n_items).tolist()
+        out = []
+        for i in range(0, len(mine), group_size):
+            out += per_group(mine[i : i + group_size])
+        return self.run.gather(out, n_items)
 
 
 def _pgd_applies(perturbation) -> bool:
     return isinstance(perturbation, UniformLinf) and perturbation.eps > 0
 
 
-def _plan(ds, perturbation, loss, config: Config, inputs, args: RunArgs, device, n_q: int) -> tuple[_Plan, dict]:
-    """Choose the inputs that fit ``budget`` (per value of q) and lay them out in blocks."""
-    n_total = len(ds)
+def _plan(run: Run, perturbation, loss, config: Config, inputs, n_q: int) -> tuple[_Plan, dict]:
+    """Choose the inputs that fit the budget (per value of q) and lay them out in blocks."""
+    n_total, budget = len(run.ds), run.args.budget
     if n_total < 2:
         raise RobustDataError("the q-loss bound over inputs needs at least 2 inputs, got 1")
     cost = config.evaluations_per_input(_pgd_applies(perturbation), n_q)
     per_input = sum(cost.values())
-    budget = args.budget
-    fit = budget * n_q // per_input
+    fit = budget // per_input
     wanted = n_total if inputs is None else min(_int("inputs", inputs, 2), n_total)
     least = wanted if inputs is not None else min(wanted, MIN_INPUTS)
     if fit < least:
         raise SettingError(
-            "budget", budget,
+            "budget", budget // n_q,
             f"at least {-(-least * per_input // n_q)} model evaluations{' per value of q' if n_q > 1 else ''}: "
-            f"{least} inputs at {per_input} each ({', '.join(f'{k} {v}' for k, v in cost.items() if v)}); "
+            f"{least} inputs at {per_input} each{f' for {n_q} values of q' if n_q > 1 else ''} ({', '.join(f'{k} {v}' for k, v in cost.items() if v)}); "
             "raise budget= (or --robust-budget), or lower inputs=, chains=, steps=, leapfrog=/mh_steps=, warmup=",
         )
     n = min(wanted, fit)
     if n < n_total:
-        order = torch.randperm(n_total, generator=stream_generator(args.seed, "q-inputs"))
+        order = torch.randperm(n_total, generator=stream_generator(run.seed, "q-inputs"))
         index = np.sort(order[:n].numpy())
     else:
         index = np.arange(n_total)
     positions = torch.as_tensor(index)
-    plan = _Plan(
-        x=ds.x[positions.to(ds.x.device)].to(device),
-        y=ds.y[positions.to(ds.y.device)].to(device),
-        index=index,
-        n_total=n_total,
-        perturbation=perturbation,
-        loss=loss,
-        config=config,
-        device=device,
-        args=args,
-    )
-    return plan, {"per_input": cost, "total_per_input": per_input}
+    x = run.ds.x[positions.to(run.ds.x.device)].to(run.device)
+    y = run.ds.y[positions.to(run.ds.y.device)].to(run.device)
+    return _Plan(run, x, y, index, perturbation, loss, config), {"per_input": cost, "total_per_input": per_input}
 
 
-def _run_paths(plan: _Plan, forward: GradForward, q: float) -> dict:
-    """Path sampling for every evaluated input: per-input arrays (numpy) of the recorded log losses,
-    acceptances and step sizes, shape (inputs, chains, ...)."""
+def _path_group(plan: _Plan, q: float, group: list[int]) -> list[dict]:
+    """Path sampling for the inputs of the blocks in ``group``: per block, numpy arrays of the
+    recorded log losses, acceptances, step sizes (and warm-up acceptances), (inputs, chains, ...)."""
     cfg = plan.config
-    logs, accepts, warm_accepts, steps = [], [], [], []
-    for group in plan.groups():
-        rows = slice(plan.blocks[group[0]].start, plan.blocks[group[-1]].stop)
-        x = plan.x[rows].repeat_interleave(cfg.chains, dim=0)
-        y = plan.y[rows].repeat_interleave(cfg.chains, dim=0)
-        space = plan.perturbation.parameter_space(x)
-        evaluate = evaluator(space, y, forward, plan.loss)
-        trace = path_sampling(
-            space, evaluate, q, cfg.steps, cfg.sampler, cfg.chains,
-            plan.streams("q-warmup", group, cfg.chains), plan.streams("q-path", group, cfg.chains),
+    rows = plan.rows(group)
+    x = plan.x[rows].repeat_interleave(cfg.chains, dim=0)
+    y = plan.y[rows].repeat_interleave(cfg.chains, dim=0)
+    space = plan.perturbation.parameter_space(x)
+    evaluate = evaluator(space, y, plan.run.forward, plan.loss)
+    trace = path_sampling(
+        space, evaluate, q, cfg.steps, cfg.sampler, cfg.chains,
+        plan.streams("q-warmup", group, cfg.chains), plan.streams("q-path", group, cfg.chains),
+    )
+    report_progress(metric=f"q-loss (q={q:g})", stage="path sampling", forward_passes=plan.run.forward.passes)
+    sizes = [(plan.blocks[b].stop - plan.blocks[b].start) * cfg.chains for b in group]
+    fields = {"log_losses": trace.log_losses, "accept": trace.accept, "log_step": trace.log_step,
+              "warmup_accept": trace.warmup_accept}
+    split = {k: None if v is None else v.double().cpu().numpy().reshape(len(rows), cfg.chains, -1)
+             for k, v in fields.items()}
+    starts = np.cumsum([0] + [n // cfg.chains for n in sizes])
+    return [{k: None if v is None else v[a:b] for k, v in split.items()} for a, b in zip(starts, starts[1:])]
+
+
+def _run_paths(plan: _Plan, q: float) -> dict:
+    """Path sampling for every evaluated input (sharded over ranks by block)."""
+    per_block = plan.sharded(len(plan.blocks), lambda group: _path_group(plan, q, group), plan.blocks_per_group)
+    return {k: None if per_block[0][k] is None else np.concatenate([d[k] for d in per_block])
+            for k in per_block[0]}
+
+
+def _mc_block(plan: _Plan, q: float, b: int) -> np.ndarray:
+    """Log losses of ``mc_draws`` independent draws from the perturbation per input of block b."""
+    draws, block = plan.config.mc_draws, plan.blocks[b]
+    x, y = plan.x[block], plan.y[block]
+    parts = []
+    for k, start in enumerate(range(0, draws, DRAW_CHUNK)):
+        d = min(DRAW_CHUNK, draws - start)
+        xs = plan.perturbation(
+            x.repeat_interleave(d, dim=0), stream_generator(plan.seed, "q-mc", b, k, device=plan.run.device)
         )
-        report_progress(metric=f"q-loss (q={q:g})", stage="path sampling", inputs_done=rows.stop,
-                        inputs=len(plan.index), forward_passes=forward.passes)
-        logs.append(trace.log_losses)
-        accepts.append(trace.accept)
-        steps.append(trace.log_step)
-        if trace.warmup_accept is not None:
-            warm_accepts.append(trace.warmup_accept)
-
-    def stack(parts):
-        a = torch.cat(parts).double().cpu().numpy()
-        return a.reshape(len(plan.index), cfg.chains, -1)
-
-    return {
-        "log_losses": stack(logs),
-        "accept": stack(accepts),
-        "log_step": stack(steps),
-        "warmup_accept": stack(warm_accepts) if warm_accepts else None,
-    }
+        logits = plan.run.forward.logits(xs)
+        parts.append(plan.loss.log_values(logits, y.repeat_interleave(d)).reshape(len(x), d))
+    report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo", forward_passes=plan.run.forward.passes)
+    return torch.cat(parts, dim=1).double().cpu().numpy()
 
 
-def _run_mc(plan: _Plan, forward: GradForward, q: float) -> np.ndarray:
-    """Log losses of ``mc_draws`` independent draws from the perturbation per input: (inputs, draws)."""
-    draws = plan.config.mc_draws
-    out = []
-    for b, block in enumerate(plan.blocks):
-        x, y = plan.x[block], plan.y[block]
-        parts = []
-        for k, start in enumerate(range(0, draws, DRAW_CHUNK)):
-            d = min(DRAW_CHUNK, draws - start)
-            xs = plan.perturbation(
-                x.repeat_interleave(d, dim=0), stream_generator(plan.seed, "q-mc", b, k, device=plan.device)
-            )
-            parts.append(forward.log_loss(xs, y.repeat_interleave(d), plan.loss).reshape(len(x), d))
-        out.append(torch.cat(parts, dim=1))
-        report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo", inputs_done=block.stop,
-                        inputs=len(plan.index), forward_passes=forward.passes)
-    return torch.cat(out).double().cpu().numpy()
+def _run_mc(plan: _Plan, q: float) -> np.ndarray:
+    """Log losses of ``mc_draws`` draws per input: (inputs, draws), sharded over ranks by block."""
+    return np.concatenate(plan.sharded(len(plan.blocks), lambda group: [_mc_block(plan, q, group[0])]))
 
 
-def _run_pgd(plan: _Plan, model, forward: GradForward) -> np.ndarray | None:
-    """PGD adversarial loss per input (the q = infinity end), or None where PGD does not apply."""
+def _run_pgd(plan: _Plan) -> np.ndarray | None:
+    """PGD adversarial loss per input (the q = infinity end), or None where PGD does not apply
+    (not an L-inf ball, or a loss without gradients)."""
     if not _pgd_applies(plan.perturbation):
         return None
     cfg, p = plan.config, plan.perturbation
-    out = []
-    for b, start in enumerate(range(0, len(plan.index), PGD_BLOCK)):
-        x, y = plan.x[start : start + PGD_BLOCK], plan.y[start : start + PGD_BLOCK]
-        _, losses = pgd(
-            model, x, y, p.eps, steps=cfg.pgd_steps, restarts=cfg.pgd_restarts, loss=plan.loss.values,
-            bounds=p.bounds, generator=stream_generator(plan.seed, "q-pgd", b, device=plan.device),
-        )
-        forward.passes += len(x) * cfg.pgd_restarts * (cfg.pgd_steps + 1)
-        forward.backward_passes += len(x) * cfg.pgd_restarts * cfg.pgd_steps
-        out.append(losses.detach())
-    return torch.cat(out).double().cpu().numpy()
+
+    def attack(group: list[int]) -> list[np.ndarray]:
+        b = group[0]
+        rows = slice(b * PGD_BLOCK, (b + 1) * PGD_BLOCK)
+        result = pgd(plan.run.forward, plan.x[rows], plan.y[rows], p.eps, steps=cfg.pgd_steps,
+                     restarts=cfg.pgd_restarts, loss=plan.loss.values, bounds=p.bounds,
+                     generator=stream_generator(plan.seed, "q-pgd", b, device=plan.run.device))
+        return [result.loss.double().cpu().numpy()]
+
+    try:
+        with plan.run.forward.phase("context"):
+            return np.concatenate(plan.sharded(-(-len(plan.index) // PGD_BLOCK), attack))
+    except NotDifferentiable:
+        return None
 
 
 @dataclass
@@ -359,37 +350,31 @@ class _Estimate:
     max_visited: np.ndarray  # largest loss seen per input (chains or MC draws)
 
 
-def _estimate(plan: _Plan, forward: GradForward, q: float) -> _Estimate:
-    cfg = plan.config
-    mc_logs = _run_mc(plan, forward, q)
+def _mc_estimate(q: float, cfg: Config, mc_logs: np.ndarray) -> _Estimate:
+    """The Monte Carlo estimate (estimator "mc") with its effective-sample-size diagnostic."""
     log_mc = mc_log_estimate(mc_logs, q)
-    groups = mc_logs.reshape(len(plan.index), cfg.chains, -1)
-    mc_groups = np.exp(mc_log_estimate(groups, q))
+    groups = np.exp(mc_log_estimate(mc_logs.reshape(len(mc_logs), cfg.chains, -1), q))
     w_ess = weight_ess(mc_logs, q)
+    diag = {"weight_ess_median": float(np.median(w_ess)), "weight_ess_min": float(w_ess.min())}
     problems = []
-    if cfg.estimator == "mc":
-        z = np.exp(log_mc)
-        var = mc_groups.var(axis=1, ddof=1) / cfg.chains
-        diag = {"weight_ess_median": float(np.median(w_ess)), "weight_ess_min": float(w_ess.min())}
-        if diag["weight_ess_median"] < WEIGHT_ESS_MIN:
-            problems.append((
-                f"Monte Carlo rests on a median of {diag['weight_ess_median']:.1f} effective draws per input "
-                f"at q={q:g} (fewer than {WEIGHT_ESS_MIN:g}), so it is biased low",
-                "use path sampling (estimator='auto') or raise steps= for more draws",
-            ))
-        return _Estimate(q, "mc", z, var, np.exp(log_mc), diag, problems, mc_logs.size, np.exp(mc_logs.max(axis=1)))
+    if diag["weight_ess_median"] < WEIGHT_ESS_MIN:
+        problems.append((
+            f"Monte Carlo rests on a median of {diag['weight_ess_median']:.1f} effective draws per input "
+            f"at q={q:g} (fewer than {WEIGHT_ESS_MIN:g}), so it is biased low",
+            "use path sampling (estimator='auto') or raise steps= for more draws",
+        ))
+    z = np.exp(log_mc)
+    return _Estimate(q, "mc", z, groups.var(axis=1, ddof=1) / cfg.chains, z, diag, problems, mc_logs.size,
+                     np.exp(mc_logs.max(axis=1)))
 
-    paths = _run_paths(plan, forward, q)
+
+def _diagnostics(paths: dict, w_ess: np.ndarray) -> tuple[dict, np.ndarray]:
+    """MCMC diagnostics of the path-sampling traces (and the log losses' residuals)."""
     logs = paths["log_losses"]
-    chain = np.exp(path_log_estimate(logs))  # (inputs, chains)
-    z = chain.mean(axis=1)
-    var = chain.var(axis=1, ddof=1) / cfg.chains
     residuals = detrend(logs)
-    rhat = split_rhat(residuals)
-    ess = effective_sample_size(residuals)
-    accept = float(paths["accept"].mean())
-    diag = {
-        "acceptance": accept,
+    rhat, ess = split_rhat(residuals), effective_sample_size(residuals)
+    return {
+        "acceptance": float(paths["accept"].mean()),
         "acceptance_min_input": float(paths["accept"].mean(axis=(1, 2)).min()),
         "rhat_max": float(rhat.max()),
         "rhat_median": float(np.median(rhat)),
@@ -401,11 +386,15 @@ def _estimate(plan: _Plan, forward: GradForward, q: float) -> _Estimate:
         "mc_weight_ess_median": float(np.median(w_ess)),
         "per_input_rhat": rhat.tolist(),
         "per_input_ess": ess.tolist(),
-    }
-    smp = cfg.sampler
-    if accept < ACCEPT_MIN[smp.kind]:
+    }, rhat
+
+
+def _problems(diag: dict, cfg: Config) -> list:
+    """(what is wrong, how to fix it) for every unhealthy diagnostic of path sampling."""
+    smp, problems = cfg.sampler, []
+    if diag["acceptance"] < ACCEPT_MIN[smp.kind]:
         problems.append((
-            f"mean acceptance {accept:.2f} is below {ACCEPT_MIN[smp.kind]:g}",
+            f"mean acceptance {diag['acceptance']:.2f} is below {ACCEPT_MIN[smp.kind]:g}",
             f"raise warmup= (now {smp.warmup}) so the step size adapts to this q"
             + (f", or lower path_len= (now {smp.path_len:g})" if smp.kind == "hmc" else ""),
         ))
@@ -420,8 +409,23 @@ def _estimate(plan: _Plan, forward: GradForward, q: float) -> _Estimate:
             f"median effective sample size {diag['ess_median']:.1f} per input is below {ESS_MIN:g}",
             f"raise steps= (now {cfg.steps}) or " + ("leapfrog=" if smp.kind == "hmc" else "mh_steps="),
         ))
+    return problems
+
+
+def _estimate(plan: _Plan, q: float) -> _Estimate:
+    cfg = plan.config
+    with plan.run.forward.phase("context" if cfg.estimator != "mc" else "gate"):
+        mc_logs = _run_mc(plan, q)
+    if cfg.estimator == "mc":
+        return _mc_estimate(q, cfg, mc_logs)
+    with plan.run.forward.phase("gate"):
+        paths = _run_paths(plan, q)
+    logs = paths["log_losses"]
+    chain = np.exp(path_log_estimate(logs))  # (inputs, chains)
+    diag, _ = _diagnostics(paths, weight_ess(mc_logs, q))
     visited = np.maximum(np.exp(logs.max(axis=(1, 2))), np.exp(mc_logs.max(axis=1)))
-    return _Estimate(q, smp.kind, z, var, np.exp(log_mc), diag, problems, logs.size, visited)
+    return _Estimate(q, cfg.sampler.kind, chain.mean(axis=1), chain.var(axis=1, ddof=1) / cfg.chains,
+                     np.exp(mc_log_estimate(mc_logs, q)), diag, _problems(diag, cfg), logs.size, visited)
 
 
 def _bound(est: _Estimate, n_total: int, confidence: float) -> tuple[float, float, float, float]:
@@ -431,21 +435,16 @@ def _bound(est: _Estimate, n_total: int, confidence: float) -> tuple[float, floa
     f = n / n_total
     var = ((1.0 - f) * z.var(ddof=1) + f * est.between_chain_var.mean()) / n
     se = math.sqrt(max(var, 0.0))
-    half = _t_quantile(confidence, n - 1) * se
+    half = t_quantile(confidence, n - 1) * se
     return mean, max(0.0, mean - half), mean + half, se
 
 
-def _prepare(model, data, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
-             target_accept, loss, pgd_steps, pgd_restarts, inputs, confidence, budget, seed, batch_size,
-             device, n_q):
-    args = check_run_args(threshold=None, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
+def _prepare(run: Run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
+             target_accept, loss, pgd_steps, pgd_restarts, inputs, n_q) -> tuple[_Plan, dict]:
     perturbation = as_perturbation(perturbation)
-    loss = Loss(loss)
-    device = resolve_device(device, model)
-    ds = load_data(data)
-    kind = _resolve_estimator(estimator, perturbation, ds.x[:1].to(device))
+    kind = _resolve_estimator(estimator, perturbation, run.ds.x[:1].to(run.device))
     config = _config(kind, chains, steps, leapfrog, mh_steps, warmup, path_len, target_accept, pgd_steps, pgd_restarts)
-    return _plan(ds, perturbation, loss, config, inputs, args, device, n_q)
+    return _plan(run, perturbation, Loss(loss), config, inputs, n_q)
 
 
 def _describe(config: Config) -> str:
@@ -487,7 +486,7 @@ def intermediate_q(
     pgd_restarts: int = 1,
     inputs: int | None = None,
     confidence: float = 0.95,
-    budget: int = 100_000,
+    budget: int = 1_000_000,
     seed: int = 0,
     batch_size: int = 1024,
     device=None,
@@ -496,7 +495,7 @@ def intermediate_q(
 
     Returns a ``Result`` (metric "q", direction "<="): ``estimate`` is the mean of the per-input
     estimates, ``lower``/``upper`` the one-sided t bounds at ``confidence`` (module docstring),
-    ``verdict`` "pass" (upper <= threshold, diagnostics healthy), "fail" (lower > threshold,
+    ``verdict`` "pass" (upper <= threshold, diagnostics healthy), "fail" (lower >= threshold,
     diagnostics healthy), "inconclusive" (otherwise; ``note`` says why and what to change) or
     "estimate" (no threshold). It is an estimate with MCMC diagnostics, not a guarantee.
 
@@ -514,7 +513,9 @@ def intermediate_q(
       (0: no adaptation); ``path_len``: the longest HMC trajectory L*h, in units of the
       perturbation's size (eps for UniformLinf, sigma/scale for noise), where the warm-up starts;
       ``target_accept``: the warm-up's acceptance target (default 0.8 HMC, 0.3 MH).
-    - ``loss``: per-example loss(logits, y) -> (n,) >= 0; default cross-entropy.
+    - ``loss``: per-example loss(logits, y) -> (n,) >= 0; default cross-entropy. A loss without
+      gradients (e.g. the 0-1 loss) works with the Monte Carlo and Metropolis-Hastings estimators;
+      the PGD context is then skipped.
     - ``pgd_steps``, ``pgd_restarts``: the PGD attack giving the q = infinity context number.
     - ``inputs``: evaluate at most this many inputs (a seeded random subset).
     - ``budget``: cap on model evaluations (module docstring); ``seed``, ``batch_size`` (rows per
@@ -523,78 +524,51 @@ def intermediate_q(
     q = _q(q)
     if threshold is not None:
         threshold = validation.non_negative_float("max_loss", threshold)
-    started = time.perf_counter()
-    plan, cost = _prepare(model, data, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup,
-                          path_len, target_accept, loss, pgd_steps, pgd_restarts, inputs, confidence, budget,
-                          seed, batch_size, device, 1)
-    with guarded(model, plan.device) as info:
-        forward = plan.forward(model)
-        est = _estimate(plan, forward, q)
-        adversarial = _run_pgd(plan, model, forward)
-    mean, lower, upper, se = _bound(est, plan.n_total, plan.args.confidence)
-    healthy = not est.problems
-    if threshold is None:
-        verdict = "estimate"
-    elif healthy and upper <= threshold:
-        verdict = "pass"
-    elif healthy and lower > threshold:
-        verdict = "fail"
-    else:
-        verdict = "inconclusive"
-    mc_mean = float(est.mc.mean())
-    q_inf = float(adversarial.mean()) if adversarial is not None else float(est.max_visited.mean())
+    with Run("q", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
+             batch_size=batch_size, device=device, direction="<=") as run:
+        plan, cost = _prepare(run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
+                              target_accept, loss, pgd_steps, pgd_restarts, inputs, 1)
+        est = _estimate(plan, q)
+        adversarial = _run_pgd(plan)
+    mean, lower, upper, se = _bound(est, plan.n_total, run.args.confidence)
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
+    q_inf = adversarial if adversarial is not None else est.max_visited
+    result = run.result(estimate=mean, lower=lower, upper=upper, draws=est.draws, n_inputs=len(plan.index),
+                        perturbation=repr(plan.perturbation), healthy=not est.problems,
+                        details=_details(plan, est, cost, float(q_inf.mean()), q_inf_name, se))
+    result.details["per_input_q_infinity"] = q_inf.tolist()
+    if result.verdict == "inconclusive":
+        result.details["inconclusive_reason"] = _inconclusive_reason(est, threshold, lower, upper)
+    result.note = _note(plan, est, result.details["inconclusive_reason"], float(est.mc.mean()),
+                        float(q_inf.mean()), q_inf_name)
+    return result
+
+
+def _details(plan: _Plan, est: _Estimate, cost: dict, q_inf: float, q_inf_name: str, se: float) -> dict:
     n = len(plan.index)
-    reason = _inconclusive_reason(est, threshold, lower, upper) if verdict == "inconclusive" else None
-    note = _note(plan, est, reason, mc_mean, q_inf, q_inf_name)
-    return Result(
-        metric="q",
-        estimate=mean,
-        lower=lower,
-        upper=upper,
-        threshold=threshold,
-        confidence=plan.args.confidence,
-        verdict=verdict,
-        n_inputs=n,
-        draws=est.draws,
-        forward_passes=forward.passes,
-        seconds=time.perf_counter() - started,
-        device=str(plan.device),
-        seed=plan.seed,
-        perturbation=repr(plan.perturbation),
-        budget=plan.args.budget,
-        direction="<=",
-        note=note,
-        details={
-            "q": q,
-            "estimator": est.estimator,
-            "method": _describe(plan.config),
-            "loss": repr(plan.loss),
-            "monte_carlo": mc_mean,
-            "monte_carlo_draws_per_input": plan.config.mc_draws,
-            "q_infinity": q_inf,
-            "q_infinity_method": q_inf_name,
-            "healthy": healthy,
-            "inconclusive_reason": reason,
-            "budget_unit": "evaluations",
-            "problems": [f"{what}; fix: {fix}" for what, fix in est.problems],
-            "diagnostics": est.diagnostics,
-            "bound": (
-                f"one-sided Student-t bound on the mean over inputs, two-stage variance "
-                f"(inputs sampled {n}/{plan.n_total}, chains per input {plan.config.chains}), se={se:.4g}"
-            ),
-            "inputs_total": plan.n_total,
-            "input_index": plan.index.tolist(),
-            "per_input_estimate": est.per_input.tolist(),
-            "per_input_monte_carlo": est.mc.tolist(),
-            "per_input_q_infinity": (adversarial if adversarial is not None else est.max_visited).tolist(),
-            "evaluations_per_input": cost["per_input"],
-            "backward_passes": forward.backward_passes,
-            "batch_size": forward.batch_size,
-            "oom_halvings": forward.halvings,
-            "model_was_training": info["model_was_training"],
-        },
-    )
+    return {
+        "q": est.q,
+        "estimator": est.estimator,
+        "method": _describe(plan.config),
+        "loss": repr(plan.loss),
+        "monte_carlo": float(est.mc.mean()),
+        "monte_carlo_draws_per_input": plan.config.mc_draws,
+        "q_infinity": q_inf,
+        "q_infinity_method": q_inf_name,
+        "healthy": not est.problems,
+        "inconclusive_reason": None,
+        "problems": [f"{what}; fix: {fix}" for what, fix in est.problems],
+        "diagnostics": est.diagnostics,
+        "bound": (
+            f"one-sided Student-t bound on the mean over inputs, two-stage variance "
+            f"(inputs sampled {n}/{plan.n_total}, chains per input {plan.config.chains}), se={se:.4g}"
+        ),
+        "inputs_total": plan.n_total,
+        "input_index": plan.index.tolist(),
+        "per_input_estimate": est.per_input.tolist(),
+        "per_input_monte_carlo": est.mc.tolist(),
+        "evaluations_per_input": cost["per_input"],
+    }
 
 
 def _inconclusive_reason(est: _Estimate, threshold: float, lower: float, upper: float) -> str:
@@ -622,7 +596,7 @@ def _note(plan, est, reason, mc_mean, q_inf, q_inf_name) -> str:
         )
     n = len(plan.index)
     if n < plan.n_total:
-        parts.append(f"on a random subset of {n} of {plan.n_total} inputs (budget {plan.args.budget} evaluations)")
+        parts.append(f"on a random subset of {n} of {plan.n_total} inputs (budget {plan.run.args.budget} evaluations)")
     return "; ".join(parts)
 
 
@@ -662,31 +636,56 @@ def q_curve(
     if isinstance(qs, (int, float)) or not len(qs):
         raise SettingError("qs", qs, "a non-empty sequence of numbers > 0, e.g. (1, 10, 100, 1000)")
     qs = sorted({_q(v) for v in qs})
-    started = time.perf_counter()
-    plan, cost = _prepare(model, data, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup,
-                          path_len, target_accept, loss, pgd_steps, pgd_restarts, inputs, confidence, budget,
-                          seed, batch_size, device, len(qs))
-    with guarded(model, plan.device) as info:
-        forward = plan.forward(model)
-        estimates = [_estimate(plan, forward, q) for q in qs]
-        adversarial = _run_pgd(plan, model, forward)
+    with Run("q_curve", model, data, confidence=confidence, budget=validation.positive_int("budget", budget) * len(qs),
+             seed=seed, batch_size=batch_size, device=device, direction="<=") as run:
+        plan, cost = _prepare(run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
+                              target_accept, loss, pgd_steps, pgd_restarts, inputs, len(qs))
+        estimates = [_estimate(plan, q) for q in qs]
+        adversarial = _run_pgd(plan)
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
-    q_inf = float(adversarial.mean()) if adversarial is not None else float(
-        np.max([e.max_visited for e in estimates], axis=0).mean())
-    table = []
-    for est in estimates:
-        mean, lower, upper, _ = _bound(est, plan.n_total, plan.args.confidence)
-        table.append({
-            "q": est.q, "estimate": mean, "lower": lower, "upper": upper, "monte_carlo": float(est.mc.mean()),
-            "healthy": not est.problems, "problems": [f"{w}; fix: {f}" for w, f in est.problems],
-            "diagnostics": {k: v for k, v in est.diagnostics.items() if not k.startswith("per_input")},
-        })
+    q_inf = float((adversarial if adversarial is not None else np.max([e.max_visited for e in estimates], axis=0)).mean())
+    table = [_curve_row(est, plan.n_total, run.args.confidence) for est in estimates]
     last = table[-1]
-    with_mc = estimates[-1].estimator != "mc"
+    return run.result(
+        estimate=last["estimate"], lower=last["lower"], upper=last["upper"], draws=sum(e.draws for e in estimates),
+        n_inputs=len(plan.index), perturbation=repr(plan.perturbation), estimate_only=True,
+        note=_curve_note(plan, estimates, table, q_inf, q_inf_name),
+        details={
+            "qs": qs, "table": table, "q_infinity": q_inf, "q_infinity_method": q_inf_name,
+            "method": _describe(plan.config), "loss": repr(plan.loss), "inputs_total": plan.n_total,
+            "input_index": plan.index.tolist(), "evaluations_per_input": cost["per_input"],
+            "curves": {"q_curve": _curve(plan, estimates, table, q_inf, q_inf_name)},
+        },
+    )
+
+
+def _curve_row(est: _Estimate, n_total: int, confidence: float) -> dict:
+    mean, lower, upper, _ = _bound(est, n_total, confidence)
+    return {
+        "q": est.q, "estimate": mean, "lower": lower, "upper": upper, "monte_carlo": float(est.mc.mean()),
+        "healthy": not est.problems, "problems": [f"{w}; fix: {f}" for w, f in est.problems],
+        "diagnostics": {k: v for k, v in est.diagnostics.items() if not k.startswith("per_input")},
+    }
+
+
+def _curve(plan: _Plan, estimates: list, table: list, q_inf: float, q_inf_name: str) -> dict:
+    """The q-curve plot: the estimator's curve, Monte Carlo's (for path sampling) and q = infinity."""
     series = {SAMPLER_NAMES[estimates[-1].estimator]: [row["estimate"] for row in table]}
-    if with_mc:
+    if estimates[-1].estimator != "mc":
         series["Monte Carlo"] = [row["monte_carlo"] for row in table]
-    series[f"{q_inf_name} (q=inf)"] = [q_inf] * len(qs)
+    series[f"{q_inf_name} (q=inf)"] = [q_inf] * len(table)
+    return {
+        "title": f"q-norm of the loss under {plan.perturbation!r}",
+        "xlabel": "q",
+        "ylabel": f"mean over {len(plan.index)} inputs of Z_q ({plan.loss!r})",
+        "x": [row["q"] for row in table],
+        "series": series,
+        "logx": True,
+    }
+
+
+def _curve_note(plan: _Plan, estimates: list, table: list, q_inf: float, q_inf_name: str) -> str:
+    with_mc = estimates[-1].estimator != "mc"
     points = ", ".join(
         f"q={row['q']:g}: {row['estimate']:.3g}" + (f" (MC {row['monte_carlo']:.3g})" if with_mc else "")
         for row in table
@@ -698,46 +697,5 @@ def q_curve(
         note += f"; diagnostics unhealthy at {', '.join(unhealthy)} (see details['table'])"
     n = len(plan.index)
     if n < plan.n_total:
-        note += f"; on a random subset of {n} of {plan.n_total} inputs (budget {plan.args.budget} evaluations per q)"
-    return Result(
-        metric="q_curve",
-        estimate=last["estimate"],
-        lower=last["lower"],
-        upper=last["upper"],
-        threshold=None,
-        confidence=plan.args.confidence,
-        verdict="estimate",
-        n_inputs=n,
-        draws=sum(e.draws for e in estimates),
-        forward_passes=forward.passes,
-        seconds=time.perf_counter() - started,
-        device=str(plan.device),
-        seed=plan.seed,
-        perturbation=repr(plan.perturbation),
-        budget=plan.args.budget,
-        direction="<=",
-        note=note,
-        details={
-            "qs": qs,
-            "table": table,
-            "q_infinity": q_inf,
-            "q_infinity_method": q_inf_name,
-            "method": _describe(plan.config),
-            "loss": repr(plan.loss),
-            "inputs_total": plan.n_total,
-            "input_index": plan.index.tolist(),
-            "evaluations_per_input": cost["per_input"],
-            "backward_passes": forward.backward_passes,
-            "model_was_training": info["model_was_training"],
-            "curves": {
-                "q_curve": {
-                    "title": f"q-norm of the loss under {plan.perturbation!r}",
-                    "xlabel": "q",
-                    "ylabel": f"mean over {n} inputs of Z_q ({plan.loss!r})",
-                    "x": qs,
-                    "series": series,
-                    "logx": True,
-                }
-            },
-        },
-    )
+        note += f"; on a random subset of {n} of {plan.n_total} inputs (budget {plan.run.args.budget // len(table)} evaluations per q)"
+    return note

@@ -69,24 +69,14 @@ import torch
 import torch.nn.functional as F
 
 from .. import cache, validation
-from ..attacks import pgd as pgd_attack
-from ..engine import (
-    Forward,
-    RobustDataError,
-    RobustModelError,
-    RobustWarning,
-    TensorData,
-    correct_predictions,
-    guarded,
-    load_data,
-    resolve_device,
-    stream_generator,
-)
+from ..attacks import pgd
+from ..engine import TensorData, correct_predictions, load_data, stream_generator
+from ..errors import ArgumentError, RobustDataError, RobustModelError, RobustWarning, SettingError
 from ..gmm import COVARIANCES, DEPENDENCIES, NORMS, GMMConfig, GMMPerturbation, default_grid_size
-from ..perturbations import GaussianNoise, Perturbation, UniformLinf
+from ..perturbations import GaussianNoise, Perturbation, UniformL2, UniformLinf
 from ..results import Result
-from ..validation import SettingError, check_run_args
-from .tsrm import BLOCK, tsrm
+from ..run import Run
+from .tsrm import BLOCK, bernoulli_stream, summary
 
 #: Per-input PR levels reported: the fraction of inputs with PR >= 1 - gamma.
 GAMMAS = (0.1, 0.05, 0.01)
@@ -131,7 +121,7 @@ def nppr(
     *,
     eps: float,
     confidence: float = 0.95,
-    budget: int = 100_000,
+    budget: int = 300_000,
     seed: int = 0,
     batch_size: int = 1024,
     device=None,
@@ -177,97 +167,110 @@ def nppr(
     accuracy (``pgd_steps`` steps) as the adversarial floor. ``cache_dir`` (None: no cache) and
     ``refit`` control reuse of fitted mixtures.
     """
-    started = time.perf_counter()
-    check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
-    eps = validation.positive_float("eps", eps)
-    norm = validation.choice(*NORMS)("norm", norm)
-    components = validation.positive_int("components", components)
-    latent_dim = validation.positive_int("latent_dim", latent_dim)
-    covariance = validation.choice(*COVARIANCES)("covariance", covariance)
-    dependency = validation.choice(*DEPENDENCIES)("dependency", dependency)
-    if grid_size is not None:
-        grid_size = validation.positive_int("grid_size", grid_size)
+    options = _options(eps, norm, components, latent_dim, covariance, dependency, grid_size, draws_per_input, pgd,
+                       pgd_steps, refit, cache_dir)
     fit = _fit_settings(fit_steps, fit_batch_size, fit_draws, fit_lr, fit_temperature, fit_clip_norm, kappa)
-    draws_per_input = validation.positive_int("draws_per_input", draws_per_input)
-    pgd = validation.boolean("pgd", pgd)
-    pgd_steps = validation.positive_int("pgd_steps", pgd_steps)
-    refit = validation.boolean("refit", refit)
-    if pgd and norm != "linf":
-        raise SettingError("pgd", pgd, "False with norm='l2' (the PGD floor is an L-inf attack)")
-    if cache_dir is not None:
-        cache_dir = validation.path("cache_dir", cache_dir)
-    layer = _feature_layer(model, feature_layer)  # validated even where no head reads it
-    fit_ds, eval_ds, split = _split(data, fit_data, fit_fraction, seed)
-    for name, ds in (("data", eval_ds), ("fit_data", fit_ds)):
-        _check_in_box(name, ds.x, bounds)
-    shape = tuple(eval_ds.x.shape[1:])
-    if tuple(fit_ds.x.shape[1:]) != shape:
-        raise RobustDataError(f"fit_data inputs have shape {tuple(fit_ds.x.shape[1:])}, the data {shape}")
-    device = resolve_device(device, model)
-    if dependency not in ("input", "joint"):
-        layer = None  # only the input and joint heads read classifier features
-
-    with guarded(model, device) as info:
-        fit_logits, fit_features = _clean_pass(model, fit_ds, "fit_data", layer, batch_size, device)
-        eval_logits, eval_features = _clean_pass(model, eval_ds, "data", layer, batch_size, device)
-        cfg = GMMConfig(
-            eps=eps, norm=norm, components=components, latent_dim=latent_dim, covariance=covariance,
-            dependency=dependency, input_shape=shape, n_classes=fit_logits.shape[1],
-            feature_dim=None if layer is None else fit_features.shape[1],
-            grid_size=grid_size or default_grid_size(shape),
-        )
-        key = _fit_key(model, cfg, fit, None if layer is None else layer[1], bounds, seed, fit_ds)
-        fitted = _fitted(model, cfg, fit, fit_ds, fit_features, bounds, seed, device, key, cache_dir, refit)
-        fitted.gmm.eval()
-        perturbation = FrozenGMM(fitted.gmm, eval_ds, eval_features, bounds)
-        keyed = KeyedModel(model, shape)
-        gate = tsrm(keyed, perturbation.keyed_data, perturbation, threshold, confidence=confidence,
-                    budget=budget, seed=seed, batch_size=batch_size, device=device)
-        context_draws = min(budget, max(gate.draws, CONTEXT_MIN_DRAWS))
-        context = {
-            name: tsrm(model, (eval_ds.x, eval_ds.y), noise, confidence=confidence, budget=context_draws,
-                       seed=seed, batch_size=batch_size, device=device)
-            for name, noise in _context_noises(eps, norm, shape, bounds).items()
-        }
-        forward = Forward(keyed, batch_size)
-        per_input = _per_input_pr(forward, perturbation, eval_ds.y, draws_per_input, seed, device)
-        floor = _pgd_floor(model, eval_ds, eps, pgd_steps, bounds, seed, device) if pgd else None
-
-    passes = (
-        len(fit_ds) + len(eval_ds) + (fitted.record["forward_passes"] if fitted.fitted_now else 0)
-        + gate.forward_passes + sum(r.forward_passes for r in context.values()) + forward.passes
-        + (floor["forward_passes"] if floor else 0)
-    )
-    details = {
-        **gate.details,
+    with Run("nppr", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
+             batch_size=batch_size, device=device) as run:
+        layer = _feature_layer(model, feature_layer)  # validated even where no head reads it
+        fit_ds, eval_ds, split = _split(run, fit_data, fit_fraction, bounds)
+        if options["dependency"] not in ("input", "joint"):
+            layer = None  # only the input and joint heads read classifier features
+        with run.forward.phase("clean"):
+            fit_logits, fit_features = _clean_pass(run, fit_ds, layer)
+            eval_logits, eval_features = _clean_pass(run, eval_ds, layer)
+        cfg = _mixture_config(options, eval_ds, fit_logits, fit_features)
+        key = _fit_key(model, cfg, fit, None if layer is None else layer[1], bounds, run.seed, fit_ds)
+        fitted = _fitted(run, cfg, fit, fit_ds, fit_features, bounds, key, options)
+        frozen = FrozenGMM(fitted.gmm.eval(), eval_features, bounds)
+        gate, context, per_input, floor = _evaluate(run, frozen, eval_ds, options, bounds)
+    estimate, lower, upper, details = summary(gate, run.alpha, run.args.threshold)
+    details.update({
         "semantics": SEMANTICS,
         "mixture": cfg.to_dict(),
         "feature_layer": None if layer is None else layer[1],
         "split": {**split, "fit_inputs": len(fit_ds), "eval_inputs": len(eval_ds)},
-        "clean_accuracy": correct_predictions(eval_logits, eval_ds.y.to(device)).float().mean().item(),
+        "clean_accuracy": correct_predictions(eval_logits, eval_ds.y.to(run.device)).float().mean().item(),
         "fit": {k: v for k, v in fitted.record.items() if k != "loss"},
         "cache": fitted.cache,
         "cache_file": fitted.cache_file,
-        "context": _context_details(context, context_draws, floor, pgd_steps),
+        "context": _context_details(context, run.alpha, floor, options["pgd_steps"]),
         "per_input": {
-            "draws": draws_per_input,
+            "draws": options["draws_per_input"],
             "mean_pr": float(per_input.mean()),
             **{f"fraction_pr_at_least_{1 - g:g}": float(np.mean(per_input >= 1 - g - 1e-9)) for g in GAMMAS},
         },
         "curves": {"fit_loss": _loss_curve(fitted.record["loss"], fit)},
-        "model_was_training": info["model_was_training"],
-    }
-    return dataclasses.replace(
-        gate,
-        metric="nppr",
-        forward_passes=passes,
-        seconds=time.perf_counter() - started,
-        note=_note(details, confidence),
-        details=details,
-    )
+    })
+    return run.result(estimate=estimate, lower=lower, upper=upper, draws=gate.used, n_inputs=len(eval_ds),
+                      perturbation=repr(frozen), details=details, note=_note(details, run.args.confidence))
+
+
+def _evaluate(run: Run, frozen: "FrozenGMM", eval_ds: TensorData, options: dict, bounds):
+    """Per-input PR, the PGD floor, the gate and the context noises, within the run's budget.
+
+    The gate gets what the fixed costs (per-input PR, PGD floor) and a reserve for the context
+    noises leave (the reserve: ``CONTEXT_MIN_DRAWS`` draws each, or half of what is left if that
+    is less); each context noise then gets as many draws as the gate used (at least
+    ``CONTEXT_MIN_DRAWS``), within what is left.
+    """
+    n = len(eval_ds)
+    fixed = n * options["draws_per_input"] + (n * (options["pgd_steps"] + 1) if options["pgd"] else 0)
+    left = run.forward.remaining - fixed
+    gate_draws = left - min(2 * CONTEXT_MIN_DRAWS, left // 2)
+    if gate_draws < BLOCK:
+        need = run.forward.passes + fixed + 2 * BLOCK
+        raise SettingError("budget", run.args.budget, (
+            f"at least {need} model evaluations: {run.forward.passes} spent on the clean pass and the fit "
+            f"({dict(run.forward.by_phase)}), {fixed} for per-input PR and the PGD floor, and {BLOCK} each for "
+            "the gate and the context noises; raise budget= (or lower fit_steps=, draws_per_input=)"))
+    with run.forward.phase("context"):
+        per_input = _per_input_pr(run, frozen, eval_ds, options["draws_per_input"])
+        floor = _pgd_floor(run, eval_ds, options["eps"], options["pgd_steps"], bounds) if options["pgd"] else None
+    with run.forward.phase("gate"):
+        gate = bernoulli_stream(run, frozen, gate_draws, run.args.threshold, ds=eval_ds, label="NPPR")
+    context_draws = min(run.forward.remaining // 2, max(gate.used, CONTEXT_MIN_DRAWS))
+    with run.forward.phase("context"):
+        context = {name: (repr(noise), bernoulli_stream(run, noise, context_draws, ds=eval_ds, label=f"{name} PR"))
+                   for name, noise in _context_noises(options["eps"], options["norm"], eval_ds.x.shape[1:],
+                                                      bounds).items()}
+    return gate, context, per_input, floor
 
 
 # -- settings ---------------------------------------------------------------------------------------
+
+
+def _options(eps, norm, components, latent_dim, covariance, dependency, grid_size, draws_per_input, pgd,
+             pgd_steps, refit, cache_dir) -> dict:
+    """The mixture and evaluation settings, validated (SettingError names the key)."""
+    options = {
+        "eps": validation.positive_float("eps", eps),
+        "norm": validation.choice(*NORMS)("norm", norm),
+        "components": validation.positive_int("components", components),
+        "latent_dim": validation.positive_int("latent_dim", latent_dim),
+        "covariance": validation.choice(*COVARIANCES)("covariance", covariance),
+        "dependency": validation.choice(*DEPENDENCIES)("dependency", dependency),
+        "grid_size": None if grid_size is None else validation.positive_int("grid_size", grid_size),
+        "draws_per_input": validation.positive_int("draws_per_input", draws_per_input),
+        "pgd": validation.boolean("pgd", pgd),
+        "pgd_steps": validation.positive_int("pgd_steps", pgd_steps),
+        "refit": validation.boolean("refit", refit),
+        "cache_dir": None if cache_dir is None else validation.path("cache_dir", cache_dir),
+    }
+    if options["pgd"] and options["norm"] != "linf":
+        raise SettingError("pgd", pgd, "False with norm='l2' (the PGD floor is an L-inf attack)")
+    return options
+
+
+def _mixture_config(options: dict, eval_ds: TensorData, fit_logits, fit_features) -> GMMConfig:
+    shape = tuple(eval_ds.x.shape[1:])
+    return GMMConfig(
+        eps=options["eps"], norm=options["norm"], components=options["components"],
+        latent_dim=options["latent_dim"], covariance=options["covariance"], dependency=options["dependency"],
+        input_shape=shape, n_classes=fit_logits.shape[1],
+        feature_dim=None if fit_features is None else fit_features.shape[1],
+        grid_size=options["grid_size"] or default_grid_size(shape),
+    )
 
 
 def _fit_settings(steps, batch_size, draws, lr, temperature, clip_norm, kappa) -> FitSettings:
@@ -304,9 +307,10 @@ def _feature_layer(model: torch.nn.Module, name: str | None) -> tuple[torch.nn.M
     return modules[name], f"output of {name}", False
 
 
-def _split(data, fit_data, fit_fraction: float, seed: int) -> tuple[TensorData, TensorData, dict]:
-    """(fit split, evaluation split, description): ``fit_data`` as given, or a seeded fraction of data."""
-    ds = load_data(data)
+def _split(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorData, TensorData, dict]:
+    """(fit split, evaluation split, description): ``fit_data`` as given (in the run's dtype), or a
+    seeded fraction of the run's data. Both must lie in the box and have the same input shape."""
+    ds = run.ds
     if fit_data is not None:
         if isinstance(fit_data, str):
             raise SettingError(
@@ -315,28 +319,36 @@ def _split(data, fit_data, fit_fraction: float, seed: int) -> tuple[TensorData, 
                 "only by the pytest layer",
             )
         fit_ds = load_data(fit_data)
+        fit_ds = TensorData(fit_ds.x.to(run.dtype), fit_ds.y)
         overlap = _shared_rows(fit_ds.x, ds.x)
         if overlap:
             warnings.warn(
                 f"{overlap} of the {len(ds)} evaluation inputs also occur in fit_data: NPPR should be "
                 "evaluated on inputs the perturbation model was not fitted to",
                 RobustWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-        return fit_ds, ds, {"source": "fit_data"}
-    fraction = validation.open_unit("fit_fraction", fit_fraction)
-    n_fit = round(fraction * len(ds))
-    if not 1 <= n_fit < len(ds):
-        raise SettingError(
-            "fit_fraction", fit_fraction,
-            f"a fraction that leaves at least one input in each split of the {len(ds)} inputs "
-            "(or pass fit_data=)",
-        )
-    order = torch.randperm(len(ds), generator=stream_generator(seed, "nppr-split"))
-    fit_idx, eval_idx = order[:n_fit].sort().values, order[n_fit:].sort().values
-    fit_ds = TensorData(ds.x[fit_idx.to(ds.x.device)], ds.y[fit_idx.to(ds.y.device)])
-    eval_ds = TensorData(ds.x[eval_idx.to(ds.x.device)], ds.y[eval_idx.to(ds.y.device)])
-    return fit_ds, eval_ds, {"source": f"fit_fraction={fraction:g} of the data (seeded split)"}
+        split = (fit_ds, ds, {"source": "fit_data"})
+    else:
+        fraction = validation.open_unit("fit_fraction", fit_fraction)
+        n_fit = round(fraction * len(ds))
+        if not 1 <= n_fit < len(ds):
+            raise SettingError(
+                "fit_fraction", fit_fraction,
+                f"a fraction that leaves at least one input in each split of the {len(ds)} inputs "
+                "(or pass fit_data=)",
+            )
+        order = torch.randperm(len(ds), generator=stream_generator(run.seed, "nppr-split"))
+        fit_idx, eval_idx = order[:n_fit].sort().values, order[n_fit:].sort().values
+        fit_ds = TensorData(ds.x[fit_idx.to(ds.x.device)], ds.y[fit_idx.to(ds.y.device)])
+        eval_ds = TensorData(ds.x[eval_idx.to(ds.x.device)], ds.y[eval_idx.to(ds.y.device)])
+        split = (fit_ds, eval_ds, {"source": f"fit_fraction={fraction:g} of the data (seeded split)"})
+    if tuple(split[0].x.shape[1:]) != tuple(split[1].x.shape[1:]):
+        raise RobustDataError(f"fit_data inputs have shape {tuple(split[0].x.shape[1:])}, the data "
+                              f"{tuple(split[1].x.shape[1:])}")
+    _check_in_box("fit_data", split[0].x, bounds)
+    _check_in_box("data", split[1].x, bounds)
+    return split
 
 
 def _shared_rows(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -383,27 +395,30 @@ class _WithFeatures(torch.nn.Module):
         return torch.cat([z, captured[-1].flatten(start_dim=1)], dim=1)
 
 
-def _clean_pass(model, ds: TensorData, name: str, layer, batch_size: int, device):
-    """Logits of the clean inputs and, when ``layer`` is given, their features (n, F), on ``device``."""
-    x = ds.x.to(device)
+def _clean_pass(run: Run, ds: TensorData, layer):
+    """Logits of the clean inputs and, when ``layer`` is given, their features (n, F), on the run's
+    device, through the run's forward wrapper (counted, OOM-safe)."""
+    x = ds.x.to(run.device)
+    if int(ds.y.max()) >= (run.forward.n_classes or math.inf):
+        raise RobustDataError(f"label {int(ds.y.max())} is out of range for a model with {run.forward.n_classes} classes")
     if layer is None:
-        logits, features = Forward(model, batch_size).logits(x), None
-    else:
-        module, _, use_input = layer
-        if module is None:
-            raise SettingError(
-                "feature_layer", None,
-                "the name of a layer of the model: it has no nn.Linear layer to default to "
-                "(the input and joint dependencies need classifier features)",
-            )
-        wrapped = _WithFeatures(model, module, use_input)
-        out = Forward(wrapped, batch_size).logits(x)
-        logits, features = out[:, : wrapped.classes], out[:, wrapped.classes :]
-    if int(ds.y.max()) >= logits.shape[1]:
-        raise RobustDataError(
-            f"{name}: label {int(ds.y.max())} is out of range for a model with {logits.shape[1]} classes"
+        return run.forward.logits(x), None
+    module, _, use_input = layer
+    if module is None:
+        raise SettingError(
+            "feature_layer", None,
+            "the name of a layer of the model: it has no nn.Linear layer to default to "
+            "(the input and joint dependencies need classifier features)",
         )
-    return logits, features
+    wrapped = _WithFeatures(run.model, module, use_input)
+
+    def part(start: int, stop: int):
+        with torch.inference_mode():
+            out = wrapped(x[start:stop])
+        return run.forward.validated(out[:, : wrapped.classes], stop - start), out[:, wrapped.classes :]
+
+    logits, features = zip(*run.forward.chunked(len(x), part))
+    return torch.cat(logits), torch.cat(features)
 
 
 # -- fitting ----------------------------------------------------------------------------------------
@@ -423,11 +438,12 @@ def _fit_key(model, cfg: GMMConfig, fit: FitSettings, layer_name, bounds, seed: 
     return cache.cache_key("nppr", cache.model_fingerprint(model), settings)
 
 
-def _new_gmm(cfg: GMMConfig, seed: int, device) -> GMMPerturbation:
-    """A freshly initialised mixture, its initial parameters drawn from a seeded, forked global RNG."""
+def _new_gmm(cfg: GMMConfig, seed: int, device, dtype) -> GMMPerturbation:
+    """A freshly initialised mixture in the model's dtype, its initial parameters drawn from a
+    seeded, forked global RNG."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_generator(seed, "nppr-init").initial_seed())
-        return GMMPerturbation(cfg).to(device)
+        return GMMPerturbation(cfg).to(device=device, dtype=dtype)
 
 
 #: What a fit record holds (stored with the mixture's parameters in the cache).
@@ -446,12 +462,13 @@ class Fitted:
     fitted_now: bool
 
 
-def _fitted(model, cfg, fit, fit_ds, fit_features, bounds, seed, device, key, cache_dir, refit) -> Fitted:
+def _fitted(run: Run, cfg, fit, fit_ds, fit_features, bounds, key, options) -> Fitted:
     """The mixture from a valid cache entry, else fitted now (and stored when a cache is in use)."""
+    cache_dir, refit = options["cache_dir"], options["refit"]
     path = None if cache_dir is None else cache.entry_path(cache_dir, "nppr", key)
     state = "off" if path is None else "refit" if refit else "miss"
     if path is not None and not refit:
-        gmm, record, state = _from_cache(path, key, cfg, seed, device)
+        gmm, record, state = _from_cache(path, key, cfg, run)
         if gmm is not None:
             return Fitted(gmm, record, "hit", str(path), fitted_now=False)
         if state != "miss":
@@ -461,14 +478,15 @@ def _fitted(model, cfg, fit, fit_ds, fit_features, bounds, seed, device, key, ca
                 stacklevel=4,
             )
             state = "invalid (refitted)"
-    gmm = _new_gmm(cfg, seed, device)
-    record = _fit(model, gmm, fit, fit_ds, fit_features, bounds, seed, device)
+    gmm = _new_gmm(cfg, run.seed, run.device, run.dtype)
+    with run.forward.phase("fit"):
+        record = _fit(run, gmm, fit, fit_ds, fit_features, bounds)
     if path is not None:
         cache.store(path, key, {"state": {k: v.cpu() for k, v in gmm.state_dict().items()}, "record": record})
     return Fitted(gmm, record, state, None if path is None else str(path), fitted_now=True)
 
 
-def _from_cache(path, key: str, cfg: GMMConfig, seed: int, device):
+def _from_cache(path, key: str, cfg: GMMConfig, run: Run):
     """(mixture, record, "hit") from a trusted entry, else (None, None, "miss" or the reason it is invalid)."""
     entry, state = cache.load(path, key)
     if entry is None:
@@ -476,7 +494,7 @@ def _from_cache(path, key: str, cfg: GMMConfig, seed: int, device):
     record = entry.get("record")
     if not (isinstance(record, dict) and set(RECORD_KEYS) <= set(record)):
         return None, None, "missing its fit record"
-    gmm = _new_gmm(cfg, seed, device)
+    gmm = _new_gmm(cfg, run.seed, run.device, run.dtype)
     try:
         gmm.load_state_dict(entry.get("state"))
     except (TypeError, AttributeError, RuntimeError) as err:
@@ -491,47 +509,53 @@ def margin_loss(logits: torch.Tensor, y: torch.Tensor, kappa: float) -> torch.Te
     return F.softplus(true - other + kappa)
 
 
-def _fit(model, gmm: GMMPerturbation, fit: FitSettings, fit_ds, fit_features, bounds, seed, device) -> dict:
-    """Adam on the mixture's parameters; the model (already guarded) only passes gradients to x'."""
-    started = time.perf_counter()
+def _fit(run: Run, gmm: GMMPerturbation, fit: FitSettings, fit_ds, fit_features, bounds) -> dict:
+    """Adam on the mixture's parameters; the model (guarded by the run) only passes gradients to x'."""
+    started, passes = time.perf_counter(), run.forward.passes
     optimizer = torch.optim.Adam(gmm.parameters(), lr=fit.lr)
-    pick = stream_generator(seed, "nppr-fit-inputs")
-    noise = stream_generator(seed, "nppr-fit-noise", device=device)
-    x_all, y_all = fit_ds.x.to(device), fit_ds.y.to(device)
+    pick = stream_generator(run.seed, "nppr-fit-inputs")
+    noise = stream_generator(run.seed, "nppr-fit-noise", device=run.device)
+    x_all, y_all = fit_ds.x.to(run.device), fit_ds.y.to(run.device)
     losses = []
     gmm.train()
     for step in range(fit.steps):
-        with torch.enable_grad():
-            loss = _fit_step(model, gmm, fit, step, x_all, y_all, fit_features, bounds, pick, noise)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        losses.append(_fit_step(run, gmm, fit, step, x_all, y_all, fit_features, bounds, pick, noise))
         torch.nn.utils.clip_grad_norm_(gmm.parameters(), fit.clip_norm)
         optimizer.step()
-        losses.append(loss.item())
     return {
         "loss": losses,
         "final_loss": float(np.mean(losses[-max(1, fit.steps // 10):])),
         "steps": fit.steps,
         "seconds": time.perf_counter() - started,
-        "device": str(device),
-        "forward_passes": fit.steps * fit.batch_size * fit.draws,
+        "device": str(run.device),
+        "forward_passes": run.forward.passes - passes,
     }
 
 
-def _fit_step(model, gmm, fit: FitSettings, step: int, x_all, y_all, fit_features, bounds, pick, noise):
-    """The mean margin loss over one batch of fit inputs and ``fit.draws`` relaxed draws each."""
+def _fit_step(run: Run, gmm, fit: FitSettings, step: int, x_all, y_all, fit_features, bounds, pick, noise) -> float:
+    """One batch of fit inputs with ``fit.draws`` relaxed draws each: accumulates the gradient of
+    the mean margin loss in the mixture's parameters and returns the loss.
+
+    The classifier is evaluated through the run's forward wrapper (``Forward.grad``: chunked,
+    counted, OOM-safe), which gives dloss/dx'; it is then backpropagated through the mixture.
+    """
     idx = torch.randint(len(x_all), (fit.batch_size,), generator=pick).to(x_all.device)
     x, y = x_all[idx], y_all[idx]
-    mix = gmm.mixture(None if fit_features is None else fit_features[idx], y)
-    z = gmm.relaxed_latent(mix, fit.draws, fit.temperature_at(step), noise)
-    logits = model(gmm.apply(x, z, bounds).flatten(end_dim=1))
-    loss = margin_loss(logits, y.repeat_interleave(fit.draws), fit.kappa).mean()
-    if not torch.isfinite(loss):
-        raise RobustModelError(
-            f"the NPPR fit loss became {loss.item()} at step {step}: the model returned non-finite "
-            "logits on perturbed inputs"
-        )
-    return loss
+    with torch.enable_grad():
+        mix = gmm.mixture(None if fit_features is None else fit_features[idx], y)
+        z = gmm.relaxed_latent(mix, fit.draws, fit.temperature_at(step), noise)
+        x_prime = gmm.apply(x, z, bounds).flatten(end_dim=1)
+        values, grad = run.forward.grad(x_prime.detach(), y.repeat_interleave(fit.draws),
+                                        lambda logits, labels: margin_loss(logits, labels, fit.kappa))
+        loss = values.mean()
+        if not torch.isfinite(loss):
+            raise RobustModelError(
+                f"the NPPR fit loss became {loss.item()} at step {step}: the model returned non-finite "
+                "logits on perturbed inputs"
+            )
+        x_prime.backward(grad / len(values))
+    return loss.item()
 
 
 def _loss_curve(losses: list[float], fit: FitSettings) -> dict:
@@ -552,66 +576,31 @@ def _loss_curve(losses: list[float], fit: FitSettings) -> dict:
     }
 
 
-# -- the frozen mixture as a perturbation of keyed inputs ------------------------------------------
-#
-# tsrm() draws rows of its data and hands them to a perturbation (x, generator) -> x'. The label-
-# and input-dependent mixtures need each row's label and features, so the evaluation inputs travel
-# as *keyed rows*: the flattened input followed by its row index, written in base-256 digits (exact
-# in every float dtype). FrozenGMM reads the index, KeyedModel drops it before the classifier.
-
-_KEY_BASE = 256
+# -- the frozen mixture as a perturbation ---------------------------------------------------------
 
 
-def _key_columns(n: int) -> int:
-    return max(1, math.ceil(math.log(max(n, 2), _KEY_BASE)))
+class FrozenGMM(Perturbation):
+    """Exact draws from the fitted mixture: a conditional perturbation (it needs each row's
+    position in the evaluation data, for the classifier features of its clean input, and its label).
+    The mixture's output already lies in the box (``GMMPerturbation.apply``), so nothing is clipped."""
 
+    conditional = True
 
-class KeyedModel(torch.nn.Module):
-    """The classifier on keyed rows: drops the trailing key columns and restores the input shape."""
-
-    def __init__(self, model: torch.nn.Module, input_shape: tuple[int, ...]):
-        super().__init__()
-        self.model = model
-        self.input_shape = input_shape
-        self.width = math.prod(input_shape)
-
-    def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.model(rows[:, : self.width].reshape(-1, *self.input_shape))
-
-
-class FrozenGMM:
-    """Exact draws from the fitted mixture for keyed evaluation rows: a perturbation (rows, generator) -> rows'.
-
-    ``keyed_data`` is the (keyed rows, labels) pair to evaluate it on. Conditioning (labels,
-    classifier features of the clean inputs) is looked up by each row's key.
-    """
-
-    def __init__(self, gmm: GMMPerturbation, eval_ds: TensorData, features: torch.Tensor | None, bounds):
+    def __init__(self, gmm: GMMPerturbation, features: torch.Tensor | None, bounds):
+        super().__init__(bounds=None)
         self.gmm = gmm
-        self.bounds = bounds
-        x = eval_ds.x
-        self.width = math.prod(x.shape[1:])
-        self.columns = _key_columns(len(x))
-        index = torch.arange(len(x), device=x.device)
-        digits = torch.stack([(index // _KEY_BASE**j) % _KEY_BASE for j in range(self.columns)], dim=1)
-        self.keyed_data = (torch.cat([x.flatten(start_dim=1), digits.to(x.dtype)], dim=1), eval_ds.y)
-        device = next(gmm.parameters()).device
-        self.labels = eval_ds.y.to(device)
+        self.box = bounds
         self.features = features
 
-    def row_index(self, rows: torch.Tensor) -> torch.Tensor:
-        """The evaluation-row index written in the key columns of ``rows``."""
-        digits = rows[:, self.width :].round().long()
-        return (digits * (_KEY_BASE ** torch.arange(self.columns, device=rows.device))).sum(dim=1)
+    def sample(self, x, generator):
+        raise ArgumentError("the learned NPPR distribution needs each row's index and label: call draw()")
 
-    def __call__(self, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        x = rows[:, : self.width].reshape(-1, *self.gmm.cfg.input_shape)
+    def __call__(self, x: torch.Tensor, generator: torch.Generator, *, index, y) -> torch.Tensor:
         with torch.no_grad():
-            index = self.row_index(rows).to(self.labels.device)
-            mix = self.gmm.mixture(None if self.features is None else self.features[index], self.labels[index])
+            features = None if self.features is None else self.features[index.to(self.features.device)]
+            mix = self.gmm.mixture(features, y.to(next(self.gmm.parameters()).device))
             z, _ = self.gmm.hard_latent(mix, 1, generator)
-            x_prime = self.gmm.apply(x, z, self.bounds)[:, 0]
-        return torch.cat([x_prime.flatten(start_dim=1), rows[:, self.width :]], dim=1)
+            return self.gmm.apply(x, z, self.box)[:, 0]
 
     def __repr__(self) -> str:
         c = self.gmm.cfg
@@ -621,67 +610,46 @@ class FrozenGMM:
         )
 
 
-def _per_input_pr(forward: Forward, perturbation: FrozenGMM, y, draws: int, seed: int, device) -> np.ndarray:
+def _per_input_pr(run: Run, perturbation: FrozenGMM, ds: TensorData, draws: int) -> np.ndarray:
     """PR of each evaluation input over ``draws`` exact draws, shape (n,).
 
     Inputs are taken in groups of max(1, BLOCK // draws), each group with its own random stream,
     so the numbers do not depend on the batch size; groups are evaluated a batch at a time.
     """
-    rows = perturbation.keyed_data[0]
     group = max(1, BLOCK // draws)
-    starts = list(range(0, len(rows), group))
     hits, pending = [], []
 
     def flush():
         x = torch.cat([p[0] for p in pending])
         labels = torch.cat([p[1] for p in pending])
-        hits.append(correct_predictions(forward.logits(x), labels).cpu())
+        hits.append(correct_predictions(run.forward.logits(x), labels).cpu())
         pending.clear()
 
-    for number, start in enumerate(starts):
-        chosen = rows[start : start + group].to(device).repeat_interleave(draws, dim=0)
-        labels = y[start : start + group].to(device).repeat_interleave(draws)
-        pending.append((perturbation(chosen, stream_generator(seed, "nppr-per-input", number, device=device)), labels))
-        if sum(len(p[1]) for p in pending) >= forward.batch_size:
+    for number, start in enumerate(range(0, len(ds), group)):
+        index = torch.arange(start, min(start + group, len(ds))).repeat_interleave(draws)
+        x, y = ds.x[index.to(ds.x.device)].to(run.device), ds.y[index.to(ds.y.device)].to(run.device)
+        gen = stream_generator(run.seed, "nppr-per-input", number, device=run.device)
+        pending.append((perturbation.draw(x, gen, index, y), y))
+        if sum(len(p[1]) for p in pending) >= run.forward.batch_size:
             flush()
     if pending:
         flush()
     return torch.cat(hits).reshape(-1, draws).float().mean(dim=1).numpy()
 
 
-def _pgd_floor(model, eval_ds: TensorData, eps: float, steps: int, bounds, seed: int, device) -> dict:
-    """PGD robust accuracy (L-inf, cross-entropy, one random start) on the evaluation inputs."""
-    correct, passes = 0, 0
-    for number, start in enumerate(range(0, len(eval_ds), BLOCK)):
-        x = eval_ds.x[start : start + BLOCK].to(device)
-        y = eval_ds.y[start : start + BLOCK].to(device)
-        gen = stream_generator(seed, "nppr-pgd", number, device=device)
-        x_adv, _ = pgd_attack(model, x, y, eps, steps=steps, bounds=bounds, generator=gen)
-        with torch.no_grad():
-            correct += int(correct_predictions(model(x_adv), y).sum())
-        passes += len(x) * (steps + 2)
-    return {"accuracy": correct / len(eval_ds), "forward_passes": passes}
+def _pgd_floor(run: Run, ds: TensorData, eps: float, steps: int, bounds) -> float:
+    """PGD robust accuracy (L-inf, cross-entropy, one random start; an input counts as broken when
+    any iterate is misclassified) on the evaluation inputs."""
+    survived = 0
+    for number, start in enumerate(range(0, len(ds), BLOCK)):
+        x = ds.x[start : start + BLOCK].to(run.device)
+        y = ds.y[start : start + BLOCK].to(run.device)
+        gen = stream_generator(run.seed, "nppr-pgd", number, device=run.device)
+        survived += int((~pgd(run.forward, x, y, eps, steps=steps, bounds=bounds, generator=gen).fooled).sum())
+    return survived / len(ds)
 
 
 # -- context ----------------------------------------------------------------------------------------
-
-
-class UniformL2(Perturbation):
-    """Uniform noise in the L2 ball of radius eps: delta = eps U^(1/D) g / ||g||, g ~ N(0, I), U ~ U(0, 1)."""
-
-    def __init__(self, eps: float, bounds=(0.0, 1.0)):
-        super().__init__(bounds)
-        self.eps = validation.positive_float("eps", eps)
-
-    def sample(self, x, generator):
-        g = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-        u = torch.rand((len(x),), generator=generator, device=x.device, dtype=x.dtype)
-        width = math.prod(x.shape[1:])
-        radius = self.eps * u ** (1.0 / width) / g.flatten(start_dim=1).norm(dim=1).clamp(min=1e-12)
-        return x + g * radius.reshape(-1, *([1] * (x.ndim - 1)))
-
-    def __repr__(self):
-        return f"UniformL2(eps={self.eps:g})"
 
 
 def _context_noises(eps: float, norm: str, shape: tuple[int, ...], bounds) -> dict[str, Perturbation]:
@@ -694,13 +662,14 @@ def _context_noises(eps: float, norm: str, shape: tuple[int, ...], bounds) -> di
     }
 
 
-def _context_details(context: dict[str, Result], draws: int, floor: dict | None, pgd_steps: int) -> dict:
+def _context_details(context: dict, alpha: float, floor: float | None, pgd_steps: int) -> dict:
     """PR under each predefined distribution (estimate, anytime-valid bounds, its repr) and the PGD floor."""
-    out = {"draws": draws}
-    for name, r in context.items():
-        out.update({f"{name}_pr": r.estimate, f"{name}_lower": r.lower, f"{name}_upper": r.upper,
-                    f"{name}_perturbation": r.perturbation})
-    out.update({"pgd_accuracy": floor["accuracy"] if floor else None, "pgd_steps": pgd_steps if floor else None})
+    out = {}
+    for name, (shown, stream) in context.items():
+        estimate, lower, upper, _ = summary(stream, alpha, None)
+        out.update({"draws": stream.used, f"{name}_pr": estimate, f"{name}_lower": lower, f"{name}_upper": upper,
+                    f"{name}_perturbation": shown})
+    out.update({"pgd_accuracy": floor, "pgd_steps": pgd_steps if floor is not None else None})
     return out
 
 

@@ -33,25 +33,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import smoothing, validation
-from ..engine import (
-    Forward,
-    correct_predictions,
-    guarded,
-    load_data,
-    report_progress,
-    resolve_device,
-    stream_generator,
-)
+from .. import certificates, validation
+from ..engine import Forward, correct_predictions, report_progress, stream_generator
+from ..errors import SettingError
 from ..results import Result
+from ..run import Run
 from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper
-from ..validation import SettingError, check_run_args
 
 #: Draws per random-stream block (the unit in which noise is generated and inputs are packed).
 BLOCK = 64
 #: An input may take at most drawn / GROWTH more draws in one step (bounds the draws a decision
 #: mid-chunk wastes to about 1/GROWTH), and never less than one block.
 GROWTH = 4
+#: Most blocks of draws one input contributes to a batch of the gate.
+MAX_CHUNK_BLOCKS = 16
 #: Draws of one input generated at a time by the fixed-size procedures (a multiple of BLOCK).
 PIECE = 16 * BLOCK
 #: Prediction code of an abstention in ``certify`` and ``predict``.
@@ -87,15 +82,16 @@ def _noisy(x_i: torch.Tensor, sigma: float, seed: int, index: int, start: int, s
 # ----------------------------------------------------------------------------------------------
 
 
-def _pieces(x: torch.Tensor, sigma: float, phases, seed: int, device):
+def _pieces(x: torch.Tensor, index, sigma: float, phases, seed: int, device):
     """(noisy rows, tags) of every input's draws in each phase, inputs one after another, cut at
-    multiples of PIECE; a row's tag is input * len(phases) + phase."""
+    multiples of PIECE; row i of x is input ``index[i]`` of the data (its noise stream); a row's
+    tag is i * len(phases) + phase."""
     for i in range(len(x)):
         for p, (start, stop) in enumerate(phases):
             edges = [start, *range((start // PIECE + 1) * PIECE, stop, PIECE), stop]
             for a, b in zip(edges, edges[1:]):
                 tags = torch.full((b - a,), i * len(phases) + p, dtype=torch.long, device=device)
-                yield _noisy(x[i], sigma, seed, i, a, b, device), tags
+                yield _noisy(x[i], sigma, seed, int(index[i]), a, b, device), tags
 
 
 def _full_batches(pieces, forward: Forward):
@@ -115,17 +111,26 @@ def _full_batches(pieces, forward: Forward):
         yield torch.cat(rows), torch.cat(tags)
 
 
-def _class_counts(forward: Forward, x: torch.Tensor, sigma: float, phases, seed: int, device,
-                  metric: str) -> np.ndarray:
+def _class_counts(run: Run, sigma: float, phases, metric: str) -> np.ndarray:
     """Counts of f(x_i + eps) over the draws of each phase: array (inputs, phases, classes).
 
     ``phases`` are draw ranges [start, stop) of every input's stream (disjoint ranges are
     independent samples). A tie between logits counts in no class. ``metric`` names the
-    procedure in progress reports.
+    procedure in progress reports. Under torch.distributed each rank counts its share of the
+    inputs (``Run.shard``) and the counts are gathered, identical to one process.
     """
+    mine = run.shard(len(run.ds))
+    local = _counts(run.forward, run.ds.x[torch.as_tensor(mine)].to(run.device), mine, sigma, phases, run.seed,
+                    run.device, metric)
+    return np.stack(run.gather(list(local), len(run.ds)))
+
+
+def _counts(forward: Forward, x: torch.Tensor, index, sigma: float, phases, seed: int, device,
+            metric: str) -> np.ndarray:
+    """``_class_counts`` for the rows x, which are inputs ``index`` of the data."""
     counts = None
     total = len(x) * sum(stop - start for start, stop in phases)
-    for rows, tags in _full_batches(_pieces(x, sigma, phases, seed, device), forward):
+    for rows, tags in _full_batches(_pieces(x, index, sigma, phases, seed, device), forward):
         logits = forward.logits(rows)
         n_classes = logits.shape[1]
         top = logits.topk(2, dim=1).values
@@ -134,14 +139,14 @@ def _class_counts(forward: Forward, x: torch.Tensor, sigma: float, phases, seed:
             counts = torch.zeros(len(x) * len(phases), n_classes + 1, dtype=torch.long, device=device)
         counts.index_put_((tags, pred), torch.ones_like(pred), accumulate=True)
         report_progress(metric=metric, draws=forward.passes, budget=total)
+    if counts is None:  # no inputs on this rank
+        return np.zeros((0, len(phases), 0), dtype=np.int64)
     return counts[:, :-1].reshape(len(x), len(phases), -1).cpu().numpy()
 
 
-def _validate_fixed(sigma, alpha, seed, batch_size, **sizes) -> tuple[float, float]:
+def _validate_fixed(sigma, alpha, **sizes) -> tuple[float, float]:
     sigma = validation.positive_float("sigma", sigma)
     alpha = validation.open_unit("alpha", alpha)
-    validation.non_negative_int("seed", seed)
-    validation.positive_int("batch_size", batch_size)
     for key, value in sizes.items():
         validation.positive_int(key, value)
     return sigma, alpha
@@ -233,24 +238,20 @@ def certify(
     ``sigma`` is in the units of the model's inputs. Defaults are Cohen's (n0=100, n=100 000,
     alpha=0.001). Certified accuracy at any radius: ``result.certified_accuracy(r)``.
     """
-    sigma, alpha = _validate_fixed(sigma, alpha, seed, batch_size, n0=n0, n=n)
-    ds = load_data(data)
-    device = resolve_device(device, model)
-    started = time.perf_counter()
-    with guarded(model, device):
-        forward = Forward(model, batch_size, max_label=int(ds.y.max()))
-        counts = _class_counts(forward, ds.x.to(device), sigma, [(0, n0), (n0, n0 + n)], seed, device, "CERTIFY")
+    sigma, alpha = _validate_fixed(sigma, alpha, n0=n0, n=n)
+    with Run("certify", model, data, budget=None, seed=seed, batch_size=batch_size, device=device) as run:
+        counts = _class_counts(run, sigma, [(0, n0), (n0, n0 + n)], "CERTIFY")
     choice = counts[:, 0].argmax(axis=1)
     k = counts[np.arange(len(choice)), 1, choice]
     lower_of = {c: clopper_pearson_lower(c, n, alpha) for c in np.unique(k).tolist()}
     pa_lower = np.array([lower_of[c] for c in k.tolist()])
     abstain = pa_lower < 0.5
-    radius = np.array([sigma * smoothing.NORMAL.inv_cdf(p) if p >= 0.5 else 0.0 for p in pa_lower])
+    radius = np.array([sigma * certificates.NORMAL.inv_cdf(p) if p >= 0.5 else 0.0 for p in pa_lower])
     prediction = np.where(abstain, ABSTAIN, choice)
-    label = ds.y.cpu().numpy()
+    label = run.ds.y.cpu().numpy()
     return Certification(
-        sigma=sigma, n0=n0, n=n, alpha=alpha, seed=seed, device=str(device),
-        seconds=time.perf_counter() - started, forward_passes=forward.passes,
+        sigma=sigma, n0=n0, n=n, alpha=alpha, seed=run.seed, device=str(run.device),
+        seconds=time.perf_counter() - run.started, forward_passes=sum(run.spent().values()),
         label=label, prediction=prediction, count=k, pa_estimate=k / n, pa_lower=pa_lower,
         radius=radius, correct=prediction == label, draws=np.full(len(label), n0 + n),
     )
@@ -291,22 +292,18 @@ def predict(
     return the top class unless the two-sided binomial test of n_A out of n_A + n_B at p = 1/2 has
     p-value > alpha (then abstain). The returned class differs from the smoothed classifier's with
     probability <= alpha. ``sigma`` is in the units of the model's inputs."""
-    sigma, alpha = _validate_fixed(sigma, alpha, seed, batch_size, n=n)
-    ds = load_data(data)
-    device = resolve_device(device, model)
-    started = time.perf_counter()
-    with guarded(model, device):
-        forward = Forward(model, batch_size, max_label=int(ds.y.max()))
-        counts = _class_counts(forward, ds.x.to(device), sigma, [(0, n)], seed, device, "PREDICT")[:, 0]
+    sigma, alpha = _validate_fixed(sigma, alpha, n=n)
+    with Run("predict", model, data, budget=None, seed=seed, batch_size=batch_size, device=device) as run:
+        counts = _class_counts(run, sigma, [(0, n)], "PREDICT")[:, 0]
     order = np.argsort(-counts, axis=1, kind="stable")
     rows = np.arange(len(counts))
     top, runner_up = counts[rows, order[:, 0]], counts[rows, order[:, 1]]
-    p_value = np.array([smoothing.predict_pvalue(int(a), int(b)) for a, b in zip(top, runner_up)])
+    p_value = np.array([certificates.predict_pvalue(int(a), int(b)) for a, b in zip(top, runner_up)])
     prediction = np.where(p_value > alpha, ABSTAIN, order[:, 0])
-    label = ds.y.cpu().numpy()
+    label = run.ds.y.cpu().numpy()
     return Prediction(
-        sigma=sigma, n=n, alpha=alpha, seed=seed, device=str(device), seconds=time.perf_counter() - started,
-        forward_passes=forward.passes, label=label, prediction=prediction, top_count=top,
+        sigma=sigma, n=n, alpha=alpha, seed=run.seed, device=str(run.device),
+        seconds=time.perf_counter() - run.started, forward_passes=sum(run.spent().values()), label=label, prediction=prediction, top_count=top,
         runner_up_count=runner_up, p_value=p_value, correct=prediction == label,
     )
 
@@ -319,8 +316,8 @@ def predict(
 def _check_feasible(n_inputs, threshold, radius, sigma, alpha, confidence, budget, max_draws) -> tuple[int, int]:
     """Refuse requests that cannot pass before spending compute; returns the fewest draws with
     which the sequential test, and a fixed-size Clopper-Pearson test, can certify one input."""
-    fixed = smoothing.min_samples_to_certify(radius, sigma, alpha)
-    fewest = smoothing.min_sequential_draws(radius, sigma, alpha)
+    fixed = certificates.min_samples_to_certify(radius, sigma, alpha)
+    fewest = certificates.min_sequential_draws(radius, sigma, alpha)
     why = (
         f"fewer draws per input cannot certify L2 radius {radius:g} at sigma={sigma:g}, alpha={alpha:g} even "
         f"if the model is right on every draw (the sequential test needs {fewest}; a fixed-size "
@@ -333,7 +330,7 @@ def _check_feasible(n_inputs, threshold, radius, sigma, alpha, confidence, budge
     if threshold is None:
         return fewest, fixed
     level = 1.0 - confidence
-    inputs_needed = smoothing.fewest_inputs_to_pass(threshold, alpha, confidence)
+    inputs_needed = certificates.fewest_inputs_to_pass(threshold, alpha, confidence)
     if inputs_needed is None or n_inputs < inputs_needed:
         best = max(0.0, clopper_pearson_lower(n_inputs, n_inputs, level) - alpha)
         fix = (f"use at least {inputs_needed} inputs or a lower threshold" if inputs_needed
@@ -371,90 +368,122 @@ class _GatePlan:
     sigma: float
     required: float
     alpha: float
-    seed: int
     budget: int
     max_draws: int
     fewest: int
 
 
-@dataclass
-class _GateRun:
-    """Per-input state of the sequential tests: gates, draws consumed, correct draws, outcomes not
-    yet fed to the gate (see ``_feed``), rounds of budget allocation."""
+#: Per-input verdict codes of the sequential tests.
+OPEN, CERTIFIED, REFUTED = 0, 1, 2
 
-    gates: list
+
+@dataclass
+class _GateState:
+    """Per-input state of the sequential tests, the same on every rank after each round: verdict
+    code, draws the test used, correct draws among them, model evaluations spent (draws plus the
+    rest of the chunk in which the test decided), and the rounds of budget allocation."""
+
+    verdict: np.ndarray
     drawn: np.ndarray
     hits: np.ndarray
-    waiting: list
+    evaluated: np.ndarray
     rounds: int = 0
 
-    def decided(self) -> int:
-        return sum(g.decision is not None for g in self.gates)
+
+class _LocalTests:
+    """This rank's per-input sequential tests and the outcomes not yet fed to them (see ``feed``)."""
+
+    def __init__(self, plan: _GatePlan, inputs):
+        self.plan = plan
+        self.gates = {i: SequentialGate(plan.required, plan.alpha) for i in inputs}
+        self.waiting = {i: [] for i in inputs}
+
+    def feed(self, i: int, chunk: np.ndarray, stop: int):
+        """Give input i's outcomes up to draw ``stop`` to its test; returns its decision or None.
+
+        While every outcome so far is correct and fewer than ``plan.fewest`` draws were made,
+        neither side of the test can decide (a pass needs at least ``fewest`` correct draws, a fail
+        needs a miss), so the outcomes wait and are fed in one later update: the decision, at its
+        exact draw, is the same, with fewer calls into the test.
+        """
+        self.waiting[i].append(chunk)
+        if stop < self.plan.fewest and chunk.all():
+            return None
+        block = np.concatenate(self.waiting[i])
+        self.waiting[i] = []
+        return self.gates[i].update(block)
 
 
-def _feed(run: _GateRun, plan: _GatePlan, i: int, chunk: np.ndarray, stop: int):
-    """Give input i's outcomes up to draw ``stop`` to its test; returns its decision or None.
+def _chunk_end(start: int, allowance: int) -> int:
+    """Where input i's next chunk of draws ends: whole blocks, about start / GROWTH draws (at most
+    MAX_CHUNK_BLOCKS blocks), never past its allowance. Depends on the input alone, never on the
+    batch size or on which other inputs share the batch."""
+    blocks = max(1, min(MAX_CHUNK_BLOCKS, start // (GROWTH * BLOCK)))
+    return int(min(allowance, (start // BLOCK + blocks) * BLOCK))
 
-    While every outcome so far is correct and fewer than ``plan.fewest`` draws were made, neither
-    side of the test can decide (a pass needs at least ``fewest`` correct draws, a fail needs a
-    miss), so the outcomes wait and are fed in one later update: the decision, at its exact draw,
-    is the same, with fewer calls into the test.
+
+def _round(run: Run, plan: _GatePlan, state: _GateState, tests: _LocalTests, queue: deque, allowance: np.ndarray):
+    """Evaluate this rank's open inputs of one round, packed into batches of about ``batch_size``
+    draws, until each is decided or reaches its allowance; updates ``state`` for those inputs."""
+    x, y, active = run.ds.x, run.ds.y, []
+
+    def size(i: int) -> int:
+        return _chunk_end(int(state.drawn[i]), int(allowance[i])) - int(state.drawn[i])
+
+    while queue or active:
+        rows = sum(size(i) for i in active)
+        while queue and rows < run.forward.batch_size:
+            active.append(queue.popleft())
+            rows += size(active[-1])
+        spans = [(i, int(state.drawn[i]), _chunk_end(int(state.drawn[i]), int(allowance[i]))) for i in active]
+        noisy = torch.cat([_noisy(x[i].to(run.device), plan.sigma, run.seed, i, a, b, run.device) for i, a, b in spans])
+        labels = torch.cat([y[i].to(run.device).expand(b - a) for i, a, b in spans])
+        hit = correct_predictions(run.forward.logits(noisy), labels).cpu().numpy()
+        active, offset = [], 0
+        for i, a, b in spans:
+            chunk = hit[offset : offset + b - a]
+            offset += b - a
+            decision = tests.feed(i, chunk, b)
+            used = (decision.at if decision else b) - a
+            state.hits[i] += int(chunk[:used].sum())
+            state.drawn[i] += used
+            state.evaluated[i] += b - a
+            if decision is not None:
+                state.verdict[i] = CERTIFIED if decision.verdict == "pass" else REFUTED
+            elif state.drawn[i] < allowance[i]:
+                active.append(i)
+        report_progress(metric="certified accuracy", draws=int(state.drawn.sum()), budget=plan.budget,
+                        inputs_done=lambda: int((state.verdict != OPEN).sum()), inputs=len(state.verdict),
+                        forward_passes=run.forward.passes)
+
+
+def _run_gates(run: Run, plan: _GatePlan) -> _GateState:
+    """Run every input's sequential test until it is decided, reaches ``max_draws``, or the budget
+    of model evaluations is spent.
+
+    Allocation is in rounds, so that it does not depend on packing or on the ranks: each round
+    gives every open input (undecided, below max_draws) an equal share of the remaining budget;
+    evaluations left unused by inputs decided early go to the next round. Under torch.distributed
+    each rank evaluates its share of the inputs (``Run.shard``) and the per-input state is
+    gathered after every round, so every rank reaches the single-process numbers. A test is fed
+    its draws in stream order and stops at the exact draw where it decides; the rest of that
+    chunk counts as evaluations, not as draws.
     """
-    run.waiting[i].append(chunk)
-    if stop < plan.fewest and chunk.all():
-        return None
-    block = np.concatenate(run.waiting[i])
-    run.waiting[i] = []
-    return run.gates[i].update(block)
-
-
-def _run_gates(forward: Forward, x: torch.Tensor, y: torch.Tensor, plan: _GatePlan, device) -> _GateRun:
-    """Run every input's sequential test until it is decided, reaches ``max_draws``, or the total
-    ``budget`` is spent.
-
-    Allocation is in rounds, so that it does not depend on packing: each round gives every open
-    input (undecided, below max_draws) an equal share of the remaining budget; draws left unused
-    by inputs decided early go to the next round. Within a round, up to batch_size // BLOCK inputs
-    are active at a time, each contributing whole blocks of draws to one batch (more blocks per
-    input when fewer inputs remain, at most drawn / GROWTH), and finished inputs are replaced
-    from the queue. A test is fed its draws in stream order and stops at the exact draw where it
-    decides; the rest of that chunk counts as forward passes, not as draws.
-    """
-    n = len(y)
-    run = _GateRun([SequentialGate(plan.required, plan.alpha) for _ in range(n)], np.zeros(n, np.int64),
-                   np.zeros(n, np.int64), [[] for _ in range(n)])
+    n = len(run.ds)
+    state = _GateState(*(np.zeros(n, np.int64) for _ in range(4)))
+    mine = run.shard(n)
+    tests = _LocalTests(plan, mine.tolist())
     while True:
-        open_inputs = [i for i in range(n) if run.gates[i].decision is None and run.drawn[i] < plan.max_draws]
-        share = (plan.budget - int(run.drawn.sum())) // len(open_inputs) if open_inputs else 0
+        open_inputs = [i for i in range(n) if state.verdict[i] == OPEN and state.drawn[i] < plan.max_draws]
+        share = (plan.budget - int(state.evaluated.sum())) // len(open_inputs) if open_inputs else 0
         if share == 0:
-            return run
-        run.rounds += 1
-        allowance = np.minimum(run.drawn + share, plan.max_draws)
-        queue, active = deque(open_inputs), []
-        while queue or active:
-            slots = max(1, forward.batch_size // BLOCK)
-            while queue and len(active) < slots:
-                active.append(queue.popleft())
-            spans = []
-            for i in active:
-                start = int(run.drawn[i])
-                blocks = max(1, min(slots // len(active), start // (GROWTH * BLOCK)))
-                spans.append((i, start, int(min(allowance[i], (start // BLOCK + blocks) * BLOCK))))
-            rows = torch.cat([_noisy(x[i], plan.sigma, plan.seed, i, a, b, device) for i, a, b in spans])
-            labels = torch.cat([y[i].expand(b - a) for i, a, b in spans])
-            hit = correct_predictions(forward.logits(rows), labels).cpu().numpy()
-            active, offset = [], 0
-            for i, a, b in spans:
-                chunk = hit[offset : offset + b - a]
-                offset += b - a
-                decision = _feed(run, plan, i, chunk, b)
-                used = (decision.at if decision else b) - a
-                run.hits[i] += int(chunk[:used].sum())
-                run.drawn[i] += used
-                if decision is None and run.drawn[i] < allowance[i]:
-                    active.append(i)
-            report_progress(metric="certified accuracy", draws=int(run.drawn.sum()), budget=plan.budget,
-                            inputs_done=run.decided, inputs=n, forward_passes=forward.passes)
+            return state
+        state.rounds += 1
+        allowance = np.minimum(state.evaluated + share, plan.max_draws)
+        owned = set(mine.tolist())
+        _round(run, plan, state, tests, deque(i for i in open_inputs if i in owned), allowance)
+        rows = run.gather([(state.verdict[i], state.drawn[i], state.hits[i], state.evaluated[i]) for i in mine], n)
+        state.verdict, state.drawn, state.hits, state.evaluated = (np.array(col, np.int64) for col in zip(*rows))
 
 
 def certified_accuracy(
@@ -467,7 +496,7 @@ def certified_accuracy(
     max_draws: int = 100_000,
     *,
     confidence: float = 0.95,
-    budget: int = 100_000,
+    budget: int = 2_000_000,
     seed: int = 0,
     batch_size: int = 1024,
     device=None,
@@ -483,104 +512,83 @@ def certified_accuracy(
     first draw where it certifies (rejects H0) or proves the input not certifiable (rejects
     p_y >= Phi(radius / sigma)). With the label known no class-selection step is needed.
 
-    Dataset: with K certified and U undecided of n inputs, ``smoothing.certified_accuracy_bounds``
+    Dataset: with K certified and U undecided of n inputs, ``certificates.certified_accuracy_bounds``
     gives lower = CP_lower(K, n) - alpha and upper = CP_upper(K + U, n) + alpha at level
-    1 - confidence each (each per-input decision is wrong with probability <= alpha). Pass iff
-    lower >= threshold, fail iff upper < threshold, else inconclusive. Undecided inputs count as
-    not certified for the estimate K / n and the lower bound.
+    1 - confidence each (each per-input decision is wrong with probability <= alpha). Verdict by
+    ``results.decide``. Undecided inputs count as not certified for the estimate K / n and the
+    lower bound.
 
-    Budgets: ``max_draws`` caps the draws of one input; ``budget`` caps the total draws of the
-    check, shared equally among open inputs in rounds (draws left by inputs decided early are
-    shared again), so the numbers do not depend on ``batch_size``. Forward passes can exceed the
-    draws by the part of a chunk evaluated after its input was decided. Requests that cannot pass
-    (a cap too small to certify even when every draw is correct, too few inputs or too small a
-    budget for the threshold) raise ``SettingError`` before any forward pass.
+    Budgets: ``max_draws`` caps the draws of one input; ``budget`` caps the model evaluations of
+    the check, shared equally among open inputs in rounds (``_run_gates``), so the numbers do not
+    depend on ``batch_size`` or on the number of ranks. Requests that cannot pass (a cap too small
+    to certify even when every draw is correct, too few inputs or too small a budget for the
+    threshold) raise ``SettingError`` before any model evaluation.
     """
-    args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
-                          batch_size=batch_size)
-    threshold, confidence, budget, seed = args.threshold, args.confidence, args.budget, args.seed
     radius = validation.non_negative_float("radius", radius)
     sigma = validation.positive_float("sigma", sigma)
     alpha = validation.open_unit("alpha", alpha)
     max_draws = validation.positive_int("max_draws", max_draws)
-    ds = load_data(data)
-    fewest, fixed = _check_feasible(len(ds), threshold, radius, sigma, alpha, confidence, budget, max_draws)
-    required = smoothing.required_pa(radius, sigma)
-    device = resolve_device(device, model)
-    started = time.perf_counter()
-    with guarded(model, device) as info:
-        forward = Forward(model, args.batch_size, max_label=int(ds.y.max()))
-        plan = _GatePlan(sigma, required, alpha, seed, budget, max_draws, fewest)
-        run = _run_gates(forward, ds.x.to(device), ds.y.to(device), plan, device)
-    verdicts = [g.decision.verdict if g.decision else "undecided" for g in run.gates]
-    certified, refuted = verdicts.count("pass"), verdicts.count("fail")
-    undecided = len(verdicts) - certified - refuted
-    n = len(verdicts)
-    lower, upper = smoothing.certified_accuracy_bounds(certified, undecided, n, alpha, confidence)
-    if threshold is None:
-        verdict = "estimate"
-    else:
-        verdict = "pass" if lower >= threshold else "fail" if upper < threshold else "inconclusive"
-    at_cap = sum(v == "undecided" and d >= max_draws for v, d in zip(verdicts, run.drawn.tolist()))
+    with Run("certified_accuracy", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
+             batch_size=batch_size, device=device) as run:
+        fewest, fixed = _check_feasible(len(run.ds), run.args.threshold, radius, sigma, alpha, run.args.confidence,
+                                        run.args.budget, max_draws)
+        plan = _GatePlan(sigma, certificates.required_pa(radius, sigma), alpha, run.args.budget, max_draws, fewest)
+        state = _run_gates(run, plan)
+    n = len(state.verdict)
+    certified, refuted = int((state.verdict == CERTIFIED).sum()), int((state.verdict == REFUTED).sum())
+    undecided = n - certified - refuted
+    lower, upper = certificates.certified_accuracy_bounds(certified, undecided, n, alpha, run.args.confidence)
+    at_cap = int(((state.verdict == OPEN) & (state.drawn >= max_draws)).sum())
+    return run.result(
+        estimate=certified / n, lower=lower, upper=upper, draws=int(state.drawn.sum()),
+        perturbation=f"Gaussian smoothing sigma={sigma:g}, L2 radius {radius:g}, alpha={alpha:g}",
+        note=_gate_note(certified, refuted, undecided, at_cap, n, max_draws, run.args.budget, alpha),
+        details=_gate_details(plan, state, radius, fewest, fixed, at_cap),
+    )
+
+
+def _gate_note(certified, refuted, undecided, at_cap, n, max_draws, budget, alpha) -> str:
     note = f"{certified} of {n} inputs certified, {refuted} proven not certifiable"
     if undecided:
         note += (
             f", {undecided} undecided and counted as not certified ({at_cap} reached max_draws={max_draws}, "
-            f"{undecided - at_cap} stopped by the budget of {budget} draws)"
+            f"{undecided - at_cap} stopped by the budget of {budget} model evaluations)"
         )
-    note += f"; bounds: Clopper-Pearson over inputs -/+ alpha={alpha:g}"
-    reason = None
-    if verdict == "inconclusive" and not undecided:
-        reason = ("every input was decided and the bounds still straddle the threshold: only more inputs "
-                  "(not more draws) can narrow them")
-    return Result(
-        metric="certified_accuracy",
-        estimate=certified / n,
-        lower=lower,
-        upper=upper,
-        threshold=threshold,
-        confidence=confidence,
-        verdict=verdict,
-        n_inputs=n,
-        draws=int(run.drawn.sum()),
-        forward_passes=forward.passes,
-        seconds=time.perf_counter() - started,
-        device=str(device),
-        seed=seed,
-        perturbation=f"Gaussian smoothing sigma={sigma:g}, L2 radius {radius:g}, alpha={alpha:g}",
-        budget=budget,
-        note=note,
-        details={
-            "inconclusive_reason": reason,
-            "radius": radius,
-            "sigma": sigma,
-            "alpha": alpha,
-            "max_draws": max_draws,
-            "required_pa": required,
-            "certified": certified,
-            "not_certifiable": refuted,
-            "undecided": undecided,
-            "undecided_at_max_draws": at_cap,
-            "decisions": ["certified" if v == "pass" else "not certifiable" if v == "fail" else "undecided"
-                          for v in verdicts],
-            "draws_per_input": run.drawn.tolist(),
-            "correct_draws_per_input": run.hits.tolist(),
-            "min_draws_to_certify": fewest,
-            "min_draws_fixed_size": fixed,
-            "rounds": run.rounds,
-            "test": (
-                f"per input: anytime-valid betting test of p_y > Phi(r/sigma) = {required:.6g} at level "
-                f"alpha={alpha:g} (Waudby-Smith & Ramdas 2024)"
-            ),
-            "bounds": (
-                "lower = CP_lower(certified, n, 1 - confidence) - alpha; "
-                "upper = CP_upper(certified + undecided, n, 1 - confidence) + alpha"
-            ),
-            "batch_size": forward.batch_size,
-            "oom_halvings": forward.halvings,
-            "model_was_training": info["model_was_training"],
-        },
-    )
+    return note + f"; bounds: Clopper-Pearson over inputs -/+ alpha={alpha:g}"
+
+
+def _gate_details(plan: _GatePlan, state: _GateState, radius: float, fewest: int, fixed: int, at_cap: int) -> dict:
+    names = {OPEN: "undecided", CERTIFIED: "certified", REFUTED: "not certifiable"}
+    undecided = int((state.verdict == OPEN).sum())
+    return {
+        "inconclusive_reason": None if undecided else (
+            "every input was decided and the bounds still straddle the threshold: only more inputs "
+            "(not more draws) can narrow them"),
+        "radius": radius,
+        "sigma": plan.sigma,
+        "alpha": plan.alpha,
+        "max_draws": plan.max_draws,
+        "required_pa": plan.required,
+        "certified": int((state.verdict == CERTIFIED).sum()),
+        "not_certifiable": int((state.verdict == REFUTED).sum()),
+        "undecided": undecided,
+        "undecided_at_max_draws": at_cap,
+        "decisions": [names[int(v)] for v in state.verdict],
+        "draws_per_input": state.drawn.tolist(),
+        "correct_draws_per_input": state.hits.tolist(),
+        "evaluations_per_input": state.evaluated.tolist(),
+        "min_draws_to_certify": fewest,
+        "min_draws_fixed_size": fixed,
+        "rounds": state.rounds,
+        "test": (
+            f"per input: anytime-valid betting test of p_y > Phi(r/sigma) = {plan.required:.6g} at level "
+            f"alpha={plan.alpha:g} (Waudby-Smith & Ramdas 2024)"
+        ),
+        "bounds": (
+            "lower = CP_lower(certified, n, 1 - confidence) - alpha; "
+            "upper = CP_upper(certified + undecided, n, 1 - confidence) + alpha"
+        ),
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -614,7 +622,7 @@ def pa_report(
     - ``certified_accuracy``: at each radius of ``radii`` (default: 0 to the largest radius n
       draws can certify, in 20 steps), the fraction of inputs whose k_i certifies it at level
       alpha (CERTIFY with the label known), and the accuracy expected under each other budget
-      (n', alpha') of ``convert_to`` by ``smoothing.certified_accuracy_from_pa``;
+      (n', alpha') of ``convert_to`` by ``certificates.certified_accuracy_from_pa``;
     - ``acr`` only next to ``acr_warning``;
     - ``curves``: the survival curve and the accuracy-radius curves, drawn to PNG in the report.
 
@@ -622,94 +630,79 @@ def pa_report(
     pooled draws at ``confidence`` (valid for the stratified design: n draws of every input).
     n = 10 000 resolves p_A to about +-0.003 near 0.98; the seed uses 100 000.
     """
-    sigma, alpha = _validate_fixed(sigma, alpha, seed, batch_size, n=n)
-    confidence = validation.open_unit("confidence", confidence)
+    sigma, alpha = _validate_fixed(sigma, alpha, n=n)
     conversions = [(validation.positive_int("n'", m), validation.open_unit("alpha'", a)) for m, a in convert_to]
-    largest = smoothing.radius_from_counts(n, n, alpha, sigma)
+    largest = certificates.radius_from_counts(n, n, alpha, sigma)
     if radii is None:
         radii = np.round(np.linspace(0.0, largest, 21), 4).tolist()
     radii = [validation.non_negative_float("radius", r) for r in radii]
-    ds = load_data(data)
-    device = resolve_device(device, model)
-    started = time.perf_counter()
-    with guarded(model, device) as info:
-        forward = Forward(model, batch_size, max_label=int(ds.y.max()))
-        counts = _class_counts(forward, ds.x.to(device), sigma, [(0, n)], seed, device, "pA report")[:, 0]
-    k = counts[np.arange(len(counts)), ds.y.cpu().numpy()]
-    pa = k / n
-    grid = np.round(np.linspace(0.5, 1.0, 101), 4).tolist()
-    survival = [float(np.mean(pa >= p)) for p in grid]
+    with Run("pa_report", model, data, confidence=confidence, budget=None, seed=seed, batch_size=batch_size,
+             device=device) as run:
+        counts = _class_counts(run, sigma, [(0, n)], "pA report")[:, 0]
+    k = counts[np.arange(len(counts)), run.ds.y.cpu().numpy()]
+    pa, total, level = k / n, int(k.sum()), run.alpha
     measured = []
     for r in radii:
-        need = smoothing.min_count_to_certify(r, sigma, n, alpha)
+        need = certificates.min_count_to_certify(r, sigma, n, alpha)
         measured.append(0.0 if need is None else float(np.mean(k >= need)))
-    expected = {
-        f"expected at n={m}, alpha={a:g}": [smoothing.certified_accuracy_from_pa(pa, r, sigma, m, a) for r in radii]
-        for m, a in conversions
-    }
-    radius_of = {int(c): smoothing.radius_from_counts(int(c), n, alpha, sigma) for c in np.unique(k)}
-    acr = float(np.mean([radius_of[int(c)] for c in k]))
-    total = int(k.sum())
-    level = 1.0 - confidence
     measured_label = f"measured at n={n}, alpha={alpha:g}"
     step = max(1, len(radii) // 4)  # up to four radii, evenly spread, in the one-line note
     notes = ", ".join(f"r={r:g}: {a:.3f}" for r, a in list(zip(radii, measured))[::step][:4])
-    return Result(
-        metric="pa_report",
-        estimate=total / (n * len(k)),
-        lower=clopper_pearson_lower(total, n * len(k), level),
-        upper=clopper_pearson_upper(total, n * len(k), level),
-        threshold=None,
-        confidence=confidence,
-        verdict="estimate",
-        n_inputs=len(k),
-        draws=n * len(k),
-        forward_passes=forward.passes,
-        seconds=time.perf_counter() - started,
-        device=str(device),
-        seed=seed,
+    return run.result(
+        estimate=total / (n * len(k)), lower=clopper_pearson_lower(total, n * len(k), level),
+        upper=clopper_pearson_upper(total, n * len(k), level), draws=n * len(k), estimate_only=True,
         perturbation=f"Gaussian smoothing sigma={sigma:g} (pA report, n={n} draws per input)",
-        budget=n * len(k),
         note=(
             f"estimate = mean pA (accuracy under the noise); median pA {float(np.median(pa)):.4f}, "
             f"P(pA >= 0.5) = {float(np.mean(pa >= 0.5)):.3f}; certified accuracy ({measured_label}) {notes}"
         ),
-        details={
-            "sigma": sigma,
-            "n": n,
-            "alpha": alpha,
-            "pa": pa.tolist(),
-            "correct_counts": k.tolist(),
-            "pa_survival": {"p": grid, "fraction": survival},
-            "certified_accuracy": {"radius": radii, measured_label: measured, **expected},
-            "largest_certifiable_radius": largest,
-            "conversion_note": (
-                "expected accuracies treat the measured pA as exact (seed appendix B); they are reliable "
-                f"for budgets up to about n={n} and for pA not within about 1/sqrt(n) of Phi(r/sigma)"
-            ),
-            "acr": acr,
-            "acr_warning": ACR_WARNING,
-            "batch_size": forward.batch_size,
-            "oom_halvings": forward.halvings,
-            "model_was_training": info["model_was_training"],
-            "curves": {
-                "pa_survival": {
-                    "title": f"Distribution of pA (sigma={sigma:g}, n={n} per input)",
-                    "xlabel": "p",
-                    "ylabel": "fraction of inputs with pA >= p",
-                    "x": grid,
-                    "series": {"P(pA >= p)": survival},
-                    "logx": False,
-                },
-                "certified_accuracy": {
-                    "title": f"Certified accuracy vs L2 radius (sigma={sigma:g})",
-                    "xlabel": "L2 radius (input units)",
-                    "ylabel": "certified accuracy",
-                    "x": radii,
-                    "series": {measured_label: measured, **expected},
-                    "logx": False,
-                },
-            },
-        },
+        details=_pa_details(k, n, sigma, alpha, radii, measured, measured_label, conversions, largest),
     )
 
+
+def _pa_details(k: np.ndarray, n: int, sigma: float, alpha: float, radii: list, measured: list, measured_label: str,
+                conversions: list, largest: float) -> dict:
+    """The pA report's details: per-input pA, its survival curve, accuracy against radius (measured
+    and converted to other budgets), ACR with its warning, and the curves to plot."""
+    pa = k / n
+    grid = np.round(np.linspace(0.5, 1.0, 101), 4).tolist()
+    survival = [float(np.mean(pa >= p)) for p in grid]
+    expected = {
+        f"expected at n={m}, alpha={a:g}": [certificates.certified_accuracy_from_pa(pa, r, sigma, m, a) for r in radii]
+        for m, a in conversions
+    }
+    radius_of = {int(c): certificates.radius_from_counts(int(c), n, alpha, sigma) for c in np.unique(k)}
+    return {
+        "sigma": sigma,
+        "n": n,
+        "alpha": alpha,
+        "pa": pa.tolist(),
+        "correct_counts": k.tolist(),
+        "pa_survival": {"p": grid, "fraction": survival},
+        "certified_accuracy": {"radius": radii, measured_label: measured, **expected},
+        "largest_certifiable_radius": largest,
+        "conversion_note": (
+            "expected accuracies treat the measured pA as exact (seed appendix B); they are reliable "
+            f"for budgets up to about n={n} and for pA not within about 1/sqrt(n) of Phi(r/sigma)"
+        ),
+        "acr": float(np.mean([radius_of[int(c)] for c in k])),
+        "acr_warning": ACR_WARNING,
+        "curves": {
+            "pa_survival": {
+                "title": f"Distribution of pA (sigma={sigma:g}, n={n} per input)",
+                "xlabel": "p",
+                "ylabel": "fraction of inputs with pA >= p",
+                "x": grid,
+                "series": {"P(pA >= p)": survival},
+                "logx": False,
+            },
+            "certified_accuracy": {
+                "title": f"Certified accuracy vs L2 radius (sigma={sigma:g})",
+                "xlabel": "L2 radius (input units)",
+                "ylabel": "certified accuracy",
+                "x": radii,
+                "series": {measured_label: measured, **expected},
+                "logx": False,
+            },
+        },
+    }

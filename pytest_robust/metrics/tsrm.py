@@ -6,43 +6,52 @@ with the data distribution taken to be the uniform distribution over the given i
 picks an input uniformly at random (with replacement) and one fresh perturbation of it, so the
 correct/incorrect outcomes form an i.i.d. Bernoulli(TSRM) stream. The gate "TSRM >= threshold" is
 the anytime-valid betting test of ``stats.SequentialGate`` at level alpha = 1 - confidence: it
-stops as soon as pass or fail is proven and returns "inconclusive" when the draw budget runs out.
+stops as soon as pass or fail is proven and returns "inconclusive" when the budget runs out.
+
+The stream (``bernoulli_stream``) is shared with every check that gates an accuracy under random
+draws (NPPR's learned distribution, its context noises): it runs inside a ``run.Run`` and spends
+that run's budget. One draw costs one model evaluation; the batch in which the decision falls is
+evaluated whole, so evaluations can exceed draws by less than one batch.
 """
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..engine import (
-    Forward,
-    correct_predictions,
-    gather_blocks,
-    guarded,
-    load_data,
-    report_progress,
-    resolve_device,
-    stream_generator,
-    sum_over_ranks,
-    world,
-)
-from ..perturbations import as_perturbation
+from ..engine import TensorData, correct_predictions, gather_blocks, report_progress, stream_generator, world
+from ..perturbations import Perturbation, as_perturbation
 from ..results import Result
+from ..run import Run
 from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
-from ..validation import check_run_args
 
 #: Draws generated from one random stream; a fixed size, so results do not depend on batch size.
 BLOCK = 256
 
 
-def _indices(n_inputs: int, seed: int, index: int) -> torch.Tensor:
+@dataclass
+class Stream:
+    """The outcomes of a Bernoulli stream (correct or not per draw), the inputs drawn, and the
+    gate's decision (None: undecided or ungated)."""
+
+    outcomes: np.ndarray
+    indices: np.ndarray
+    decision: object
+
+    @property
+    def used(self) -> int:
+        """Draws the verdict rests on: up to the decision, else all."""
+        return self.decision.at if self.decision is not None else len(self.outcomes)
+
+
+def _indices(n_inputs: int, seed: int, name: str, index: int) -> torch.Tensor:
     """Input indices of block ``index`` of the draw stream (uniform, with replacement)."""
-    return torch.randint(n_inputs, (BLOCK,), generator=stream_generator(seed, "tsrm-index", index))
+    return torch.randint(n_inputs, (BLOCK,), generator=stream_generator(seed, f"{name}-index", index))
 
 
-def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, limit: int):
+def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int):
     """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
 
     A step is ``ceil(batch_size / BLOCK)`` blocks per process; under torch.distributed rank r
@@ -51,22 +60,72 @@ def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, lim
     only the first ``limit`` draws (ranks evaluate whole blocks; the surplus is dropped).
     """
     rank, size = world()
-    per_rank = -(-forward.batch_size // BLOCK)
+    per_rank = min(-(-run.forward.batch_size // BLOCK), -(-limit // (BLOCK * size)))
     mine = range(first + rank, first + per_rank * size, size)
-    drawn = {b: _indices(len(ds), seed, b) for b in mine}
+    drawn = {b: _indices(len(ds), run.seed, name, b) for b in mine}
     idx = list(drawn.values())
     x = torch.cat([
-        perturbation(ds.x[i.to(ds.x.device)].to(device), stream_generator(seed, "tsrm-noise", b, device=device))
+        perturbation.draw(ds.x[i.to(ds.x.device)].to(run.device),
+                          stream_generator(run.seed, f"{name}-noise", b, device=run.device),
+                          i, ds.y[i.to(ds.y.device)].to(run.device))
         for b, i in zip(mine, idx)
     ])
-    y = ds.y[torch.cat(idx).to(ds.y.device)].to(device)
+    y = ds.y[torch.cat(idx).to(ds.y.device)].to(run.device)
     if size == 1:
-        hits = correct_predictions(forward.logits(x[:limit]), y[:limit])
+        hits = correct_predictions(run.forward.logits(x[:limit]), y[:limit])
     else:
-        hits = gather_blocks(correct_predictions(forward.logits(x), y).reshape(per_rank, BLOCK)).reshape(-1)
+        hits = gather_blocks(correct_predictions(run.forward.logits(x), y).reshape(per_rank, BLOCK)).reshape(-1)
     blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
-    indices = torch.cat([drawn[b] if b in drawn else _indices(len(ds), seed, b) for b in blocks])
+    indices = torch.cat([drawn[b] if b in drawn else _indices(len(ds), run.seed, name, b) for b in blocks])
     return hits[:limit].cpu().numpy(), indices[:limit].numpy(), per_rank * size
+
+
+def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold: float | None = None,
+                     ds: TensorData | None = None, name: str = "tsrm", label: str = "TSRM") -> Stream:
+    """Draw (input, perturbation) pairs of ``ds`` (default: the run's data) and record whether the
+    model is correct, until the sequential gate at ``threshold`` decides or ``draws`` draws are made.
+
+    ``name`` keys the random streams (a different name gives independent draws), ``label`` names
+    the stream in progress reports. Evaluations are charged to the run's current phase.
+    """
+    ds = run.ds if ds is None else ds
+    gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
+    outcomes, indices, drawn, block = [], [], 0, 0
+    while drawn < draws and (gate is None or gate.decision is None):
+        hits, idx, consumed = _step(run, ds, perturbation, name, block, draws - drawn)
+        block += consumed
+        outcomes.append(hits)
+        indices.append(idx)
+        drawn += len(hits)
+        if gate is not None:
+            gate.update(hits)
+        report_progress(
+            metric=label, draws=drawn, budget=draws, forward_passes=run.forward.passes,
+            bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha),
+        )
+    return Stream(np.concatenate(outcomes), np.concatenate(indices),
+                  gate.decision if gate is not None else None)
+
+
+def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[float, float, float, dict]:
+    """(estimate, lower, upper, details) of a stream: the anytime-valid confidence sequence (agreeing
+    with the gate's decision exactly) and, for reference, fixed-sample Clopper-Pearson bounds."""
+    used, decision = stream.used, stream.decision
+    outcomes = stream.outcomes[:used]
+    correct = int(outcomes.sum())
+    lower, upper = confidence_sequence(
+        outcomes, alpha,
+        lower_at_least=threshold if decision and decision.verdict == "pass" else 0.0,
+        upper_at_most=threshold if decision and decision.verdict == "fail" else 1.0,
+    )
+    return correct / used, lower, upper, {
+        "correct": correct,
+        "cp_lower": clopper_pearson_lower(correct, used, alpha),
+        "cp_upper": clopper_pearson_upper(correct, used, alpha),
+        "cp_note": "Clopper-Pearson bounds are valid for a fixed number of draws only",
+        "test": f"anytime-valid betting test (Waudby-Smith & Ramdas 2024), one-sided, alpha={alpha:g}",
+        "inputs_seen": int(len(np.unique(stream.indices[:used]))),
+    }
 
 
 def tsrm(
@@ -85,69 +144,14 @@ def tsrm(
 
     With ``threshold`` set, draws continue until the sequential test proves TSRM >= threshold
     ("pass") or TSRM < threshold ("fail"), each with error probability <= 1 - confidence, or
-    until ``budget`` draws ("inconclusive"). Without a threshold exactly ``budget`` draws are made.
-    ``lower``/``upper`` of the result form an anytime-valid confidence sequence at that level;
-    ``details`` adds the fixed-sample Clopper–Pearson bounds and bookkeeping.
+    until ``budget`` model evaluations ("inconclusive"). Without a threshold exactly ``budget``
+    draws are made. ``lower``/``upper`` of the result form an anytime-valid confidence sequence at
+    that level; ``details`` adds the fixed-sample Clopper–Pearson bounds and bookkeeping.
     """
-    args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
     perturbation = as_perturbation(perturbation)
-    ds = load_data(data)
-    device = resolve_device(device, model)
-    started = time.perf_counter()
-    gate = SequentialGate(args.threshold, args.alpha) if args.threshold is not None else None
-    outcomes, indices = [], []
-    drawn = 0
-    with guarded(model, device) as info:
-        forward = Forward(model, args.batch_size, max_label=int(ds.y.max()))
-        block = 0
-        while drawn < args.budget and (gate is None or gate.decision is None):
-            hits, idx, consumed = _step(forward, ds, perturbation, args.seed, block, device, args.budget - drawn)
-            block += consumed
-            outcomes.append(hits)
-            indices.append(idx)
-            drawn += len(hits)
-            if gate is not None:
-                gate.update(hits)
-            report_progress(
-                metric="TSRM", draws=drawn, budget=args.budget, forward_passes=forward.passes,
-                bounds=lambda: confidence_sequence(np.concatenate(outcomes), args.alpha),
-            )
-    decision = gate.decision if gate is not None else None
-    used = decision.at if decision is not None else drawn
-    stream = np.concatenate(outcomes)[:used]
-    correct = int(stream.sum())
-    lower, upper = confidence_sequence(
-        stream,
-        args.alpha,
-        lower_at_least=args.threshold if decision and decision.verdict == "pass" else 0.0,
-        upper_at_most=args.threshold if decision and decision.verdict == "fail" else 1.0,
-    )
-    verdict = "estimate" if gate is None else (decision.verdict if decision else "inconclusive")
-    return Result(
-        metric="tsrm",
-        estimate=correct / used,
-        lower=lower,
-        upper=upper,
-        threshold=args.threshold,
-        confidence=args.confidence,
-        verdict=verdict,
-        n_inputs=len(ds),
-        draws=used,
-        forward_passes=sum_over_ranks(forward.passes),
-        seconds=time.perf_counter() - started,
-        device=str(device),
-        seed=args.seed,
-        perturbation=repr(perturbation),
-        budget=args.budget,
-        details={
-            "correct": correct,
-            "cp_lower": clopper_pearson_lower(correct, used, args.alpha),
-            "cp_upper": clopper_pearson_upper(correct, used, args.alpha),
-            "cp_note": "Clopper-Pearson bounds are valid for a fixed number of draws only",
-            "test": f"anytime-valid betting test (Waudby-Smith & Ramdas 2024), one-sided, alpha={args.alpha:g}",
-            "inputs_seen": int(len(np.unique(np.concatenate(indices)[:used]))),
-            "batch_size": forward.batch_size,
-            "oom_halvings": forward.halvings,
-            "model_was_training": info["model_was_training"],
-        },
-    )
+    with Run("tsrm", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
+             batch_size=batch_size, device=device) as run:
+        stream = bernoulli_stream(run, perturbation, run.args.budget, run.args.threshold)
+    estimate, lower, upper, details = summary(stream, run.alpha, run.args.threshold)
+    return run.result(estimate=estimate, lower=lower, upper=upper, draws=stream.used,
+                      perturbation=repr(perturbation), details=details)

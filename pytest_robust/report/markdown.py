@@ -21,7 +21,7 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
         f"{sum(r.verdict == 'inconclusive' for r in parsed)} inconclusive, "
         f"{sum(r.verdict == 'estimate' for r in parsed)} estimates.",
         "",
-        "| check | metric | perturbation | estimate | bound | threshold | verdict | draws | time |",
+        "| check | metric | perturbation | estimate | bound | threshold | verdict | evaluations/budget | time |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in parsed:
@@ -31,7 +31,7 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
         lines.append(
             f"| {_cell(r.test_id)} | {r.name} | {_cell(r.perturbation)} | {r.estimate:.4f} | "
             f"{bound} ({r.confidence:.0%} {side}) | {threshold} | {icon.get(r.verdict, r.verdict)} | "
-            f"{r.draws} | {r.seconds:.1f} s |"
+            f"{r.forward_passes}/{r.budget} | {r.seconds:.1f} s |"
         )
     failing = [r for r in parsed if r.verdict in ("fail", "inconclusive")]
     if failing:

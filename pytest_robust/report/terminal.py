@@ -5,8 +5,8 @@ from __future__ import annotations
 from ..results import Result
 
 COLUMNS = (
-    "test", "metric", "perturbation", "estimate", "bounds", "threshold", "used/budget",
-    "forward passes", "seconds", "seed", "verdict",
+    "test", "metric", "perturbation", "estimate", "bounds", "threshold", "evaluations/budget",
+    "seconds", "seed", "verdict",
 )
 
 
@@ -18,8 +18,7 @@ def _row(r: Result) -> tuple[str, ...]:
         f"{r.estimate:.4f}",
         f"[{r.lower:.4f}, {r.upper:.4f}] @{r.confidence:.0%}",
         "-" if r.threshold is None else f"{r.direction} {r.threshold:g}",
-        f"{r.forward_passes if r.details.get('budget_unit') == 'evaluations' else r.draws}/{r.budget}",
-        str(r.forward_passes),
+        f"{r.forward_passes}/{r.budget}",
         f"{r.seconds:.2f}",
         str(r.seed),
         r.verdict.upper(),
