@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from .engine import Forward, correct_predictions
 from .errors import ArgumentError
+from .mcmc import RowStreams
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -58,14 +59,16 @@ def pgd(
     restarts: int = 1,
     loss: Loss = cross_entropy,
     bounds=(0.0, 1.0),
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | RowStreams | None = None,
     stop_when_fooled: bool = False,
 ) -> Attack:
     """PGD on every row of x through the forward wrapper (counted, capped, OOM-safe).
 
     Costs restarts x (steps + 1) model evaluations per input (steps of them with a backward pass);
-    with ``stop_when_fooled`` a restart runs only on the inputs no earlier restart fooled. Every
-    returned point lies in the feasible box; the returned loss is the loss there.
+    with ``stop_when_fooled`` a restart runs only on the inputs no earlier restart fooled. The random
+    starts come from ``generator``: one torch.Generator for all rows, or ``mcmc.RowStreams`` (one
+    generator per block of rows, so that a block's starts do not depend on the blocks attacked
+    with it). Every returned point lies in the feasible box; the returned loss is the loss there.
     """
     if not eps > 0:
         raise ArgumentError(f"eps must be > 0, got {eps!r}")
@@ -77,7 +80,12 @@ def pgd(
     fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
     for _ in range(restarts):
         rows = (~fooled).nonzero().squeeze(1) if stop_when_fooled else torch.arange(len(x), device=x.device)
-        u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)[rows]
+        if not len(rows):
+            break
+        if isinstance(generator, RowStreams):
+            u = generator.rand(*x.shape[1:])[rows]
+        else:
+            u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)[rows]
         x_adv, y_r, lo_r, hi_r = lo[rows] + u * (hi[rows] - lo[rows]), y[rows], lo[rows], hi[rows]
         hit = torch.zeros(len(rows), dtype=torch.bool, device=x.device)
         for _ in range(steps):

@@ -92,6 +92,10 @@ class Run:
     def alpha(self) -> float:
         return self.args.alpha
 
+    def remaining(self) -> int:
+        """Model evaluations left under the budget, counting every rank's spending."""
+        return self.args.budget - sum_over_ranks(self.forward.passes)
+
     # -- ranks ------------------------------------------------------------------------------------
 
     @staticmethod
@@ -115,11 +119,47 @@ class Run:
             out[r::size] = part
         return out
 
+    @staticmethod
+    def span(n: int) -> slice:
+        """The contiguous rows of [0, n) this rank evaluates when work is split by rows (a rank's
+        share differs from the others' by at most one row)."""
+        rank, size = world()
+        return slice(rank * n // size, (rank + 1) * n // size)
+
+    @staticmethod
+    def gather_rows(local: torch.Tensor) -> torch.Tensor:
+        """The rows each rank computed for its ``span``, concatenated in rank order (so in row
+        order), on every rank; ``local`` itself with one process."""
+        rank, size = world()
+        if size == 1:
+            return local
+        parts = [None] * size
+        torch.distributed.all_gather_object(parts, local.cpu())
+        return torch.cat(parts).to(local.device)
+
     # -- the result -------------------------------------------------------------------------------
 
     def spent(self) -> dict:
         """Model evaluations by phase, summed over ranks."""
-        return {phase: sum_over_ranks(count) for phase, count in sorted(self.forward.by_phase.items())}
+        return {phase: sum_over_ranks(self.forward.by_phase.get(phase, 0)) for phase in self._phases()}
+
+    def _phases(self) -> list[str]:
+        """The phases any rank spent evaluations in (a rank may have had no work in one)."""
+        phases = sorted(self.forward.by_phase)
+        if world()[1] == 1:
+            return phases
+        everyone = [None] * world()[1]
+        torch.distributed.all_gather_object(everyone, phases)
+        return sorted({p for ranks in everyone for p in ranks})
+
+    def per_rank(self) -> list[int]:
+        """Model evaluations of each rank (one entry with one process)."""
+        rank, size = world()
+        if size == 1:
+            return [self.forward.passes]
+        counts = [None] * size
+        torch.distributed.all_gather_object(counts, self.forward.passes)
+        return counts
 
     def result(self, *, estimate: float, lower: float, upper: float, draws: int, perturbation: str,
                details: dict | None = None, note: str = "", healthy: bool = True, estimate_only: bool = False,
@@ -151,6 +191,7 @@ class Run:
                 **self.details,
                 "budget_unit": "model evaluations",
                 "evaluations": evaluations,
+                "evaluations_per_rank": self.per_rank(),
                 "backward_passes": sum_over_ranks(self.forward.backward_passes),
                 "batch_size": self.forward.batch_size,
                 "oom_halvings": self.forward.halvings,

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,19 +50,60 @@ def test_two_gloo_ranks_reach_the_single_process_verdict(tmp_path):
     assert ranks[0]["forward_passes"] == ranks[1]["forward_passes"] >= single.draws
 
 
-def test_torchrun_runs_pytest_with_one_writer(pytester):
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(PASSING)
+EVERY_CHECK = PASSING + """
+from toy_models import SmallNet, image_data
+
+@pytest.fixture(scope="session")
+def images():
+    return image_data(n=64)
+
+@pytest.fixture(scope="session")
+def net():
+    return SmallNet().eval()
+
+@pytest.mark.robust(q=10, max_loss=50.0, perturbation=UniformLinf(eps=0.1), steps=6, warmup=2, pgd_steps=3,
+                    model="net", data="images", budget=20_000, inconclusive="skip")
+def test_q():
+    pass
+
+@pytest.mark.robust(certified_accuracy=0.05, radius=0.05, sigma=0.25, max_draws=3000, model="net", data="images",
+                    budget=40_000, inconclusive="skip")
+def test_certified():
+    pass
+
+@pytest.mark.robust(adversarial_accuracy=0.05, eps=0.1, steps=4, model="net", data="images", inconclusive="skip")
+def test_adversarial():
+    pass
+
+@pytest.mark.robust(nppr=0.05, eps=0.1, latent_dim=4, components=2, fit_steps=4, fit_batch_size=8, fit_draws=2,
+                    draws_per_input=4, model="net", data="images", budget=30_000, inconclusive="skip")
+def test_nppr():
+    pass
+"""
+
+
+def test_torchrun_runs_every_check_sharded_with_one_writer(pytester):
+    """A real torch.distributed.run of pytest with 2 ranks: every check reaches the numbers of a
+    single process, each rank evaluates about half of the work, and only rank 0 writes."""
+    pytester.makeconftest(CONFTEST + "\nimport sys\nsys.path.insert(0, %r)\n" % str(Path(__file__).parent))
+    pytester.makepyfile(EVERY_CHECK)
     result = pytester.run(
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         "-m", "pytest", "-p", "no:cacheprovider", "--robust-report", "out", "--junitxml", "j.xml",
-        timeout=240,
+        timeout=300,
     )
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
-    (check,) = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
+    sharded = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
     single = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "single")
-    (alone,) = json.loads((pytester.path / "single" / "results.json").read_text())["results"]
-    assert (check["verdict"], check["draws"], check["estimate"]) == (alone["verdict"], alone["draws"], alone["estimate"])
+    alone = json.loads((pytester.path / "single" / "results.json").read_text())["results"]
+    assert [r["metric"] for r in sharded] == [r["metric"] for r in alone] == [
+        "tsrm", "q", "certified_accuracy", "adversarial_accuracy", "nppr"]
+    for check, base in zip(sharded, alone):
+        assert (check["verdict"], check["draws"], check["estimate"], check["upper"]) == \
+            (base["verdict"], base["draws"], base["estimate"], base["upper"]), check["metric"]
+        per_rank = check["details"]["evaluations_per_rank"]
+        assert len(per_rank) == 2 and sum(per_rank) == check["forward_passes"] <= check["budget"]
+        assert min(per_rank) >= 0.3 * sum(per_rank), (check["metric"], per_rank)
     assert (pytester.path / "j.xml").is_file()
     assert result.stdout.str().count("robust report: out/results.json") == 1
 

@@ -28,13 +28,15 @@ import torch
 from .. import validation
 from ..attacks import pgd
 from ..engine import stream_generator
+from ..mcmc import RowStreams
 from ..errors import SettingError
 from ..results import Result
 from ..run import Run
 from ..stats import clopper_pearson_lower, clopper_pearson_upper
 
-#: Inputs attacked with one random stream (results do not depend on batch size or on the ranks).
-BLOCK = 256
+#: Inputs whose random starts come from one stream (results do not depend on the batch size or on
+#: the ranks); a rank attacks as many of its blocks together as fill a batch.
+BLOCK = 16
 
 HONESTY = (
     "the attack's robust accuracy is an upper estimate of the true adversarial accuracy: a fail is "
@@ -42,13 +44,18 @@ HONESTY = (
 )
 
 
-def _attack_block(run: Run, b: int, eps: float, steps: int, step_size, restarts: int, bounds) -> np.ndarray:
-    """Per input of block ``b``: True when the attack failed (the input survived), False when fooled."""
-    rows = slice(b * BLOCK, min(len(run.ds), (b + 1) * BLOCK))
-    x, y = run.ds.x[rows].to(run.device), run.ds.y[rows].to(run.device)
+def _attack_blocks(run: Run, blocks: list[int], eps: float, steps: int, step_size, restarts: int, bounds) -> list:
+    """Per block of ``blocks`` (attacked together): per input, True when the attack failed (the
+    input survived), False when it found a misclassified point."""
+    spans = [(b * BLOCK, min(len(run.ds), (b + 1) * BLOCK)) for b in blocks]
+    index = torch.cat([torch.arange(a, z) for a, z in spans])
+    x, y = run.ds.x[index].to(run.device), run.ds.y[index].to(run.device)
+    streams = RowStreams([stream_generator(run.seed, "adversarial", b, device=run.device) for b in blocks],
+                         [z - a for a, z in spans], run.device, x.dtype)
     attack = pgd(run.forward, x, y, eps, steps=steps, step_size=step_size, restarts=restarts, bounds=bounds,
-                 generator=stream_generator(run.seed, "adversarial", b, device=run.device), stop_when_fooled=True)
-    return (~attack.fooled).cpu().numpy()
+                 generator=streams, stop_when_fooled=True)
+    survived = (~attack.fooled).cpu().numpy()
+    return np.split(survived, np.cumsum([z - a for a, z in spans])[:-1])
 
 
 def adversarial_accuracy(
@@ -84,9 +91,11 @@ def adversarial_accuracy(
         if need > run.args.budget:
             raise SettingError("budget", run.args.budget, f"at least {need} model evaluations to attack all "
                                f"{len(run.ds)} inputs with {restarts} x ({steps} + 1) evaluations each")
-        n_blocks = -(-len(run.ds) // BLOCK)
-        mine = [_attack_block(run, b, eps, steps, step_size, restarts, bounds) for b in run.shard(n_blocks)]
-        survived = np.concatenate(run.gather(mine, n_blocks))
+        n_blocks, mine = -(-len(run.ds) // BLOCK), run.shard(-(-len(run.ds) // BLOCK)).tolist()
+        group = max(1, run.args.batch_size // BLOCK)
+        per_block = [s for i in range(0, len(mine), group)
+                     for s in _attack_blocks(run, mine[i : i + group], eps, steps, step_size, restarts, bounds)]
+        survived = np.concatenate(run.gather(per_block, n_blocks))
     n, k = len(survived), int(survived.sum())
     return run.result(
         estimate=k / n, lower=clopper_pearson_lower(k, n, run.alpha), upper=clopper_pearson_upper(k, n, run.alpha),

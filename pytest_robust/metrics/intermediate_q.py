@@ -80,8 +80,6 @@ from ..stats import t_quantile
 #: Inputs per random stream: a block's chains draw from their own generators, so results do not
 #: depend on the batch size (several blocks share a batch).
 BLOCK_INPUTS = 16
-#: Inputs per PGD call (one random start stream each).
-PGD_BLOCK = 256
 #: Monte Carlo draws per input generated from one random stream.
 DRAW_CHUNK = 64
 #: Fewest inputs a check evaluates (all of them if the data has fewer).
@@ -321,16 +319,17 @@ def _run_pgd(plan: _Plan) -> np.ndarray | None:
     cfg, p = plan.config, plan.perturbation
 
     def attack(group: list[int]) -> list[np.ndarray]:
-        b = group[0]
-        rows = slice(b * PGD_BLOCK, (b + 1) * PGD_BLOCK)
+        rows = plan.rows(group)
         result = pgd(plan.run.forward, plan.x[rows], plan.y[rows], p.eps, steps=cfg.pgd_steps,
                      restarts=cfg.pgd_restarts, loss=plan.loss.values, bounds=p.bounds,
-                     generator=stream_generator(plan.seed, "q-pgd", b, device=plan.run.device))
-        return [result.loss.double().cpu().numpy()]
+                     generator=plan.streams("q-pgd", group, 1))
+        losses = result.loss.double().cpu().numpy()
+        return np.split(losses, np.cumsum([plan.blocks[b].stop - plan.blocks[b].start for b in group])[:-1])
 
     try:
         with plan.run.forward.phase("context"):
-            return np.concatenate(plan.sharded(-(-len(plan.index) // PGD_BLOCK), attack))
+            group = max(1, plan.run.args.batch_size // BLOCK_INPUTS)
+            return np.concatenate(plan.sharded(len(plan.blocks), attack, group))
     except NotDifferentiable:
         return None
 

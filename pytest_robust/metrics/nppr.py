@@ -216,20 +216,20 @@ def _evaluate(run: Run, frozen: "FrozenGMM", eval_ds: TensorData, options: dict,
     """
     n = len(eval_ds)
     fixed = n * options["draws_per_input"] + (n * (options["pgd_steps"] + 1) if options["pgd"] else 0)
-    left = run.forward.remaining - fixed
+    left = run.remaining() - fixed
     gate_draws = left - min(2 * CONTEXT_MIN_DRAWS, left // 2)
     if gate_draws < BLOCK:
-        need = run.forward.passes + fixed + 2 * BLOCK
+        spent = run.args.budget - run.remaining()
+        need = spent + fixed + 2 * BLOCK
         raise SettingError("budget", run.args.budget, (
-            f"at least {need} model evaluations: {run.forward.passes} spent on the clean pass and the fit "
-            f"({dict(run.forward.by_phase)}), {fixed} for per-input PR and the PGD floor, and {BLOCK} each for "
+            f"at least {need} model evaluations: {spent} spent on the clean pass and the fit, {fixed} for per-input PR and the PGD floor, and {BLOCK} each for "
             "the gate and the context noises; raise budget= (or lower fit_steps=, draws_per_input=)"))
     with run.forward.phase("context"):
         per_input = _per_input_pr(run, frozen, eval_ds, options["draws_per_input"])
         floor = _pgd_floor(run, eval_ds, options["eps"], options["pgd_steps"], bounds) if options["pgd"] else None
     with run.forward.phase("gate"):
         gate = bernoulli_stream(run, frozen, gate_draws, run.args.threshold, ds=eval_ds, label="NPPR")
-    context_draws = min(run.forward.remaining // 2, max(gate.used, CONTEXT_MIN_DRAWS))
+    context_draws = min(run.remaining() // 2, max(gate.used, CONTEXT_MIN_DRAWS))
     with run.forward.phase("context"):
         context = {name: (repr(noise), bernoulli_stream(run, noise, context_draws, ds=eval_ds, label=f"{name} PR"))
                    for name, noise in _context_noises(options["eps"], options["norm"], eval_ds.x.shape[1:],
@@ -397,12 +397,14 @@ class _WithFeatures(torch.nn.Module):
 
 def _clean_pass(run: Run, ds: TensorData, layer):
     """Logits of the clean inputs and, when ``layer`` is given, their features (n, F), on the run's
-    device, through the run's forward wrapper (counted, OOM-safe)."""
+    device, through the run's forward wrapper (counted, OOM-safe); each rank evaluates its
+    ``Run.span`` of the rows and every rank receives all of them."""
     x = ds.x.to(run.device)
     if int(ds.y.max()) >= (run.forward.n_classes or math.inf):
         raise RobustDataError(f"label {int(ds.y.max())} is out of range for a model with {run.forward.n_classes} classes")
+    x = x[run.span(len(x))]
     if layer is None:
-        return run.forward.logits(x), None
+        return run.gather_rows(run.forward.logits(x)), None
     module, _, use_input = layer
     if module is None:
         raise SettingError(
@@ -418,7 +420,7 @@ def _clean_pass(run: Run, ds: TensorData, layer):
         return run.forward.validated(out[:, : wrapped.classes], stop - start), out[:, wrapped.classes :]
 
     logits, features = zip(*run.forward.chunked(len(x), part))
-    return torch.cat(logits), torch.cat(features)
+    return run.gather_rows(torch.cat(logits)), run.gather_rows(torch.cat(features))
 
 
 # -- fitting ----------------------------------------------------------------------------------------
@@ -539,6 +541,9 @@ def _fit_step(run: Run, gmm, fit: FitSettings, step: int, x_all, y_all, fit_feat
 
     The classifier is evaluated through the run's forward wrapper (``Forward.grad``: chunked,
     counted, OOM-safe), which gives dloss/dx'; it is then backpropagated through the mixture.
+    Under torch.distributed every rank draws the same x' (the same streams), evaluates the
+    classifier on its ``Run.span`` of the rows, and receives every row's dloss/dx', so every rank
+    takes the same Adam step.
     """
     idx = torch.randint(len(x_all), (fit.batch_size,), generator=pick).to(x_all.device)
     x, y = x_all[idx], y_all[idx]
@@ -546,8 +551,10 @@ def _fit_step(run: Run, gmm, fit: FitSettings, step: int, x_all, y_all, fit_feat
         mix = gmm.mixture(None if fit_features is None else fit_features[idx], y)
         z = gmm.relaxed_latent(mix, fit.draws, fit.temperature_at(step), noise)
         x_prime = gmm.apply(x, z, bounds).flatten(end_dim=1)
-        values, grad = run.forward.grad(x_prime.detach(), y.repeat_interleave(fit.draws),
+        mine = run.span(len(x_prime))
+        values, grad = run.forward.grad(x_prime[mine].detach(), y.repeat_interleave(fit.draws)[mine],
                                         lambda logits, labels: margin_loss(logits, labels, fit.kappa))
+        values, grad = run.gather_rows(values), run.gather_rows(grad)
         loss = values.mean()
         if not torch.isfinite(loss):
             raise RobustModelError(
@@ -614,39 +621,38 @@ def _per_input_pr(run: Run, perturbation: FrozenGMM, ds: TensorData, draws: int)
     """PR of each evaluation input over ``draws`` exact draws, shape (n,).
 
     Inputs are taken in groups of max(1, BLOCK // draws), each group with its own random stream,
-    so the numbers do not depend on the batch size; groups are evaluated a batch at a time.
+    so the numbers do not depend on the batch size; a rank evaluates its share of the groups
+    (``Run.shard``), as many together as fill a batch.
     """
-    group = max(1, BLOCK // draws)
-    hits, pending = [], []
-
-    def flush():
-        x = torch.cat([p[0] for p in pending])
-        labels = torch.cat([p[1] for p in pending])
-        hits.append(correct_predictions(run.forward.logits(x), labels).cpu())
-        pending.clear()
-
-    for number, start in enumerate(range(0, len(ds), group)):
-        index = torch.arange(start, min(start + group, len(ds))).repeat_interleave(draws)
-        x, y = ds.x[index.to(ds.x.device)].to(run.device), ds.y[index.to(ds.y.device)].to(run.device)
-        gen = stream_generator(run.seed, "nppr-per-input", number, device=run.device)
-        pending.append((perturbation.draw(x, gen, index, y), y))
-        if sum(len(p[1]) for p in pending) >= run.forward.batch_size:
-            flush()
-    if pending:
-        flush()
-    return torch.cat(hits).reshape(-1, draws).float().mean(dim=1).numpy()
+    size = max(1, BLOCK // draws)
+    n_groups = -(-len(ds) // size)
+    mine = run.shard(n_groups).tolist()
+    per_batch = max(1, run.forward.batch_size // (size * draws))
+    hits = []
+    for i in range(0, len(mine), per_batch):
+        groups = mine[i : i + per_batch]
+        parts = []
+        for g in groups:
+            index = torch.arange(g * size, min((g + 1) * size, len(ds))).repeat_interleave(draws)
+            x, y = ds.x[index.to(ds.x.device)].to(run.device), ds.y[index.to(ds.y.device)].to(run.device)
+            gen = stream_generator(run.seed, "nppr-per-input", g, device=run.device)
+            parts.append((perturbation.draw(x, gen, index, y), y))
+        ok = correct_predictions(run.forward.logits(torch.cat([p[0] for p in parts])), torch.cat([p[1] for p in parts]))
+        hits += torch.split(ok.cpu(), [len(p[1]) for p in parts])
+    return torch.cat(run.gather(hits, n_groups)).reshape(-1, draws).float().mean(dim=1).numpy()
 
 
 def _pgd_floor(run: Run, ds: TensorData, eps: float, steps: int, bounds) -> float:
     """PGD robust accuracy (L-inf, cross-entropy, one random start; an input counts as broken when
-    any iterate is misclassified) on the evaluation inputs."""
-    survived = 0
-    for number, start in enumerate(range(0, len(ds), BLOCK)):
-        x = ds.x[start : start + BLOCK].to(run.device)
-        y = ds.y[start : start + BLOCK].to(run.device)
+    any iterate is misclassified) on the evaluation inputs, blocks of ``BLOCK`` shared over ranks."""
+    n_blocks = -(-len(ds) // BLOCK)
+    survived = []
+    for number in run.shard(n_blocks).tolist():
+        x = ds.x[number * BLOCK : (number + 1) * BLOCK].to(run.device)
+        y = ds.y[number * BLOCK : (number + 1) * BLOCK].to(run.device)
         gen = stream_generator(run.seed, "nppr-pgd", number, device=run.device)
-        survived += int((~pgd(run.forward, x, y, eps, steps=steps, bounds=bounds, generator=gen).fooled).sum())
-    return survived / len(ds)
+        survived.append(int((~pgd(run.forward, x, y, eps, steps=steps, bounds=bounds, generator=gen).fooled).sum()))
+    return sum(run.gather(survived, n_blocks)) / len(ds)
 
 
 # -- context ----------------------------------------------------------------------------------------

@@ -56,8 +56,8 @@ def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first
 
     A step is ``ceil(batch_size / BLOCK)`` blocks per process; under torch.distributed rank r
     evaluates blocks first + r, first + r + W, ... and the outcomes are gathered in block order,
-    so every rank sees the same stream as a single process would. A single process evaluates
-    only the first ``limit`` draws (ranks evaluate whole blocks; the surplus is dropped).
+    so every rank sees the same stream as a single process would. Only the first ``limit`` draws
+    of the step are evaluated, by a single process or across the ranks.
     """
     rank, size = world()
     per_rank = min(-(-run.forward.batch_size // BLOCK), -(-limit // (BLOCK * size)))
@@ -73,8 +73,12 @@ def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first
     y = ds.y[torch.cat(idx).to(ds.y.device)].to(run.device)
     if size == 1:
         hits = correct_predictions(run.forward.logits(x[:limit]), y[:limit])
-    else:
-        hits = gather_blocks(correct_predictions(run.forward.logits(x), y).reshape(per_rank, BLOCK)).reshape(-1)
+    else:  # evaluate only the rows of my blocks that fall within the limit; the rest are dropped
+        needed = torch.tensor([min(max(limit - (b - first) * BLOCK, 0), BLOCK) for b in mine])
+        keep = (torch.arange(BLOCK)[None, :] < needed[:, None]).reshape(-1).to(run.device)
+        mine_hits = torch.zeros(len(x), dtype=torch.bool, device=run.device)
+        mine_hits[keep] = correct_predictions(run.forward.logits(x[keep]), y[keep])
+        hits = gather_blocks(mine_hits.reshape(per_rank, BLOCK)).reshape(-1)
     blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
     indices = torch.cat([drawn[b] if b in drawn else _indices(len(ds), run.seed, name, b) for b in blocks])
     return hits[:limit].cpu().numpy(), indices[:limit].numpy(), per_rank * size

@@ -1,0 +1,359 @@
+"""The one shape every check follows: verdict rule, budget accounting, OOM back-off in every
+model-calling path, dtype, per-input sharding, the metric registry hook, adversarial accuracy."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pytest_robust import (
+    UniformLinf,
+    adversarial_accuracy,
+    certified_accuracy,
+    certify,
+    intermediate_q,
+    nppr,
+    pa_report,
+    predict,
+    tsrm,
+)
+from pytest_robust.engine import BudgetError
+from pytest_robust.errors import RobustModelError, SettingError
+from pytest_robust.results import Result, decide
+
+from toy_models import RecordingModel, SmallNet, image_data
+
+BOX = UniformLinf(eps=0.1)
+
+#: Every model-calling entry point, on SmallNet-sized work, cheap enough for a unit test.
+CHECKS = {
+    "tsrm": lambda m, d, **k: tsrm(m, d, BOX, 0.5, budget=3000, **k),
+    "q_hmc": lambda m, d, **k: intermediate_q(m, d, BOX, 10, chains=4, steps=6, warmup=2, pgd_steps=3,
+                                              budget=20_000, **k),
+    "q_mc": lambda m, d, **k: intermediate_q(m, d, BOX, 1, estimator="mc", chains=4, steps=8, pgd_steps=3,
+                                             budget=20_000, **k),
+    "certified_accuracy": lambda m, d, **k: certified_accuracy(m, d, None, radius=0.05, sigma=0.25, max_draws=3000,
+                                                               budget=40_000, **k),
+    "certify": lambda m, d, **k: certify(m, d, 0.25, n0=10, n=200, **k),
+    "predict": lambda m, d, **k: predict(m, d, 0.25, n=200, **k),
+    "pa_report": lambda m, d, **k: pa_report(m, d, 0.25, n=200, **k),
+    "nppr": lambda m, d, **k: nppr(m, d, eps=0.1, latent_dim=4, components=2, fit_steps=4, fit_batch_size=8,
+                                   fit_draws=2, draws_per_input=4, pgd=True, pgd_steps=3, budget=30_000, **k),
+    "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, 0.3, eps=0.1, steps=4, restarts=2, **k),
+}
+
+
+def numbers(out) -> dict:
+    """What must not change: a Result's numbers and verdict, or CERTIFY/PREDICT's per-input arrays."""
+    if isinstance(out, Result):
+        return {k: getattr(out, k) for k in ("estimate", "lower", "upper", "verdict", "draws", "forward_passes")}
+    fields = ("prediction", "count") if hasattr(out, "count") else ("prediction", "top_count")
+    return {k: getattr(out, k).tolist() for k in fields} | {"forward_passes": out.forward_passes}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# -- the verdict rule ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("direction, lower, upper, threshold, expected", [
+    (">=", 0.91, 0.95, 0.9, "pass"),
+    (">=", 0.90, 0.95, 0.9, "pass"),  # touching from the good side decides
+    (">=", 0.80, 0.89, 0.9, "fail"),
+    (">=", 0.80, 0.90, 0.9, "fail"),
+    (">=", 0.85, 0.95, 0.9, "inconclusive"),
+    ("<=", 0.30, 0.45, 0.5, "pass"),
+    ("<=", 0.30, 0.50, 0.5, "pass"),
+    ("<=", 0.55, 0.70, 0.5, "fail"),
+    ("<=", 0.50, 0.70, 0.5, "fail"),
+    ("<=", 0.40, 0.60, 0.5, "inconclusive"),
+])
+def test_one_verdict_rule_for_both_directions(direction, lower, upper, threshold, expected):
+    assert decide(threshold, lower, upper, direction) == expected
+    decided = expected != "inconclusive"
+    assert decide(threshold, lower, upper, direction, healthy=False) == "inconclusive"
+    assert decide(None, lower, upper, direction) == "estimate"
+    assert decided or decide(threshold, lower, upper, direction) == "inconclusive"
+
+
+def test_the_verdict_rule_rejects_an_unknown_direction():
+    with pytest.raises(ValueError, match="direction"):
+        decide(0.5, 0.1, 0.9, ">")
+
+
+# -- budget: one unit, every phase counted ----------------------------------------------------------
+
+
+def test_budget_is_counted_per_phase_and_never_exceeded():
+    x, y = image_data(n=40)
+    model = SmallNet().eval()
+    for name in ("tsrm", "q_hmc", "certified_accuracy", "nppr", "adversarial_accuracy"):
+        r = CHECKS[name](model, (x, y))
+        spent = r.details["evaluations"]
+        assert sum(spent.values()) == r.forward_passes <= r.budget, name
+        assert r.details["budget_unit"] == "model evaluations"
+        assert r.details["evaluations_per_rank"] == [r.forward_passes]
+    q = CHECKS["q_hmc"](model, (x, y))
+    assert set(q.details["evaluations"]) == {"gate", "context"}  # path sampling; Monte Carlo and PGD context
+    n = CHECKS["nppr"](model, (x, y))
+    assert set(n.details["evaluations"]) == {"clean", "fit", "gate", "context"}
+    assert n.details["evaluations"]["fit"] == 4 * 8 * 2 == n.details["fit"]["forward_passes"]
+
+
+def test_nppr_refuses_a_budget_its_fit_cannot_fit_in():
+    x, y = image_data(n=40)
+    with pytest.raises(BudgetError, match="budget of 500 model evaluations ran out in the fit phase"):
+        nppr(SmallNet().eval(), (x, y), eps=0.1, latent_dim=4, components=2, fit_steps=40, fit_batch_size=8,
+             fit_draws=2, budget=500)
+
+
+# -- OOM back-off in every model-calling path ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_out_of_memory_halves_the_batch_in_every_model_calling_path(name):
+    """A model that fails on more than 16 rows, as CUDA does when out of memory: every check
+    (gradients, attacks, fits, packed batches) backs off and reaches the same numbers (to float32
+    rounding: a matrix product over fewer rows may round differently)."""
+    x, y = image_data(n=40)
+    inner = SmallNet().eval()
+    plain = CHECKS[name](RecordingModel(inner), (x, y), batch_size=64)
+    failing = RecordingModel(inner, oom_above=16)
+    backed_off = CHECKS[name](failing, (x, y), batch_size=64)
+    assert failing.oom_raised > 0 and max(failing.batch_sizes) <= 16
+    a, b = numbers(plain), numbers(backed_off)
+    for key in a:
+        assert a[key] == pytest.approx(b[key], rel=1e-6) if isinstance(a[key], float) else a[key] == b[key], key
+    if isinstance(backed_off, Result):
+        assert backed_off.details["oom_halvings"] == 2 and backed_off.details["batch_size"] == 16
+
+
+# -- dtype follows the model -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_a_float64_model_with_float64_data_works_in_every_check(name):
+    x, y = image_data(n=40)
+    out = CHECKS[name](SmallNet().double().eval(), (x.double(), y))
+    if isinstance(out, Result):
+        assert out.details["dtype"] == "float64" and "dtype_note" not in out.details
+        assert np.isfinite([out.estimate, out.lower, out.upper]).all()
+
+
+def test_data_of_another_float_dtype_is_converted_to_the_model_s_with_a_note():
+    x, y = image_data(n=40)
+    r = CHECKS["tsrm"](SmallNet().double().eval(), (x, y))
+    assert r.details["dtype"] == "float64"
+    assert r.details["dtype_note"] == "the data (torch.float32) was converted to the model's dtype torch.float64"
+
+
+# -- a loss without gradients ------------------------------------------------------------------------
+
+
+def zero_one(logits, y):
+    return (logits.argmax(dim=1) != y).to(logits.dtype)
+
+
+def test_a_non_differentiable_loss_works_with_monte_carlo_and_skips_the_pgd_context():
+    x, y = image_data(n=40)
+    r = intermediate_q(SmallNet().eval(), (x, y), BOX, 1, estimator="mc", loss=zero_one, chains=4, steps=8,
+                       budget=20_000)
+    assert r.details["q_infinity_method"] == "largest loss visited"
+    assert 0.0 <= r.estimate <= 1.0  # the 0-1 loss at q = 1 is the error rate under the noise
+    with pytest.raises(RobustModelError, match="not differentiable in the input"):
+        intermediate_q(SmallNet().eval(), (x, y), BOX, 1, estimator="hmc", loss=zero_one, chains=4, steps=8,
+                       budget=20_000)
+
+
+# -- adversarial accuracy --------------------------------------------------------------------------
+
+
+def test_adversarial_accuracy_is_exact_on_a_linear_model():
+    """For a two-class linear model the worst point of the box is a corner the signed gradient of
+    cross-entropy reaches in one step: the attack's robust accuracy is the true one."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(20, 2)
+    x = torch.rand(500, 20)
+    y = model(x).argmax(dim=1).detach()
+    eps = 0.05
+    r = adversarial_accuracy(model, (x, y), eps=eps, steps=3)
+    w, b = model.weight.detach(), model.bias.detach()
+    d = w[y] - w[1 - y]
+    worst = torch.where(d > 0, (x - eps).clamp(0, 1), (x + eps).clamp(0, 1))
+    robust = int(((d * worst).sum(dim=1) + b[y] - b[1 - y] > 0).sum())
+    assert 100 < robust < 450
+    assert r.details["robust_inputs"] == robust and r.estimate == robust / 500
+    assert r.lower <= r.estimate <= r.upper
+
+
+def test_adversarial_accuracy_says_what_a_verdict_means_and_refuses_too_small_a_budget():
+    x, y = image_data(n=40)
+    r = CHECKS["adversarial_accuracy"](SmallNet().eval(), (x, y))
+    assert "an upper estimate of the true adversarial accuracy: a fail is conclusive, a pass is only as " \
+           "strong as the attack" in r.message()
+    assert r.perturbation == "PGD L-inf eps=0.1, 4 steps x 2 restart(s)"
+    assert r.details["robust_inputs"] + r.details["fooled_inputs"] == 40
+    with pytest.raises(SettingError, match="at least 400 model evaluations"):
+        adversarial_accuracy(SmallNet().eval(), (x, y), eps=0.1, steps=9, budget=399)
+
+
+# -- sharding over torch.distributed ranks -----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SHARDED = ("q_hmc", "certified_accuracy", "certify", "pa_report", "adversarial_accuracy", "nppr", "tsrm")
+
+
+def _sharded_rank(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        x, y = image_data(n=64)
+        found = {}
+        for name in SHARDED:
+            out_ = CHECKS[name](SmallNet().eval(), (x, y), batch_size=128)
+            found[name] = {"numbers": numbers(out_),
+                           "per_rank": out_.details["evaluations_per_rank"] if isinstance(out_, Result) else None}
+        with open(f"{out}/rank{rank}.json", "w") as f:
+            json.dump(found, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_check_shards_over_two_ranks_with_single_process_numbers(tmp_path):
+    x, y = image_data(n=64)
+    single = {name: CHECKS[name](SmallNet().eval(), (x, y), batch_size=128) for name in SHARDED}
+    mp.spawn(_sharded_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for name in SHARDED:
+        expected = json.loads(json.dumps(numbers(single[name])))
+        for r in ranks:
+            got = dict(r[name]["numbers"])
+            if name == "tsrm":  # a step of W ranks evaluates W blocks at once: same draws, more evaluations
+                assert single[name].forward_passes <= got.pop("forward_passes") <= 2 * 256 + single[name].forward_passes
+                expected.pop("forward_passes", None)
+            assert got == expected, name
+        per_rank = ranks[0][name]["per_rank"]
+        if per_rank is not None:
+            assert sum(per_rank) <= single[name].budget, name
+            assert min(per_rank) >= 0.3 * sum(per_rank), (name, per_rank)  # each rank did about half
+
+
+# -- metrics from a conftest.py, through the registry hook -------------------------------------------
+
+
+CONFTEST_METRIC = textwrap.dedent('''
+    import pytest
+    import torch
+    from pytest_robust import Metric
+    from pytest_robust.engine import correct_predictions
+    from pytest_robust.run import Run
+    from pytest_robust.stats import clopper_pearson_lower, clopper_pearson_upper
+
+
+    def clean_accuracy(model, data, threshold=None, *, confidence, budget, seed, batch_size, device):
+        """Accuracy on the unperturbed data, Clopper-Pearson over inputs."""
+        with Run("clean_accuracy", model, data, threshold=threshold, confidence=confidence, budget=budget,
+                 seed=seed, batch_size=batch_size, device=device) as run:
+            hits = correct_predictions(run.forward.logits(run.ds.x.to(run.device)), run.ds.y.to(run.device))
+        k, n = int(hits.sum()), len(hits)
+        return run.result(estimate=k / n, lower=clopper_pearson_lower(k, n, run.alpha),
+                          upper=clopper_pearson_upper(k, n, run.alpha), draws=n, perturbation="none")
+
+
+    def pytest_robust_metrics():
+        return {"clean_accuracy": Metric(clean_accuracy, budget=1000)}
+
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(2))
+
+        def forward(self, x):
+            return torch.stack([-x[:, 0], x[:, 0]], dim=1) + self.bias
+
+
+    def data():
+        x = torch.linspace(-1, 1, 200)[:, None]
+        return x, ((x[:, 0] > 0) & (x[:, 0] <= 0.8)).long()   # right on 90% of the inputs
+
+
+    def model():
+        return Model()
+
+
+    @pytest.fixture
+    def robust_model():
+        return Model()
+
+
+    @pytest.fixture
+    def robust_data():
+        return data()
+''')
+
+
+def test_a_metric_defined_in_a_conftest_works_as_marker_fixture_and_yaml_check(pytester):
+    pytester.makeconftest(CONFTEST_METRIC)
+    pytester.makepyfile(test_custom='''
+        import pytest
+
+        @pytest.mark.robust(clean_accuracy=0.8)
+        def test_marker():
+            pass
+
+        @pytest.mark.robust(clean_accuracy=0.99)
+        def test_marker_fails():
+            pass
+
+        def test_fixture(robust, robust_model, robust_data):
+            r = robust.clean_accuracy(robust_model, robust_data, 0.8)
+            assert r.passed and r.metric == "clean_accuracy" and r.budget == 1000
+    ''')
+    pytester.makefile(".yaml", robust_custom='''
+        model: conftest:model
+        data: conftest:data
+        checks:
+          - name: clean
+            clean_accuracy: 0.8
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*clean_accuracy 0.900 (95% lower bound 0.8*) < required 0.99*"])
+    checks = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
+    assert sorted(r["test_id"].rsplit("::", 1)[-1] for r in checks) == ["clean", "test_fixture", "test_marker",
+                                                                         "test_marker_fails"]
+
+
+def test_a_metric_name_registered_twice_is_a_usage_error(pytester):
+    pytester.makeconftest('''
+        from pytest_robust import Metric
+
+        def pytest_robust_metrics():
+            return {"tsrm": Metric("x:y")}
+    ''')
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*metric tsrm*a name not already taken by a metric or setting*"])
