@@ -466,29 +466,11 @@ def _q(value) -> float:
 
 
 def intermediate_q(
-    model: torch.nn.Module,
-    data,
-    perturbation,
-    q: float,
-    threshold: float | None = None,
-    *,
-    estimator: str = "auto",
-    chains: int = 4,
-    steps: int = 100,
-    leapfrog: int = 5,
-    mh_steps: int = 5,
-    warmup: int = 20,
-    path_len: float = 1.0,
-    target_accept: float | None = None,
-    loss=None,
-    pgd_steps: int = 50,
-    pgd_restarts: int = 1,
-    inputs: int | None = None,
-    confidence: float = 0.95,
-    budget: int = 1_000_000,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
+    model: torch.nn.Module, data, perturbation, q: float, threshold: float | None = None, *,
+    estimator: str = "auto", chains: int = 4, steps: int = 100, leapfrog: int = 5, mh_steps: int = 5,
+    warmup: int = 20, path_len: float = 1.0, target_accept: float | None = None, loss=None,
+    pgd_steps: int = 50, pgd_restarts: int = 1, inputs: int | None = None,
+    confidence: float = 0.95, budget: int = 1_000_000, seed: int = 0, batch_size: int = 1024, device=None,
 ) -> Result:
     """Estimate the mean over inputs of Z_q = (E_mu loss^q)^(1/q) and gate it against ``threshold``.
 
@@ -600,28 +582,11 @@ def _note(plan, est, reason, mc_mean, q_inf, q_inf_name) -> str:
 
 
 def q_curve(
-    model: torch.nn.Module,
-    data,
-    perturbation,
-    qs=(1, 10, 100, 1000),
-    *,
-    estimator: str = "auto",
-    chains: int = 4,
-    steps: int = 100,
-    leapfrog: int = 5,
-    mh_steps: int = 5,
-    warmup: int = 20,
-    path_len: float = 1.0,
-    target_accept: float | None = None,
-    loss=None,
-    pgd_steps: int = 50,
-    pgd_restarts: int = 1,
-    inputs: int | None = None,
-    confidence: float = 0.95,
-    budget: int = 100_000,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
+    model: torch.nn.Module, data, perturbation, qs=(1, 10, 100, 1000), *,
+    estimator: str = "auto", chains: int = 4, steps: int = 100, leapfrog: int = 5, mh_steps: int = 5,
+    warmup: int = 20, path_len: float = 1.0, target_accept: float | None = None, loss=None,
+    pgd_steps: int = 50, pgd_restarts: int = 1, inputs: int | None = None,
+    confidence: float = 0.95, budget: int = 100_000, seed: int = 0, batch_size: int = 1024, device=None,
 ) -> Result:
     """The q-curve: mean over inputs of Z_q for every q in ``qs`` by path sampling and Monte Carlo,
     with the q = infinity end (PGD, or the largest loss visited), on one set of inputs.

@@ -115,38 +115,15 @@ class FitSettings:
 
 
 def nppr(
-    model: torch.nn.Module,
-    data,
-    threshold: float | None = None,
-    *,
-    eps: float,
-    confidence: float = 0.95,
-    budget: int = 300_000,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
-    norm: str = "linf",
-    components: int = 7,
-    latent_dim: int = 128,
-    covariance: str = "diagonal",
-    dependency: str = "joint",
-    feature_layer: str | None = None,
-    grid_size: int | None = None,
-    fit_data=None,
-    fit_fraction: float = 0.5,
-    fit_steps: int = FitSettings.steps,
-    fit_batch_size: int = FitSettings.batch_size,
-    fit_draws: int = FitSettings.draws,
-    fit_lr: float = FitSettings.lr,
-    fit_temperature: tuple[float, float] = FitSettings.temperature,
-    fit_clip_norm: float = FitSettings.clip_norm,
-    kappa: float = FitSettings.kappa,
-    draws_per_input: int = 32,
-    pgd: bool = False,
-    pgd_steps: int = 50,
-    bounds=(0.0, 1.0),
-    cache_dir: str | None = None,
-    refit: bool = False,
+    model: torch.nn.Module, data, threshold: float | None = None, *, eps: float,
+    confidence: float = 0.95, budget: int = 300_000, seed: int = 0, batch_size: int = 1024, device=None,
+    norm: str = "linf", components: int = 7, latent_dim: int = 128, covariance: str = "diagonal",
+    dependency: str = "joint", feature_layer: str | None = None, grid_size: int | None = None,
+    fit_data=None, fit_fraction: float = 0.5, fit_steps: int = FitSettings.steps,
+    fit_batch_size: int = FitSettings.batch_size, fit_draws: int = FitSettings.draws, fit_lr: float = FitSettings.lr,
+    fit_temperature: tuple[float, float] = FitSettings.temperature, fit_clip_norm: float = FitSettings.clip_norm,
+    kappa: float = FitSettings.kappa, draws_per_input: int = 32, pgd: bool = False, pgd_steps: int = 50,
+    bounds=(0.0, 1.0), cache_dir: str | None = None, refit: bool = False,
 ) -> Result:
     """Fit the most damaging Gaussian-mixture perturbation in the eps-ball, then gate PR under it.
 
@@ -185,7 +162,17 @@ def nppr(
         frozen = FrozenGMM(fitted.gmm.eval(), eval_features, bounds)
         gate, context, per_input, floor = _evaluate(run, frozen, eval_ds, options, bounds)
     estimate, lower, upper, details = summary(gate, run.alpha, run.args.threshold)
-    details.update({
+    details.update(_details(run, cfg, fit, fitted, layer, split, fit_ds, eval_ds, eval_logits, context, per_input,
+                            floor, options))
+    return run.result(estimate=estimate, lower=lower, upper=upper, draws=gate.used, n_inputs=len(eval_ds),
+                      perturbation=repr(frozen), details=details, note=_note(details, run.args.confidence))
+
+
+def _details(run: Run, cfg, fit, fitted, layer, split, fit_ds, eval_ds, eval_logits, context, per_input, floor,
+             options) -> dict:
+    """What an NPPR result carries beyond the gate's numbers: the mixture, split, fit, cache,
+    context distributions, per-input PR fractions and the fit's loss curve."""
+    return {
         "semantics": SEMANTICS,
         "mixture": cfg.to_dict(),
         "feature_layer": None if layer is None else layer[1],
@@ -201,9 +188,7 @@ def nppr(
             **{f"fraction_pr_at_least_{1 - g:g}": float(np.mean(per_input >= 1 - g - 1e-9)) for g in GAMMAS},
         },
         "curves": {"fit_loss": _loss_curve(fitted.record["loss"], fit)},
-    })
-    return run.result(estimate=estimate, lower=lower, upper=upper, draws=gate.used, n_inputs=len(eval_ds),
-                      perturbation=repr(frozen), details=details, note=_note(details, run.args.confidence))
+    }
 
 
 def _evaluate(run: Run, frozen: "FrozenGMM", eval_ds: TensorData, options: dict, bounds):

@@ -597,18 +597,9 @@ def _gate_details(plan: _GatePlan, state: _GateState, radius: float, fewest: int
 
 
 def pa_report(
-    model: torch.nn.Module,
-    data,
-    sigma: float,
-    n: int = 10_000,
-    radii=None,
-    alpha: float = 1e-3,
-    convert_to=((100, 0.01), (100_000, 0.001)),
-    *,
-    confidence: float = 0.95,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
+    model: torch.nn.Module, data, sigma: float, n: int = 10_000, radii=None, alpha: float = 1e-3,
+    convert_to=((100, 0.01), (100_000, 0.001)), *,
+    confidence: float = 0.95, seed: int = 0, batch_size: int = 1024, device=None,
 ) -> Result:
     """The empirical distribution of p_A and what it implies (Sun et al., ICML 2025, section 7 and
     appendix B).
