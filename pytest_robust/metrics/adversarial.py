@@ -59,20 +59,9 @@ def _attack_blocks(run: Run, blocks: list[int], eps: float, steps: int, step_siz
 
 
 def adversarial_accuracy(
-    model: torch.nn.Module,
-    data,
-    threshold: float | None = None,
-    *,
-    eps: float = 8 / 255,
-    steps: int = 50,
-    step_size: float | None = None,
-    restarts: int = 1,
-    bounds=(0.0, 1.0),
-    confidence: float = 0.95,
-    budget: int = 100_000,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
+    model: torch.nn.Module, data, threshold: float | None = None, *, eps: float = 8 / 255, steps: int = 50,
+    step_size: float | None = None, restarts: int = 1, bounds=(0.0, 1.0), confidence: float = 0.95,
+    budget: int = 100_000, seed: int = 0, batch_size: int = 1024, device=None,
 ) -> Result:
     """Robust accuracy of ``model`` on ``data`` under an L-inf PGD attack of radius ``eps`` (input
     units), gated >= ``threshold`` with Clopper-Pearson bounds over inputs (module docstring).

@@ -153,7 +153,24 @@ def _validate_fixed(sigma, alpha, **sizes) -> tuple[float, float]:
 
 
 @dataclass
-class Certification:
+class _FixedSize:
+    """What CERTIFY and PREDICT share: the noise (sigma, input units), the level alpha, the seed,
+    where and how long they ran, and per input (arrays indexed like the data) the label, the
+    returned class (ABSTAIN = -1) and whether it equals the label."""
+
+    sigma: float
+    alpha: float
+    seed: int
+    device: str
+    seconds: float
+    forward_passes: int
+    label: np.ndarray
+    prediction: np.ndarray
+    correct: np.ndarray
+
+
+@dataclass
+class Certification(_FixedSize):
     """Per-input outcome of Cohen's CERTIFY; every array is indexed like the data.
 
     ``prediction`` is the certified class or ABSTAIN (-1); ``count`` is how many of the n
@@ -164,21 +181,12 @@ class Certification:
     classifier returns ``prediction`` everywhere within ``radius`` (L2, in input units).
     """
 
-    sigma: float
     n0: int
     n: int
-    alpha: float
-    seed: int
-    device: str
-    seconds: float
-    forward_passes: int
-    label: np.ndarray
-    prediction: np.ndarray
     count: np.ndarray
     pa_estimate: np.ndarray
     pa_lower: np.ndarray
     radius: np.ndarray
-    correct: np.ndarray
     draws: np.ndarray
 
     def certified(self, radius: float) -> np.ndarray:
@@ -219,16 +227,8 @@ class Certification:
 
 
 def certify(
-    model: torch.nn.Module,
-    data,
-    sigma: float,
-    n0: int = 100,
-    n: int = 100_000,
-    alpha: float = 0.001,
-    *,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
+    model: torch.nn.Module, data, sigma: float, n0: int = 100, n: int = 100_000, alpha: float = 0.001, *,
+    seed: int = 0, batch_size: int = 1024, device=None,
 ) -> Certification:
     """Cohen's CERTIFY for every input, batched across inputs.
 
@@ -258,35 +258,19 @@ def certify(
 
 
 @dataclass
-class Prediction:
+class Prediction(_FixedSize):
     """Per-input outcome of Cohen's PREDICT: ``prediction`` (ABSTAIN = -1), the top two class
     counts among the n draws, the two-sided binomial p-value of their comparison, ``correct``."""
 
-    sigma: float
     n: int
-    alpha: float
-    seed: int
-    device: str
-    seconds: float
-    forward_passes: int
-    label: np.ndarray
-    prediction: np.ndarray
     top_count: np.ndarray
     runner_up_count: np.ndarray
     p_value: np.ndarray
-    correct: np.ndarray
 
 
 def predict(
-    model: torch.nn.Module,
-    data,
-    sigma: float,
-    n: int = 10_000,
-    alpha: float = 0.001,
-    *,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
+    model: torch.nn.Module, data, sigma: float, n: int = 10_000, alpha: float = 0.001, *, seed: int = 0,
+    batch_size: int = 1024, device=None,
 ) -> Prediction:
     """Cohen's PREDICT for every input: the top two classes' counts n_A >= n_B among n noisy draws;
     return the top class unless the two-sided binomial test of n_A out of n_A + n_B at p = 1/2 has
@@ -487,19 +471,9 @@ def _run_gates(run: Run, plan: _GatePlan) -> _GateState:
 
 
 def certified_accuracy(
-    model: torch.nn.Module,
-    data,
-    threshold: float | None,
-    radius: float,
-    sigma: float,
-    alpha: float = 1e-3,
-    max_draws: int = 100_000,
-    *,
-    confidence: float = 0.95,
-    budget: int = 2_000_000,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
+    model: torch.nn.Module, data, threshold: float | None, radius: float, sigma: float, alpha: float = 1e-3,
+    max_draws: int = 100_000, *, confidence: float = 0.95, budget: int = 2_000_000, seed: int = 0,
+    batch_size: int = 1024, device=None,
 ) -> Result:
     """Gate: the Gaussian-smoothed model is certified correct within L2 ``radius`` on at least a
     fraction ``threshold`` of ``data``, at the stated confidence.

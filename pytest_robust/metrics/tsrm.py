@@ -133,16 +133,8 @@ def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[floa
 
 
 def tsrm(
-    model: torch.nn.Module,
-    data,
-    perturbation,
-    threshold: float | None = None,
-    *,
-    confidence: float = 0.95,
-    budget: int = 100_000,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
+    model: torch.nn.Module, data, perturbation, threshold: float | None = None, *, confidence: float = 0.95,
+    budget: int = 100_000, seed: int = 0, batch_size: int = 1024, device=None,
 ) -> Result:
     """Estimate the TSRM accuracy of ``model`` on ``data`` under ``perturbation`` and gate it.
 
