@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from .inspection import check_perturbation_object
+
 
 def _check_size(name: str, value: float, *, allow_zero: bool) -> float:
     if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
@@ -185,7 +187,10 @@ class CallablePerturbation(Perturbation):
 
 
 def as_perturbation(p) -> Perturbation:
-    """Accept a Perturbation or a callable ``(x, generator) -> x'``; reject anything else clearly."""
+    """Accept a Perturbation or a callable ``(x, generator) -> x'``; reject anything else clearly
+    (a class instead of an instance, a callable of another signature: ``inspection``)."""
+    if callable(p):
+        check_perturbation_object(p)
     if isinstance(p, Perturbation):
         return p
     if callable(p):

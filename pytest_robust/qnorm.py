@@ -127,7 +127,7 @@ class GradForward(Forward):
         def run(start: int, stop: int):
             chunk = x[start:stop].detach().requires_grad_(True)
             with torch.enable_grad():
-                z = self.validated(self.model(chunk), stop - start)
+                z = self.validated(self.called(chunk), stop - start)
                 value = loss.log_values(z, y[start:stop])
                 (grad,) = torch.autograd.grad(value.sum(), chunk)
             return value.detach(), grad

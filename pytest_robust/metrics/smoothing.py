@@ -43,6 +43,7 @@ from ..engine import (
     resolve_device,
     stream_generator,
 )
+from ..inspection import records_warnings
 from ..results import Result
 from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper
 from ..validation import SettingError, check_run_args
@@ -457,6 +458,7 @@ def _run_gates(forward: Forward, x: torch.Tensor, y: torch.Tensor, plan: _GatePl
                             inputs_done=run.decided, inputs=n, forward_passes=forward.passes)
 
 
+@records_warnings
 def certified_accuracy(
     model: torch.nn.Module,
     data,
@@ -588,6 +590,7 @@ def certified_accuracy(
 # ----------------------------------------------------------------------------------------------
 
 
+@records_warnings
 def pa_report(
     model: torch.nn.Module,
     data,

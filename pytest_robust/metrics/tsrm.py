@@ -28,6 +28,7 @@ from ..engine import (
     sum_over_ranks,
     world,
 )
+from ..inspection import inspect_inputs, records_warnings
 from ..perturbations import as_perturbation
 from ..results import Result
 from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
@@ -42,16 +43,17 @@ def _indices(n_inputs: int, seed: int, index: int) -> torch.Tensor:
     return torch.randint(n_inputs, (BLOCK,), generator=stream_generator(seed, "tsrm-index", index))
 
 
-def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, limit: int):
+def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, limit: int, most: int):
     """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
 
-    A step is ``ceil(batch_size / BLOCK)`` blocks per process; under torch.distributed rank r
+    A step is ``ceil(batch_size / BLOCK)`` blocks per process, fewer when the remaining draws
+    (``limit``) need fewer or when ``most`` (blocks in all) is smaller; under torch.distributed rank r
     evaluates blocks first + r, first + r + W, ... and the outcomes are gathered in block order,
     so every rank sees the same stream as a single process would. A single process evaluates
     only the first ``limit`` draws (ranks evaluate whole blocks; the surplus is dropped).
     """
     rank, size = world()
-    per_rank = -(-forward.batch_size // BLOCK)
+    per_rank = max(1, min(-(-forward.batch_size // BLOCK), -(-limit // (BLOCK * size)), -(-most // size)))
     mine = range(first + rank, first + per_rank * size, size)
     drawn = {b: _indices(len(ds), seed, b) for b in mine}
     idx = list(drawn.values())
@@ -69,6 +71,7 @@ def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, lim
     return hits[:limit].cpu().numpy(), indices[:limit].numpy(), per_rank * size
 
 
+@records_warnings
 def tsrm(
     model: torch.nn.Module,
     data,
@@ -92,6 +95,7 @@ def tsrm(
     args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
     perturbation = as_perturbation(perturbation)
     ds = load_data(data)
+    inspect_inputs(ds, perturbation)
     device = resolve_device(device, model)
     started = time.perf_counter()
     gate = SequentialGate(args.threshold, args.alpha) if args.threshold is not None else None
@@ -101,7 +105,10 @@ def tsrm(
         forward = Forward(model, args.batch_size, max_label=int(ds.y.max()))
         block = 0
         while drawn < args.budget and (gate is None or gate.decision is None):
-            hits, idx, consumed = _step(forward, ds, perturbation, args.seed, block, device, args.budget - drawn)
+            # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
+            # so a gate that decides early never pays for a huge batch
+            most = max(1, block) if gate is not None else block + args.budget
+            hits, idx, consumed = _step(forward, ds, perturbation, args.seed, block, device, args.budget - drawn, most)
             block += consumed
             outcomes.append(hits)
             indices.append(idx)
