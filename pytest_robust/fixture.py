@@ -3,7 +3,8 @@
 Shared by marker checks, programmatic checks and YAML-suite items: every result is recorded on
 its test item (JUnit properties plus a JSON-able list that rides on the test report to the
 controller), and a check that does not pass fails its test (or skips it, for an inconclusive
-check with ``inconclusive = skip``).
+check with ``inconclusive = skip``). A check that cannot run, or raises, is recorded too, as an
+"error" result with its message, and the test's other checks still run: no result is lost.
 """
 
 from __future__ import annotations
@@ -20,16 +21,32 @@ from .results import Result
 from .settings import KEY_NAMES, Settings
 from .validation import SettingError
 
-#: Result dicts recorded on a test item; the report hook copies them onto the test report.
+#: Result dicts recorded on a test item; the report hook moves them onto the test reports.
 ITEM_RESULTS = pytest.StashKey[list]()
+#: The CheckSpecs a test item declares (its robust markers, or a YAML suite's check).
+SPECS = pytest.StashKey[list]()
+#: ids of the item's specs that have a recorded result (numbers or an error).
+RECORDED = pytest.StashKey[set]()
 
 
-def record(item: pytest.Item, result: Result) -> Result:
-    """Attach ``result`` to ``item``: JUnit properties now, the report at the end of the call."""
+def record(item: pytest.Item, result: Result, spec: CheckSpec | None = None) -> Result:
+    """Attach ``result`` (of ``spec``, if it is one of the item's declared checks) to ``item``:
+    JUnit properties now, the test report at the end of the phase."""
     result.test_id = item.nodeid
     item.stash.setdefault(ITEM_RESULTS, []).append(result.to_dict())
     item.user_properties.extend(result.properties())
+    if spec is not None:
+        item.stash.setdefault(RECORDED, set()).add(id(spec))
     return result
+
+
+def record_unrun(item: pytest.Item, verdict: str, reason: str) -> None:
+    """Record every declared check of ``item`` that has no result yet as ``verdict`` ("error" or
+    "skipped") with ``reason``: a test that failed or was skipped before its checks ran."""
+    done = item.stash.get(RECORDED, set())
+    for spec in item.stash.get(SPECS, []):
+        if id(spec) not in done:
+            record(item, checks.not_run(spec, verdict, reason), spec)
 
 
 def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
@@ -39,26 +56,34 @@ def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
 
 
-def evaluate(item: pytest.Item, call, model_name: str) -> Result:
+def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec) -> Result:
     """Run ``call()`` (returning a Result) with progress reporting and record the result under
-    ``model_name``; a model, data or argument problem fails the test with its message (not a
-    traceback from inside the engine)."""
+    ``model_name``. If it raises, an "error" result with the message is recorded instead: a
+    model, data or argument problem fails the test with its message (not a traceback from
+    inside the engine); anything else is a bug and is re-raised with its traceback."""
     from .engine import RobustDataError, RobustModelError, progress_sink
 
     try:
         with progress_sink(_progress(item)):
             result = call()
     except (RobustDataError, RobustModelError, SettingError, TypeError, ValueError) as err:
+        record(item, checks.not_run(spec, "error", str(err), model_name), spec)
         pytest.fail(f"robust check could not run: {err}", pytrace=False)
+    except Exception as err:
+        record(item, checks.not_run(spec, "error", f"{type(err).__name__}: {err}", model_name), spec)
+        raise
     result.model = model_name
-    return record(item, result)
+    return record(item, result, spec)
 
 
 def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str) -> Result:
     """Evaluate one spec with resolved settings and record its result."""
     from .engine import resolve_device
 
-    return evaluate(item, lambda: checks.run(spec, model, data, settings, resolve_device(settings.device)), model_name)
+    def call():
+        return checks.run(spec, model, data, settings, resolve_device(settings.device))
+
+    return evaluate(item, call, model_name, spec)
 
 
 def _progress(item: pytest.Item):
@@ -69,11 +94,13 @@ def _progress(item: pytest.Item):
     return Progress(terminal, item.nodeid.rsplit("/", 1)[-1])
 
 
-def enforce(runs: list[tuple[Settings, Result]]) -> None:
-    """Fail the test if any check failed or was inconclusive with ``inconclusive = fail``; skip it
-    if the only problems are inconclusive checks with ``inconclusive = skip``."""
+def enforce(runs: list[tuple[Settings, Result]], errors: tuple[str, ...] = ()) -> None:
+    """Fail the test if any check could not run (``errors``: their messages), failed, or was
+    inconclusive with ``inconclusive = fail``; skip it if the only problems are inconclusive
+    checks with ``inconclusive = skip``."""
     undecided = [(s.inconclusive, r.message()) for s, r in runs if r.verdict == "inconclusive"]
-    fatal = [r.message() for _, r in runs if r.verdict == "fail"] + [m for how, m in undecided if how == "fail"]
+    fatal = list(errors) + [r.message() for _, r in runs if r.verdict == "fail"]
+    fatal += [m for how, m in undecided if how == "fail"]
     skipped = [m for how, m in undecided if how == "skip"]
     if fatal:
         pytest.fail("\n".join(fatal + skipped), pytrace=False)
@@ -89,6 +116,7 @@ class RobustFixture:
         self.settings = settings
         self._specs = specs
         self.checked = False
+        self._gated: list[tuple[Settings, Result]] = []  # fixture calls with a threshold
 
     @property
     def device(self):
@@ -103,10 +131,16 @@ class RobustFixture:
         return settings_for(self.settings, overrides, f"argument of robust.{source}"), kwargs
 
     def _measure(self, metric: str, model, data, threshold, params: dict) -> Result:
-        """A registered metric through the same path as a marker (defaults, settings, errors)."""
+        """A registered metric through the same path as a marker (defaults, settings, errors).
+        With a threshold the result gates the test at its end like a marker, unless the call
+        says ``enforce=False``."""
+        gate = params.pop("enforce", True)
         settings, params = self._split(params, metric)
         spec = CheckSpec(metric, threshold, params, {})
-        return run_spec(self._request.node, spec, model, data, settings, type(model).__name__)
+        result = run_spec(self._request.node, spec, model, data, settings, type(model).__name__)
+        if threshold is not None and gate:
+            self._gated.append((settings, result))
+        return result
 
     def _library(self, fn, name: str, model, *args, **kwargs) -> Result:
         """A library function that is not a marker metric (certify, pa_report, q_curve)."""
@@ -119,13 +153,15 @@ class RobustFixture:
         def call():
             return fn(model, *args, device=resolve_device(settings.device), **common, **params)
 
-        return evaluate(self._request.node, call, type(model).__name__)
+        return evaluate(self._request.node, call, type(model).__name__, CheckSpec(name, None, dict(params), {}))
 
     def tsrm(self, model, data, perturbation, threshold: float | None = None, **kwargs) -> Result:
         """TSRM accuracy of ``model`` on ``data`` under ``perturbation``, gated when ``threshold``
-        is given. Keyword arguments that are settings (confidence, budget, seed, batch_size,
-        device) override this test's settings. Returns the Result (recorded in the reports);
-        assert on ``result.passed`` or ``result.verdict`` yourself."""
+        is given: a check that does not pass fails the test when it ends, like a marker (pass
+        ``enforce=False`` to decide yourself from ``result.verdict``). Keyword arguments that are
+        settings (confidence, budget, seed, batch_size, device) override this test's settings.
+        Returns the Result (recorded in the reports). The same holds for every method below
+        that takes a threshold (``max_loss`` for q)."""
         return self._measure("tsrm", model, data, threshold, {"perturbation": perturbation, **kwargs})
 
     def q(self, model, data, q: float, max_loss: float | None = None, perturbation=None, **kwargs) -> Result:
@@ -190,16 +226,52 @@ class RobustFixture:
             )
 
     def check(self) -> list[Result]:
-        """Run this test's robust markers now; fail (or skip, if so configured) unless all pass."""
+        """Run this test's robust markers now; fail (or skip, if so configured) unless all pass.
+        Every marker's check runs even when an earlier one cannot; a test without a robust
+        marker has nothing to check, which is an error."""
+        if not self._specs:
+            pytest.fail(
+                "robust.check() runs the test's @pytest.mark.robust(...) checks, but this test has no "
+                "robust marker: add one, or call a metric method such as robust.tsrm(...) instead",
+                pytrace=False,
+            )
         self.checked = True
-        runs = []
-        for spec in self._specs:
-            settings = settings_for(self.settings, spec.overrides, "on the robust marker")
-            model = self._fixture(settings.model, "model")
-            data = self._fixture(settings.data, "data")
-            if isinstance(spec.params.get("fit_data"), str):
-                fit_data = self._fixture(spec.params["fit_data"], "fit_data")
-                spec = dataclasses.replace(spec, params={**spec.params, "fit_data": fit_data})
-            runs.append((settings, run_spec(self._request.node, spec, model, data, settings, settings.model)))
-        enforce(runs)
+        runs, errors = self._run_markers()
+        enforce(runs, errors)
         return [r for _, r in runs]
+
+    def finish(self) -> None:
+        """At the end of the test: run the markers' checks if ``check()`` did not, then fail (or
+        skip) the test unless every check with a threshold passed (markers and fixture calls)."""
+        runs, errors = ([], ()) if self.checked or not self._specs else self._run_markers()
+        self.checked = True
+        enforce(runs + self._gated, errors)
+
+    def _run_markers(self) -> tuple[list[tuple[Settings, Result]], tuple[str, ...]]:
+        """(settings and result of each marker check that ran, messages of those that could not)."""
+        item, runs, errors, bug = self._request.node, [], [], None
+        for spec in self._specs:
+            try:
+                settings = settings_for(self.settings, spec.overrides, "on the robust marker")
+                model = self._fixture(settings.model, "model")
+                data = self._fixture(settings.data, "data")
+                params = dict(spec.params)
+                if isinstance(params.get("fit_data"), str):
+                    params["fit_data"] = self._fixture(params["fit_data"], "fit_data")
+            except (Exception, pytest.fail.Exception) as err:
+                reason = getattr(err, "msg", None) or f"a fixture it needs raised {type(err).__name__}: {err}"
+                record(item, checks.not_run(spec, "error", reason, spec.overrides.get("model", "")), spec)
+                errors.append(f"robust check could not run: {reason}")
+                continue
+            try:
+                resolved = dataclasses.replace(spec, params=params)
+                runs.append((settings, run_spec(item, resolved, model, data, settings, settings.model)))
+            except pytest.fail.Exception as err:
+                errors.append(err.msg)
+            except Exception as err:  # a bug: recorded by evaluate, re-raised after the other checks
+                bug = bug or err
+        for spec in self._specs:  # results were recorded under the run's spec copy: mark the marker's
+            item.stash.setdefault(RECORDED, set()).add(id(spec))
+        if bug is not None:
+            raise bug
+        return runs, tuple(errors)

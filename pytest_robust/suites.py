@@ -59,7 +59,7 @@ import pytest
 import yaml
 
 from .checks import METRICS, CheckSpec, MarkerError, parse_marker
-from .fixture import enforce, run_spec
+from .fixture import SPECS, enforce, run_spec
 from .settings import KEY_NAMES, Settings, parse_layer
 from .validation import SettingError, positive_float
 
@@ -642,6 +642,7 @@ class SuiteItem(pytest.Item):
     def __init__(self, *, check: Check, **kwargs):
         super().__init__(**kwargs)
         self.check = check
+        self.stash[SPECS] = [check.spec]  # recorded as not run if the item fails before its check
         if check.profile.name:
             self.user_properties.append(("robust.profile", check.profile.name))
         if check.skip_reason:
