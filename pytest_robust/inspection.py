@@ -125,7 +125,7 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data") -> None:
     shown = f"bounds=({float(lo.min()):g}, {float(hi.max()):g})" if lo.numel() * hi.numel() > 1 else (
         f"bounds=({float(lo):g}, {float(hi):g})"
     )
-    if low >= 0 and 2.0 < high <= 255.0 and float(hi.max()) <= 1.0:
+    if low >= 0 and 10.0 < high <= 255.0 and float(hi.max()) <= 1.0:
         raise RobustDataError(
             f"{name}: inputs range from {low:g} to {high:g}, which looks like 0..255 images, but the "
             f"perturbation's box is {shown}: divide the images by 255 (torchvision's ToTensor() does) "
@@ -173,7 +173,8 @@ def check_uses_generator(perturbation, x: torch.Tensor) -> None:
             gen.manual_seed(12345)
             outputs.append(perturbation(probe.clone(), gen))
     a, b = outputs
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and not torch.equal(a, b):
+    comparable = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+    if comparable and not torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True):
         warnings.warn(
             f"perturbation {perturbation!r} gave different outputs for the same generator state: it "
             "ignores the generator it is given (drawing from the global RNG, numpy or random?), so "
@@ -215,14 +216,16 @@ def explain_model_error(x: torch.Tensor, err: Exception) -> None:
     layout is the likely cause (channels-last images, a shape the model cannot take)."""
     if looks_channels_last(x):
         raise RobustDataError(
-            f"the model failed on inputs of shape {tuple(x.shape)} ({type(err).__name__}: {err}); "
-            "they look channels-last (N, H, W, C): PyTorch models take (N, C, H, W): pass "
+            f"the model failed on inputs of shape {tuple(x.shape[1:])} (a batch {tuple(x.shape)}: "
+            f"{type(err).__name__}: {err}); they look channels-last (N, H, W, C): PyTorch models take "
+            "(N, C, H, W): pass "
             "x.permute(0, 3, 1, 2) (or ToTensor() in the dataset)"
         ) from err
     text = str(err)
-    if any(s in text for s in ("shapes cannot be multiplied", "size mismatch", "Expected", "expected input")):
+    if any(s in text for s in ("shapes cannot be multiplied", "size mismatch", "should contain", "Expected", "expected input")):
         raise RobustDataError(
-            f"the model cannot take inputs of shape {tuple(x.shape)} ({type(err).__name__}: {text}); give "
+            f"the model cannot take inputs of shape {tuple(x.shape[1:])} (a batch {tuple(x.shape)}: "
+            f"{type(err).__name__}: {text}); give "
             "the data the shape the model expects (one row per input: (N, C, H, W) images, (N, F) features)"
         ) from err
 

@@ -254,10 +254,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when != "teardown" and (report.failed or report.skipped) and call.excinfo is not None:
         error = call.excinfo.value
         if report.skipped and not hasattr(report, "wasxfail"):
-            record_unrun(item, "skipped", f"the test was skipped: {getattr(error, 'msg', error)}")
+            record_unrun(item, "skipped", f"its test was skipped: {getattr(error, 'msg', error)}")
         else:
             text = call.excinfo.exconly().strip().splitlines()[0][:300]
-            record_unrun(item, "error", f"not run: the test's {call.when} raised {text}")
+            record_unrun(item, "error", f"its test's {call.when} raised {text} before the check ran")
     if item.stash.get(ITEM_RESULTS, None):
         outcome = _outcome(report)
         report.robust_results = [dict(r, test_id=item.nodeid, outcome=outcome) for r in item.stash[ITEM_RESULTS]]

@@ -65,8 +65,8 @@ def _fit(rows: list[tuple[str, ...]], width: int) -> list[list[str]]:
         i = columns.index(name)
         limit = max(8, limit)
         for row in table:
-            if len(row[i]) > limit:
-                row[i] = row[i][: limit - 1] + "…"
+            if len(row[i]) > limit:  # a test id keeps its end (the test's name), others their start
+                row[i] = "…" + row[i][1 - limit :] if name == "test" else row[i][: limit - 1] + "…"
     return table
 
 
