@@ -492,7 +492,8 @@ def test_interrupted_run_still_writes_what_was_collected(suite):
 def test_interrupt():
     raise KeyboardInterrupt
 """)
-    result = suite.runpytest("--robust-report", "rep", "--robust-junitxml", "robust.xml")
+    # in a subprocess: an in-process run's KeyboardInterrupt would also stop this session
+    result = suite.runpytest_subprocess("--robust-report", "rep", "--robust-junitxml", "robust.xml")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*robustness checks*", "*test_passes*PASS*"])
     assert [r["verdict"] for r in json.loads((suite.path / "rep" / "results.json").read_text())["results"]] == ["pass"]
