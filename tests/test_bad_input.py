@@ -35,6 +35,7 @@ from pytest_robust import (
 )
 from pytest_robust.metrics.nppr import ProjectedGaussian
 from pytest_robust.validation import SettingError
+from test_plugin import CONFTEST as BASE_CONFTEST  # Step(t): TSRM = t on robust_data
 from toy_models import FULL_BOX, SmallNet, ThresholdModel, image_data, threshold_data
 
 NOISE = UniformLinf(eps=0.1)
@@ -298,26 +299,10 @@ def test_nppr_gaussian_context_stays_in_the_ball():
 
 # -- through pytest ----------------------------------------------------------------------------------
 
-CONFTEST = """
-import pytest, torch
-
-class Step(torch.nn.Module):
-    def __init__(self, t):
-        super().__init__()
-        self.t = t
-        self.w = torch.nn.Parameter(torch.ones(1))
-
-    def forward(self, x):
-        d = (self.t - x[:, :1]) * self.w
-        return torch.cat([-d, d], dim=1)
-
+CONFTEST = BASE_CONFTEST + """
 class Broken(Step):
     def forward(self, x):
         raise RuntimeError("bug inside the model")
-
-@pytest.fixture(scope="session")
-def robust_model():
-    return Step(0.8)
 
 @pytest.fixture(scope="session")
 def broken_model():
@@ -326,10 +311,6 @@ def broken_model():
 @pytest.fixture(scope="session")
 def failing_data():
     raise OSError("data file missing")
-
-@pytest.fixture(scope="session")
-def robust_data():
-    return torch.full((64, 1), 0.5), torch.ones(64, dtype=torch.long)
 """
 
 MIXED = """
@@ -501,10 +482,13 @@ def test_interrupt():
 
 
 def test_yaml_suite_factory_that_raises_is_an_error_in_the_reports(suite):
-    (suite.path / "factories.py").write_text("def model():\n    raise OSError('weights missing')\n")
+    (suite.path / "factories.py").write_text(
+        "import torch\n\ndef model():\n    raise OSError('weights missing')\n\n"
+        "def data():\n    return torch.full((8, 1), 0.5), torch.ones(8, dtype=torch.long)\n"
+    )
     suite.makefile(".yaml", robust_bad="""
 model: factories:model
-data: {fixture: robust_data}
+data: factories:data
 checks:
   - name: uses-missing-weights
     tsrm: 0.7
