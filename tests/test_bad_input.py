@@ -81,6 +81,18 @@ class Softmaxed(torch.nn.Module):
         return z.log_softmax(dim=1) if self.log else z.softmax(dim=1)
 
 
+class Pair(torch.nn.Module):
+    """Returns (logits, features) like many vision models, or only the first ``keep`` logits."""
+
+    def __init__(self, inner, keep: int | None = None):
+        super().__init__()
+        self.inner, self.keep = inner, keep
+
+    def forward(self, x):
+        z = self.inner(x)
+        return z[:, : self.keep] if self.keep else (z, x)
+
+
 class FlakyMemory(torch.nn.Module):
     """Fails like a host allocator (or Python's MemoryError) on batches above ``limit`` rows."""
 
@@ -182,6 +194,10 @@ CASES = [
     ("model-nan-logits", run_tsrm(model=Softmaxed(net(), log=True), data=with_nan(0.5),
                                   perturbation=lambda x, g: x / 0.0 * 0.0), RobustModelError, "NaN or infinite logits"),
     ("model-training-mode", run_tsrm(model=SmallNet()), RobustWarning, "training mode"),
+    ("model-returns-tuple", run_tsrm(model=Pair(net())), RobustModelError, "must return a logits tensor, got tuple"),
+    ("model-one-class", run_tsrm(model=Pair(net(), keep=1)), RobustModelError, "at least 2 classes"),
+    ("q-model-probabilities", lambda: intermediate_q(Softmaxed(net()), images(), NOISE, q=1, estimator="mc", steps=8),
+     RobustWarning, "look like probabilities"),
     ("model-on-meta", run_tsrm(model=SmallNet().to("meta")), RobustModelError, "meta device"),
     # perturbation
     ("perturbation-class", run_tsrm(perturbation=UniformLinf), TypeError, "must be an instance"),

@@ -14,7 +14,7 @@ How it is decided (``intermediate_q``):
 1. Per input, ``chains`` (>= 4) independent path-sampling chains (``qnorm.path_sampling``):
    HMC with reflection at the box for differentiable perturbations, random-walk Metropolis for
    the others, each after a warm-up that learns the step size along the annealing path.
-   Chain estimates are averaged per input.
+   Chain estimates are averaged per input in log space (``_combine_chains``).
 2. An upper confidence bound of the mean over inputs: a one-sided Student-t bound,
    mean + t_{confidence, n-1} * se, with the two-stage sampling variance
    se^2 = (1 - f) s^2 / n + f v / n, where n inputs were drawn from N (f = n / N), s^2 is the
