@@ -295,9 +295,7 @@ class ResultCollector:
         writers = [
             ("report", settings.report, lambda: self._write_report(Path(settings.report), env)),
             ("metric-level JUnit", options.robust_junitxml, lambda: self._write_junit(Path(options.robust_junitxml), env)),
-            ("baseline", options.robust_save, lambda: self.lines.append(
-                f"robust baseline saved: {store.save(Path(options.robust_baselines), options.robust_save, self.results, env)}"
-            )),
+            ("baseline", options.robust_save, lambda: self._save_baseline(env)),
         ]
         for what, wanted, write in writers:  # each on its own: one that fails does not stop the others
             if not wanted:
@@ -307,6 +305,11 @@ class ResultCollector:
             except OSError as err:
                 self.lines.append(f"robust {what} could not be written: {err}")
                 session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+    def _save_baseline(self, env: dict) -> None:
+        options = self.config.option
+        path = store.save(Path(options.robust_baselines), options.robust_save, self.results, env)
+        self.lines.append(f"robust baseline saved: {path}")
 
     def _write_junit(self, path: Path, env: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

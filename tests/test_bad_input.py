@@ -497,6 +497,15 @@ def test_interrupt():
     assert 'tests="1"' in (suite.path / "robust.xml").read_text()
 
 
+def test_a_report_file_that_cannot_be_written_does_not_stop_the_others(suite):
+    suite.makepyfile(MIXED.split("@pytest.mark.robust(tsrm=0.7, perturbation=P, data=")[0])
+    (suite.path / "rep" / "results.json").mkdir(parents=True)  # a directory where the file goes
+    result = suite.runpytest("--robust-report", "rep", "--robust-junitxml", "robust.xml")
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(["*test_passes*PASS*", "robust report could not be written: *results.json*"])
+    assert 'tests="1"' in (suite.path / "robust.xml").read_text()
+
+
 def test_yaml_suite_factory_that_raises_is_an_error_in_the_reports(suite):
     (suite.path / "factories.py").write_text(
         "import torch\n\ndef model():\n    raise OSError('weights missing')\n\n"
