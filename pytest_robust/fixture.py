@@ -259,7 +259,8 @@ class RobustFixture:
                 if isinstance(params.get("fit_data"), str):
                     params["fit_data"] = self._fixture(params["fit_data"], "fit_data")
             except (Exception, pytest.fail.Exception) as err:
-                reason = getattr(err, "msg", None) or f"a fixture it needs raised {type(err).__name__}: {err}"
+                failed = isinstance(err, pytest.fail.Exception)  # a missing fixture: its message says so
+                reason = err.msg if failed else f"a fixture it needs raised {type(err).__name__}: {err}"
                 record(item, checks.not_run(spec, "error", reason, spec.overrides.get("model", "")), spec)
                 errors.append(f"robust check could not run: {reason}")
                 continue
