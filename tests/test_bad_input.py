@@ -497,6 +497,23 @@ def test_interrupt():
     assert 'tests="1"' in (suite.path / "robust.xml").read_text()
 
 
+def test_an_inconclusive_check_that_skips_its_test_is_a_skip_in_every_report(suite):
+    suite.makepyfile("""
+import pytest
+from pytest_robust import UniformLinf
+
+@pytest.mark.robust(tsrm=0.8, perturbation=UniformLinf(eps=0.5), budget=50)
+def test_undecided():
+    pass
+""")
+    result = suite.runpytest("--robust-inconclusive", "skip", "--robust-report", "rep", "--robust-junitxml", "r.xml")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*test_undecided*SKIPPED*"])
+    assert "0 inconclusive, 0 estimates, 0 errors, 1 skipped" in (suite.path / "rep" / "summary.md").read_text()
+    suite_xml = next(ET.parse(suite.path / "r.xml").getroot().iter("testsuite"))
+    assert (suite_xml.get("skipped"), suite_xml.get("failures")) == ("1", "0")
+
+
 def test_a_report_file_that_cannot_be_written_does_not_stop_the_others(suite):
     suite.makepyfile(MIXED.split("@pytest.mark.robust(tsrm=0.7, perturbation=P, data=")[0])
     (suite.path / "rep" / "results.json").mkdir(parents=True)  # a directory where the file goes
