@@ -185,10 +185,34 @@ def check_uses_generator(perturbation, x: torch.Tensor) -> None:
         )
 
 
+def check_size(perturbation) -> None:
+    """RobustWarning when a perturbation's size (eps, sigma, scale) is at least the width of its
+    box: every draw then spreads over the whole box (eps=8 meant as 8/255?)."""
+    from .perturbations import CauchyNoise, GaussianNoise, UniformLinf  # per-coordinate sizes only
+
+    bounds = getattr(perturbation, "bounds", None)
+    names = {UniformLinf: "eps", GaussianNoise: "sigma", CauchyNoise: "scale"}
+    sizes = {name: getattr(perturbation, name) for kind, name in names.items() if isinstance(perturbation, kind)}
+    if bounds is None or not sizes:
+        return
+    width = float((torch.as_tensor(bounds[1]) - torch.as_tensor(bounds[0])).min())
+    for name, size in sizes.items():
+        if size >= width:
+            warnings.warn(
+                f"{perturbation!r}: {name}={size:g} is at least the width {width:g} of the input box, so "
+                f"draws spread over the whole box; {name} is in the units of your inputs (8 grey levels "
+                "in [0, 1] pixel space is 8/255, not 8)",
+                RobustWarning,
+                stacklevel=4,
+            )
+
+
 def inspect_inputs(ds, perturbation) -> None:
-    """The checks that need both data and perturbation: inputs inside its box, and a
-    perturbation that draws from its generator. Runs once per check, before any evaluation."""
+    """The checks that need both data and perturbation: inputs inside its box, a size that fits
+    the box, and a perturbation that draws from its generator. Runs once per check, before any
+    evaluation."""
     check_in_box(ds.x, getattr(perturbation, "bounds", None))
+    check_size(perturbation)
     check_uses_generator(perturbation, ds.x)
 
 
@@ -222,6 +246,13 @@ def explain_model_error(x: torch.Tensor, err: Exception) -> None:
             "x.permute(0, 3, 1, 2) (or ToTensor() in the dataset)"
         ) from err
     text = str(err)
+    if any(s in text for s in ("same dtype", "mixed dtype", "scalar type")) or (
+        "type" in text and "should be the same" in text
+    ):
+        raise RobustDataError(
+            f"the model cannot take {x.dtype} inputs ({type(err).__name__}: {text}); give the data the "
+            "model's dtype (x.to(dtype) in the data fixture) or convert the model (model.float())"
+        ) from err
     if any(s in text for s in ("shapes cannot be multiplied", "size mismatch", "should contain", "Expected", "expected input")):
         raise RobustDataError(
             f"the model cannot take inputs of shape {tuple(x.shape[1:])} (a batch {tuple(x.shape)}: "
