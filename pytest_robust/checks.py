@@ -21,6 +21,7 @@ from typing import Callable
 
 from . import validation
 from .errors import MarkerError, SettingError
+from .results import Result
 from .settings import KEY_NAMES, Settings, parse_layer
 
 
@@ -136,12 +137,34 @@ def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
     except SettingError as err:
         raise MarkerError(str(err)) from None
     params = {k: kwargs[k] for k in params_allowed if k in kwargs}
-    if "perturbation" in params and not callable(params["perturbation"]):
+    if "perturbation" in params:
+        _check_perturbation(params["perturbation"])
+    return CheckSpec(name, threshold, params, overrides)
+
+
+def _check_perturbation(p) -> None:
+    """A marker's perturbation: an instance or a callable (x, generator) -> x' (torch is already
+    imported when the user built one, so ``inspection`` costs nothing extra here)."""
+    if not callable(p):
         raise MarkerError(
             f"perturbation must be a perturbation such as UniformLinf(eps=0.1) or a callable "
-            f"(x, generator) -> x', got {params['perturbation']!r}"
+            f"(x, generator) -> x', got {p!r}"
         )
-    return CheckSpec(name, threshold, params, overrides)
+    from .inspection import check_perturbation_object
+
+    try:
+        check_perturbation_object(p)
+    except TypeError as err:
+        raise MarkerError(str(err)) from None
+
+
+def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: str = "") -> Result:
+    """The Result recorded for ``spec`` when it produced no numbers (verdict "error" or "skipped")."""
+    metric = metrics.get(spec.metric)
+    direction = metric.direction if metric is not None else ">="
+    p = spec.params.get("perturbation")
+    shown = repr(p) if p is not None else f"eps={spec.params['eps']}" if "eps" in spec.params else "default"
+    return Result.not_run(spec.metric, spec.threshold, direction, shown, verdict, reason, model)
 
 
 def budget_of(settings: Settings, metric: Metric) -> int:

@@ -30,6 +30,10 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
     Asking for CUDA where none exists is an error, never a silent fallback.
     """
     if spec is None:
+        if model is not None:
+            from .inspection import check_model
+
+            check_model(model)
         param = next(iter(model.parameters()), None) if model is not None else None
         if param is not None and param.device.type == "meta":
             raise RobustModelError("the model's parameters are on the meta device: load its weights first")
@@ -127,23 +131,35 @@ class TensorData:
 
 
 def load_data(data) -> TensorData:
-    """Materialise an (x, y) pair, a torch Dataset of (x, y) items, or a DataLoader into tensors."""
+    """Materialise an (x, y) pair, a torch Dataset of (x, y) items, or a DataLoader into tensors.
+
+    A Dataset or DataLoader is read in index order (a shuffling loader is re-read with a
+    sequential sampler) under a fixed global RNG that is restored afterwards, so the data, and
+    every number computed from it, depend only on the check's seed. Inputs with NaN or infinite
+    values are refused, naming the first such input (``inspection.check_finite``).
+    """
+    from .inspection import check_finite, check_loader_order, check_reads_repeat
+
     if isinstance(data, TensorData):
         return data
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list)):
         x, y = data
     elif isinstance(data, torch.utils.data.DataLoader) or isinstance(data, torch.utils.data.Dataset):
-        loader = data
-        if not isinstance(data, torch.utils.data.DataLoader):
+        if isinstance(data, torch.utils.data.DataLoader):
+            loader = check_loader_order(data)
+        else:
             loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False)
+        check_reads_repeat(loader.dataset)
         xs, ys = [], []
-        for batch in loader:
-            if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-                raise RobustDataError(
-                    f"each data item must be an (input, label) pair, got {type(batch).__name__}"
-                )
-            xs.append(torch.as_tensor(batch[0]))
-            ys.append(torch.as_tensor(batch[1]))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            for batch in loader:
+                if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+                    raise RobustDataError(
+                        f"each data item must be an (input, label) pair, got {type(batch).__name__}"
+                    )
+                xs.append(torch.as_tensor(batch[0]))
+                ys.append(torch.as_tensor(batch[1]))
         if not xs:
             raise RobustDataError("the data is empty: the dataset or loader yielded no items")
         x, y = torch.cat(xs), torch.cat(ys)
@@ -168,6 +184,7 @@ def load_data(data) -> TensorData:
         )
     if (y < 0).any():
         raise RobustDataError(f"labels must be >= 0, got minimum {int(y.min())}")
+    check_finite(x)
     return TensorData(x, y.long())
 
 
@@ -203,6 +220,9 @@ def guarded(model: torch.nn.Module, device: torch.device):
     training mode: they are evaluated in eval mode, with a RobustWarning). Raises RobustModelError if the forward passes
     modified parameters or buffers in place.
     """
+    from .inspection import check_model
+
+    check_model(model)
     _check_model_device(model, device)
     modes = [(m, m.training) for m in model.modules()]
     flags = [(p, p.requires_grad) for p in model.parameters()]
@@ -245,10 +265,14 @@ def guarded(model: torch.nn.Module, device: torch.device):
 MODE_DEPENDENT = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase)
 
 
+#: How allocation failures read: CUDA's "out of memory", the CPU allocator's "can't allocate memory".
+OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+
+
 def is_oom(err: BaseException) -> bool:
-    """Whether ``err`` is an out-of-memory error of the device (or a failed host allocation)."""
+    """Whether ``err`` is an out-of-memory error of the device or of host memory."""
     text = str(err).lower()
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or any(t in text for t in OOM_TEXTS)
 
 
 class BudgetError(RobustError):
@@ -308,8 +332,9 @@ class Forward:
 
     def chunked(self, n: int, run):
         """``run(start, stop)`` over consecutive row ranges of [0, n), each at most ``batch_size``
-        rows; an out-of-memory error halves the batch and retries the same rows (none lost,
-        none repeated). Charges every row; returns the list of ``run``'s outputs."""
+        rows; an out-of-memory error (CUDA, or a failed host-memory allocation) halves the batch
+        and retries the same rows (none lost, none repeated). Charges every row to the
+        current phase; returns the list of ``run``'s outputs."""
         out, start = [], 0
         while start < n:
             stop = min(n, start + self.batch_size)
@@ -317,7 +342,7 @@ class Forward:
                 self.charge(stop - start)  # raises BudgetError naming the phase
             try:
                 out.append(run(start, stop))
-            except (torch.OutOfMemoryError, RuntimeError) as err:
+            except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
                 if not is_oom(err):
                     raise
                 if self.batch_size == 1:
@@ -338,7 +363,7 @@ class Forward:
 
         def run(start: int, stop: int) -> torch.Tensor:
             with torch.inference_mode():
-                return self.validated(self.model(x[start:stop]), stop - start)
+                return self.validated(self.called(x[start:stop]), stop - start)
 
         return torch.cat(self.chunked(len(x), run))
 
@@ -353,7 +378,7 @@ class Forward:
         def run(start: int, stop: int):
             chunk = x[start:stop].detach().requires_grad_(True)
             with torch.enable_grad():
-                z = self.validated(self.model(chunk), stop - start)
+                z = self.validated(self.called(chunk), stop - start)
                 value = objective(z, y[start:stop])
                 if not value.requires_grad:
                     raise NotDifferentiable(
@@ -368,6 +393,18 @@ class Forward:
         out = torch.cat(values), torch.cat(grads)
         return out + (torch.cat(logits),) if with_logits else out
 
+    def called(self, x: torch.Tensor):
+        """``model(x)``; a failure on the first batch is explained when the inputs' layout is the
+        likely cause (``inspection.explain_model_error``)."""
+        try:
+            return self.model(x)
+        except (RuntimeError, ValueError) as err:
+            if self.n_classes is None and not is_oom(err):
+                from .inspection import explain_model_error
+
+                explain_model_error(x, err)
+            raise
+
     def validated(self, z, n: int) -> torch.Tensor:
         """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches."""
         if not isinstance(z, torch.Tensor):
@@ -378,6 +415,9 @@ class Forward:
                 f"for a batch of {n} it returned shape {tuple(z.shape)}"
             )
         if self.n_classes is None:
+            from .inspection import check_outputs
+
+            check_outputs(z)
             self.n_classes = z.shape[1]
             if self.max_label is not None and self.max_label >= self.n_classes:
                 raise RobustDataError(

@@ -1,6 +1,7 @@
-"""The ``robust`` fixture: programmatic checks of any registered metric and explicit marker checks.
+"""The ``robust`` fixture: programmatic checks of any registered metric, and explicit marker checks.
 
-Results are recorded by ``recording`` exactly like marker checks, so they reach every report.
+Results are recorded by ``recording`` exactly like marker checks, so they reach every report. A
+fixture call with a threshold gates the test at its end like a marker (``enforce=False`` opts out).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import inspect
 import pytest
 
 from .checks import CheckSpec
-from .recording import enforce, evaluate, metrics, run_spec, settings_for
+from .recording import RECORDED, enforce, evaluate, metrics, not_run, run_spec, settings_for
 from .results import Result
 from .settings import KEY_NAMES, Settings
 
@@ -25,6 +26,7 @@ class RobustFixture:
         self.settings = settings
         self._specs = specs
         self.checked = False
+        self._gated: list[tuple[Settings, Result]] = []  # fixture calls with a threshold
 
     @property
     def device(self):
@@ -41,13 +43,18 @@ class RobustFixture:
     def measure(self, metric: str, model, data, threshold: float | None = None, **params) -> Result:
         """Any registered metric (built-in or from a ``pytest_robust_metrics`` hook) through the same
         path as a marker: its parameters and defaults, settings given as keywords, clear errors.
-        ``robust.<metric>(model, data, threshold, **params)`` is the same call."""
+        ``robust.<metric>(model, data, threshold, **params)`` is the same call. With a threshold the
+        result gates the test at its end like a marker, unless the call says ``enforce=False``."""
         registered = metrics(self._request.config)
         if metric not in registered:
             pytest.fail(f"robust.measure: no metric {metric!r}; registered: {', '.join(registered)}", pytrace=False)
+        gate = params.pop("enforce", True)
         settings, params = self._split(params, metric)
         spec = CheckSpec(metric, threshold, params, {})
-        return run_spec(self._request.node, spec, model, data, settings, type(model).__name__)
+        result = run_spec(self._request.node, spec, model, data, settings, type(model).__name__)
+        if threshold is not None and gate:
+            self._gated.append((settings, result))
+        return result
 
     def __getattr__(self, name: str):
         if not name.startswith("_") and name in metrics(self._request.config):
@@ -66,13 +73,15 @@ class RobustFixture:
         def call():
             return fn(model, *args, device=resolve_device(settings.device), **common, **params)
 
-        return evaluate(self._request.node, call, type(model).__name__)
+        return evaluate(self._request.node, call, type(model).__name__, CheckSpec(name, None, dict(params), {}))
 
     def tsrm(self, model, data, perturbation, threshold: float | None = None, **kwargs) -> Result:
         """TSRM accuracy of ``model`` on ``data`` under ``perturbation``, gated when ``threshold``
-        is given. Keyword arguments that are settings (confidence, budget, seed, batch_size,
-        device) override this test's settings. Returns the Result (recorded in the reports);
-        assert on ``result.passed`` or ``result.verdict`` yourself."""
+        is given: a check that does not pass fails the test when it ends, like a marker (pass
+        ``enforce=False`` to decide yourself from ``result.verdict``). Keyword arguments that are
+        settings (confidence, budget, seed, batch_size, device) override this test's settings.
+        Returns the Result (recorded in the reports). The same holds for every method below
+        that takes a threshold (``max_loss`` for q)."""
         return self.measure("tsrm", model, data, threshold, perturbation=perturbation, **kwargs)
 
     def q(self, model, data, q: float, max_loss: float | None = None, perturbation=None, **kwargs) -> Result:
@@ -137,16 +146,53 @@ class RobustFixture:
             )
 
     def check(self) -> list[Result]:
-        """Run this test's robust markers now; fail (or skip, if so configured) unless all pass."""
+        """Run this test's robust markers now; fail (or skip, if so configured) unless all pass.
+        Every marker's check runs even when an earlier one cannot; a test without a robust
+        marker has nothing to check, which is an error."""
+        if not self._specs:
+            pytest.fail(
+                "robust.check() runs the test's @pytest.mark.robust(...) checks, but this test has no "
+                "robust marker: add one, or call a metric method such as robust.tsrm(...) instead",
+                pytrace=False,
+            )
         self.checked = True
-        runs = []
-        for spec in self._specs:
-            settings = settings_for(self.settings, spec.overrides, "on the robust marker")
-            model = self._fixture(settings.model, "model")
-            data = self._fixture(settings.data, "data")
-            if isinstance(spec.params.get("fit_data"), str):
-                fit_data = self._fixture(spec.params["fit_data"], "fit_data")
-                spec = dataclasses.replace(spec, params={**spec.params, "fit_data": fit_data})
-            runs.append((settings, run_spec(self._request.node, spec, model, data, settings, settings.model)))
-        enforce(runs)
+        runs, errors = self._run_markers()
+        enforce(runs, errors)
         return [r for _, r in runs]
+
+    def finish(self) -> None:
+        """At the end of the test: run the markers' checks if ``check()`` did not, then fail (or
+        skip) the test unless every check with a threshold passed (markers and fixture calls)."""
+        runs, errors = ([], ()) if self.checked or not self._specs else self._run_markers()
+        self.checked = True
+        enforce(runs + self._gated, errors)
+
+    def _run_markers(self) -> tuple[list[tuple[Settings, Result]], tuple[str, ...]]:
+        """(settings and result of each marker check that ran, messages of those that could not)."""
+        item, runs, errors, bug = self._request.node, [], [], None
+        for spec in self._specs:
+            try:
+                settings = settings_for(self.settings, spec.overrides, "on the robust marker")
+                model = self._fixture(settings.model, "model")
+                data = self._fixture(settings.data, "data")
+                params = dict(spec.params)
+                if isinstance(params.get("fit_data"), str):
+                    params["fit_data"] = self._fixture(params["fit_data"], "fit_data")
+            except (Exception, pytest.fail.Exception) as err:
+                failed = isinstance(err, pytest.fail.Exception)  # a missing fixture: its message says so
+                reason = err.msg if failed else f"a fixture it needs raised {type(err).__name__}: {err}"
+                not_run(item, spec, "error", reason, spec.overrides.get("model", ""))
+                errors.append(f"robust check could not run: {reason}")
+                continue
+            try:
+                resolved = dataclasses.replace(spec, params=params)
+                runs.append((settings, run_spec(item, resolved, model, data, settings, settings.model)))
+            except pytest.fail.Exception as err:
+                errors.append(err.msg)
+            except Exception as err:  # a bug: recorded by evaluate, re-raised after the other checks
+                bug = bug or err
+        for spec in self._specs:  # results were recorded under the run's spec copy: mark the marker's
+            item.stash.setdefault(RECORDED, set()).add(id(spec))
+        if bug is not None:
+            raise bug
+        return runs, tuple(errors)

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from .errors import ArgumentError
+from .inspection import check_perturbation_object
 
 
 def _check_size(name: str, value: float, *, allow_zero: bool) -> float:
@@ -216,7 +217,10 @@ class CallablePerturbation(Perturbation):
 
 
 def as_perturbation(p) -> Perturbation:
-    """Accept a Perturbation or a callable ``(x, generator) -> x'``; reject anything else clearly."""
+    """Accept a Perturbation or a callable ``(x, generator) -> x'``; reject anything else clearly
+    (a class instead of an instance, a callable of another signature: ``inspection``)."""
+    if callable(p):
+        check_perturbation_object(p)
     if isinstance(p, Perturbation):
         return p
     if callable(p):

@@ -17,7 +17,7 @@ import pytest
 from . import checks
 from .errors import MarkerError, RobustError, SettingError
 from .fixture import RobustFixture
-from .recording import ITEM_RESULTS, SETTINGS, SPECS, metrics
+from .recording import ITEM_RESULTS, SETTINGS, SPECS, metrics, record_unrun
 from .report import store
 from .report.environment import environment
 from .report.junit import metric_junit
@@ -25,6 +25,7 @@ from .report.markdown import summary_markdown
 from .report.plots import write_plots
 from .report.terminal import summary_lines
 from .settings import KEYS, read_yaml, resolve
+from .validation import baseline_name, directory_path, file_path
 
 MARKER_DOC = (
     "robust(<metric>=<threshold>, **params): a robustness requirement checked after the test body, "
@@ -150,6 +151,20 @@ def _join_torchrun(config: pytest.Config, device: str) -> None:
         config.option.xmlpath = None
 
 
+def _check_paths(options, settings: Settings) -> None:
+    """Settings that name files and directories, checked before any test runs (SettingError):
+    directories that are files, a JUnit path that is a directory, baseline names that are paths."""
+    if settings.report:
+        directory_path("report (--robust-report)", settings.report)
+    directory_path("cache_dir (--robust-cache-dir)", settings.cache_dir)
+    directory_path("--robust-baselines", options.robust_baselines)
+    if options.robust_junitxml:
+        file_path("--robust-junitxml", options.robust_junitxml)
+    for flag, name in (("--robust-save", options.robust_save), ("--robust-compare", options.robust_compare)):
+        if name:
+            baseline_name(flag, name)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
@@ -161,6 +176,7 @@ def pytest_configure(config: pytest.Config) -> None:
             yaml_source=yaml_source,
             cli={k.name: config.getoption(f"robust_{k.name}") for k in KEYS},
         )
+        _check_paths(config.option, settings)
     except SettingError as err:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
     _pin_xdist_worker_gpu(config, settings.device)
@@ -229,16 +245,34 @@ def robust_device(request: pytest.FixtureRequest):
 def pytest_runtest_call(item: pytest.Item):
     result = yield
     fixture = getattr(item, "funcargs", {}).get("robust")
-    if item.stash.get(SPECS, None) and fixture is not None and not fixture.checked:
-        fixture.check()
+    if fixture is not None:
+        fixture.finish()
     return result
+
+
+def _outcome(report: pytest.TestReport) -> str:
+    """pytest's word for the test so far: passed, failed, skipped, xfailed or xpassed."""
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    return report.outcome
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Move the item's recorded results onto this phase's report (with pytest's outcome); a test
+    that failed or was skipped before its declared checks ran records them as not run."""
     report = yield
-    if call.when == "call" and item.stash.get(ITEM_RESULTS, None):
-        report.robust_results = [dict(r, test_id=item.nodeid) for r in item.stash[ITEM_RESULTS]]
+    if call.when != "teardown" and (report.failed or report.skipped) and call.excinfo is not None:
+        error = call.excinfo.value
+        if report.skipped and not hasattr(report, "wasxfail"):
+            record_unrun(item, "skipped", f"its test was skipped: {getattr(error, 'msg', error)}")
+        else:
+            text = call.excinfo.exconly().strip().splitlines()[0][:300]
+            record_unrun(item, "error", f"its test's {call.when} raised {text} before the check ran")
+    if item.stash.get(ITEM_RESULTS, None):
+        outcome = _outcome(report)
+        report.robust_results = [dict(r, test_id=item.nodeid, outcome=outcome) for r in item.stash[ITEM_RESULTS]]
+        item.stash[ITEM_RESULTS] = []
     return report
 
 
@@ -254,8 +288,7 @@ class ResultCollector:
         self.comparison: list[dict] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call":
-            self.results.extend(getattr(report, "robust_results", None) or [])
+        self.results.extend(getattr(report, "robust_results", None) or [])
 
     def _writes(self) -> bool:
         """Only the xdist controller and torchrun's rank 0 write files."""
@@ -270,23 +303,40 @@ class ResultCollector:
         options, settings = self.config.option, self.config.stash[SETTINGS]
         if options.robust_compare is not None or options.robust_compare_fail:
             self._compare(session, env)
-        if settings.report:
-            self._write_report(Path(settings.report), env)
-        if options.robust_junitxml:
-            path = Path(options.robust_junitxml)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(metric_junit(self.results, env))
-            self.lines.append(f"robust metric-level JUnit: {path}")
-        if options.robust_save:
-            path = store.save(Path(options.robust_baselines), options.robust_save, self.results, env)
-            self.lines.append(f"robust baseline saved: {path}")
+        writers = [
+            ("report", settings.report, lambda: self._write_report(Path(settings.report), env)),
+            ("metric-level JUnit", options.robust_junitxml, lambda: self._write_junit(Path(options.robust_junitxml), env)),
+            ("baseline", options.robust_save, lambda: self._save_baseline(env)),
+        ]
+        for what, wanted, write in writers:  # each on its own: one that fails does not stop the others
+            if not wanted:
+                continue
+            try:
+                write()
+            except OSError as err:
+                self.lines.append(f"robust {what} could not be written: {err}")
+                session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+    def _save_baseline(self, env: dict) -> None:
+        options = self.config.option
+        path = store.save(Path(options.robust_baselines), options.robust_save, self.results, env)
+        self.lines.append(f"robust baseline saved: {path}")
+
+    def _write_junit(self, path: Path, env: dict) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(metric_junit(self.results, env))
+        self.lines.append(f"robust metric-level JUnit: {path}")
 
     def _compare(self, session: pytest.Session, env: dict) -> None:
         options = self.config.option
         try:
             baseline = store.load(Path(options.robust_baselines), options.robust_compare or None, env)
         except FileNotFoundError as err:
-            self.lines.append(f"robust baseline comparison skipped: {err}")
+            if options.robust_compare_fail:
+                self.lines.append(f"robust baseline comparison failed (--robust-compare-fail): {err}")
+                session.exitstatus = pytest.ExitCode.USAGE_ERROR
+            else:
+                self.lines.append(f"robust baseline comparison skipped: {err}")
             return
         self.comparison = store.compare(baseline["results"], self.results)
         regressed = [c for c in self.comparison if c["status"] == "regressed"]
@@ -320,7 +370,7 @@ class ResultCollector:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.results:
             terminalreporter.section("robustness checks")
-            for line in summary_lines(self.results):
+            for line in summary_lines(self.results, terminalreporter._tw.fullwidth):
                 terminalreporter.write_line(line)
         for line in self.lines:
             terminalreporter.write_line(line)

@@ -3,8 +3,10 @@
 
 Every result is recorded on its test item (JUnit properties plus a JSON-able list that rides on
 the test report to the controller), and a check that does not pass fails its test (or skips it,
-for an inconclusive check with ``inconclusive = skip``). Only the ``RobustError`` family (what the
-user must fix) becomes a plain failure message; any other exception keeps its traceback.
+for an inconclusive check with ``inconclusive = skip``). A check that cannot run, or raises, is
+recorded too, as an "error" result with its message, and the test's other checks still run: no
+result is lost. Only the ``RobustError`` family (what the user must fix) becomes a plain failure
+message; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from .report.progress import Progress
 from .results import Result
 from .settings import Settings
 
-#: Session settings, and per item: its parsed markers and recorded results.
+#: Session settings, and per item: its declared checks (robust markers, or a YAML suite's check),
+#: the result dicts recorded on it (the report hook moves them onto the test reports), and the ids
+#: of the declared checks that have a recorded result (numbers or an error).
 SETTINGS = pytest.StashKey[Settings]()
 SPECS = pytest.StashKey[list]()
 ITEM_RESULTS = pytest.StashKey[list]()
+RECORDED = pytest.StashKey[set]()
 
 
 def metrics(config: pytest.Config) -> dict:
@@ -38,12 +43,29 @@ def metrics(config: pytest.Config) -> dict:
     return found
 
 
-def record(item: pytest.Item, result: Result) -> Result:
-    """Attach ``result`` to ``item``: JUnit properties now, the report at the end of the call."""
+def record(item: pytest.Item, result: Result, spec: CheckSpec | None = None) -> Result:
+    """Attach ``result`` (of ``spec``, if it is one of the item's declared checks) to ``item``:
+    JUnit properties now, the test report at the end of the phase."""
     result.test_id = item.nodeid
     item.stash.setdefault(ITEM_RESULTS, []).append(result.to_dict())
     item.user_properties.extend(result.properties())
+    if spec is not None:
+        item.stash.setdefault(RECORDED, set()).add(id(spec))
     return result
+
+
+def not_run(item: pytest.Item, spec: CheckSpec, verdict: str, reason: str, model: str = "") -> Result:
+    """Record ``spec`` as not run (``verdict`` "error" or "skipped", with ``reason``)."""
+    return record(item, checks.not_run(spec, metrics(item.config), verdict, reason, model), spec)
+
+
+def record_unrun(item: pytest.Item, verdict: str, reason: str) -> None:
+    """Record every declared check of ``item`` that has no result yet as ``verdict`` ("error" or
+    "skipped") with ``reason``: a test that failed or was skipped before its checks ran."""
+    done = item.stash.get(RECORDED, set())
+    for spec in item.stash.get(SPECS, []):
+        if id(spec) not in done:
+            not_run(item, spec, verdict, reason)
 
 
 def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
@@ -53,19 +75,24 @@ def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
 
 
-def evaluate(item: pytest.Item, call, model_name: str) -> Result:
+def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec) -> Result:
     """Run ``call()`` (returning a Result) with progress reporting and record the result under
-    ``model_name``; a ``RobustError`` (model, data or argument problem) fails the test with its
-    message, not a traceback from inside the engine."""
+    ``model_name``. If it raises, an "error" result with the message is recorded instead: a
+    ``RobustError`` (model, data or argument problem) fails the test with its message, not a
+    traceback from inside the engine; anything else is a bug and is re-raised with its traceback."""
     from .engine import progress_sink
 
     try:
         with progress_sink(_progress(item)):
             result = call()
     except RobustError as err:
+        not_run(item, spec, "error", str(err), model_name)
         pytest.fail(f"robust check could not run: {err}", pytrace=False)
+    except Exception as err:
+        not_run(item, spec, "error", f"{type(err).__name__}: {err}", model_name)
+        raise
     result.model = model_name
-    return record(item, result)
+    return record(item, result, spec)
 
 
 def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str) -> Result:
@@ -73,8 +100,11 @@ def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings
     from .engine import resolve_device
 
     registered = metrics(item.config)
-    return evaluate(item, lambda: checks.run(spec, registered, model, data, settings, resolve_device(settings.device)),
-                    model_name)
+
+    def call():
+        return checks.run(spec, registered, model, data, settings, resolve_device(settings.device))
+
+    return evaluate(item, call, model_name, spec)
 
 
 def _progress(item: pytest.Item):
@@ -85,11 +115,13 @@ def _progress(item: pytest.Item):
     return Progress(terminal, item.nodeid.rsplit("/", 1)[-1])
 
 
-def enforce(runs: list[tuple[Settings, Result]]) -> None:
-    """Fail the test if any check failed or was inconclusive with ``inconclusive = fail``; skip it
-    if the only problems are inconclusive checks with ``inconclusive = skip``."""
+def enforce(runs: list[tuple[Settings, Result]], errors: tuple[str, ...] = ()) -> None:
+    """Fail the test if any check could not run (``errors``: their messages), failed, or was
+    inconclusive with ``inconclusive = fail``; skip it if the only problems are inconclusive
+    checks with ``inconclusive = skip``."""
     undecided = [(s.inconclusive, r.message()) for s, r in runs if r.verdict == "inconclusive"]
-    fatal = [r.message() for _, r in runs if r.verdict == "fail"] + [m for how, m in undecided if how == "fail"]
+    fatal = list(errors) + [r.message() for _, r in runs if r.verdict == "fail"]
+    fatal += [m for how, m in undecided if how == "fail"]
     skipped = [m for how, m in undecided if how == "skip"]
     if fatal:
         pytest.fail("\n".join(fatal + skipped), pytrace=False)

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+VERDICTS = ("pass", "fail", "inconclusive", "estimate", "error", "skipped")
+
+#: What a report shows for a check (``Result.status``): its verdict, or how pytest judged its test.
+STATUSES = VERDICTS + ("xfail",)
+
 #: JUnit property names, in order (stable names); other tools read these.
 PROPERTY_FIELDS = (
     "metric",
@@ -69,7 +74,10 @@ class Result:
     ``estimate`` is the point estimate; ``lower``/``upper`` are one-sided bounds, each holding with
     probability ``confidence``; ``verdict`` compares them with ``threshold``: "pass" (the bound
     proves the requirement), "fail" (the bound proves it violated), "inconclusive" (the budget ran
-    out first) or "estimate" (no threshold given). ``direction`` is ">=" when the requirement is
+    out first), "estimate" (no threshold given), "error" (the check could not run or raised; the
+    numbers are None and ``details["error"]`` says why) or "skipped" (its test was skipped before
+    the check ran). ``outcome`` is pytest's word for the test ("passed", "failed", "skipped",
+    "xfailed", "xpassed"; empty outside pytest). ``direction`` is ">=" when the requirement is
     estimate >= threshold (accuracies) and "<=" when it is estimate <= threshold (losses).
     ``draws`` counts the random perturbations the verdict rests on; ``forward_passes`` counts every
     input the model evaluated. ``note`` is appended to the message (e.g. diagnostics, caveats).
@@ -77,9 +85,9 @@ class Result:
     """
 
     metric: str
-    estimate: float
-    lower: float
-    upper: float
+    estimate: float | None
+    lower: float | None
+    upper: float | None
     threshold: float | None
     confidence: float
     verdict: str
@@ -96,6 +104,27 @@ class Result:
     note: str = ""
     model: str = ""
     test_id: str = ""
+    outcome: str = ""
+
+    @classmethod
+    def not_run(cls, metric: str, threshold: float | None, direction: str, perturbation: str, verdict: str,
+                reason: str, model: str = "") -> "Result":
+        """The record of a check that produced no numbers: ``verdict`` "error" or "skipped"."""
+        return cls(metric=metric, estimate=None, lower=None, upper=None, threshold=threshold, confidence=0.0,
+                   verdict=verdict, n_inputs=0, draws=0, forward_passes=0, seconds=0.0, device="", seed=0,
+                   perturbation=perturbation, budget=0, details={"error": reason}, direction=direction,
+                   model=model)
+
+    @property
+    def status(self) -> str:
+        """What the reports show: "xfail" for a check that did not pass in an xfail-marked test that
+        pytest counts as an expected failure, "skipped" when pytest skipped the test (an
+        inconclusive check with ``inconclusive = skip``), else the verdict."""
+        if self.outcome == "xfailed" and self.verdict != "pass":
+            return "xfail"
+        if self.outcome == "skipped" and self.verdict in ("inconclusive", "error"):
+            return "skipped"
+        return self.verdict
 
     @property
     def passed(self) -> bool:
@@ -107,6 +136,9 @@ class Result:
 
     def message(self) -> str:
         """One line with the numbers: what was measured, against what, under which conditions."""
+        if self.estimate is None:
+            what = "could not run" if self.verdict == "error" else "was skipped"
+            return f"{self.name} check {what}: {self.details.get('error', '')}"
         pct = f"{self.confidence:.0%}"
         head = f"{self.name} {self.estimate:.3f} ({pct} lower bound {self.lower:.3f}, upper bound {self.upper:.3f})"
         cond = (

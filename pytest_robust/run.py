@@ -3,8 +3,10 @@
 A metric module writes only its plan, its evaluation and its statistics; a ``Run`` owns the rest:
 
 - the common arguments (threshold, confidence, budget, seed, batch size), validated once;
-- the data (``engine.load_data``), the device (``engine.resolve_device``) and the working dtype:
-  the model's floating dtype; data of another float dtype is converted, with a note in details;
+- the data (``engine.load_data``: finite, in a seed-independent order), the device
+  (``engine.resolve_device``) and the working dtype: the model's floating dtype; data of another
+  float dtype is converted, with a note in details; with the check's perturbation, the inputs are
+  checked against its box, its size and its use of the generator (``inspection.inspect_inputs``);
 - the guarded model (``engine.guarded``: eval mode, no parameter gradients, state and global RNG
   restored, in-place changes detected) and the one forward wrapper (``engine.Forward``) through
   which every model call goes: it counts model evaluations per phase, caps them at the budget and
@@ -35,7 +37,7 @@ import numpy as np
 import torch
 
 from .engine import Forward, guarded, load_data, resolve_device, sum_over_ranks, world
-from .errors import RobustModelError
+from .inspection import check_model, inspect_inputs
 from .results import Result, decide
 from .validation import check_run_args
 
@@ -52,17 +54,15 @@ class Run:
     """One check's evaluation context (see the module docstring). Use as a context manager."""
 
     def __init__(self, metric: str, model, data, *, threshold=None, confidence=0.95, budget=100_000,
-                 seed=0, batch_size=1024, device=None, direction: str = ">="):
-        if not isinstance(model, torch.nn.Module):
-            raise RobustModelError(
-                f"the model must be a torch.nn.Module returning logits, got {type(model).__name__}: "
-                "return the module itself from your model fixture"
-            )
+                 seed=0, batch_size=1024, device=None, direction: str = ">=", perturbation=None):
+        check_model(model)
         self.metric, self.model, self.direction = metric, model, direction
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
                                    batch_size=batch_size, direction=direction)
         self.device = resolve_device(device, model)
         self.ds = load_data(data)
+        if perturbation is not None:
+            inspect_inputs(self.ds, perturbation)
         self.details: dict = {}
         self.dtype = model_dtype(model) or self.ds.x.dtype
         if self.ds.x.dtype != self.dtype:

@@ -60,7 +60,7 @@ import yaml
 
 from .checks import CheckSpec, budget_of, parse_marker
 from .errors import ArgumentError, MarkerError, RobustError, SettingError
-from .recording import SETTINGS, enforce, metrics, run_spec
+from .recording import SETTINGS, SPECS, enforce, metrics, run_spec
 from .settings import KEY_NAMES, Settings, parse_layer
 from .validation import positive_float
 
@@ -647,6 +647,7 @@ class SuiteItem(pytest.Item):
     def __init__(self, *, check: Check, **kwargs):
         super().__init__(**kwargs)
         self.check = check
+        self.stash[SPECS] = [check.spec]  # recorded as not run if the item fails before its check
         if check.profile.name:
             self.user_properties.append(("robust.profile", check.profile.name))
         if check.skip_reason:

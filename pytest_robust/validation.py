@@ -72,6 +72,35 @@ def path(key: str, value) -> str:
     return value
 
 
+def directory_path(key: str, value) -> str:
+    """A directory to write into: it may not exist yet, but must not be a file, nor lie under one."""
+    from pathlib import Path
+
+    where = Path(path(key, value))
+    for p in (where, *where.parents):
+        if p.exists() and not p.is_dir():
+            raise SettingError(key, value, f"a directory path ({p} exists and is a file)")
+    return value
+
+
+def file_path(key: str, value) -> str:
+    """A file to write: it may not exist yet, but must not be a directory, nor lie under a file."""
+    from pathlib import Path
+
+    where = Path(path(key, value))
+    if where.is_dir():
+        raise SettingError(key, value, "a file path (it is an existing directory; name a file such as robust.xml in it)")
+    directory_path(key, str(where.parent))
+    return value
+
+
+def baseline_name(key: str, value) -> str:
+    """A baseline's name becomes a file name: letters, digits, '_', '-' and '.', not '.' or '..'."""
+    if not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value)) or set(value) == {"."}:
+        raise SettingError(key, value, "a baseline name of letters, digits, '_', '-' or '.' (no path separators or '..')")
+    return value
+
+
 def boolean(key: str, value) -> bool:
     if isinstance(value, bool):
         return value

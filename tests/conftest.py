@@ -4,6 +4,7 @@ torch is imported here, once, on purpose: pytester's in-process runs remove modu
 imported during the run, and re-importing torch's C extension in the same process crashes.
 """
 
+import pytest
 import torch  # noqa: F401
 import torch._dynamo  # noqa: F401  (imported lazily by torch.optim; same reason)
 
@@ -12,3 +13,11 @@ import pytest_robust.metrics.tsrm  # noqa: F401  (same reason: keep the core imp
 # The suite's tensors are small: one thread is faster than two fighting over a shared 2-core
 # machine (MCMC loops ran up to 50x slower with two threads under load).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch):
+    """Runs under pytester print the robustness table at the width of an 80-column terminal
+    unless told otherwise; the table then drops columns (report/terminal.py). Most tests read
+    every column, so they get a wide terminal; test_bad_input checks the narrow one."""
+    monkeypatch.setenv("COLUMNS", "250")

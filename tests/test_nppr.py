@@ -231,7 +231,7 @@ def test_result_reports_split_context_curve_and_per_input_fractions():
     curve = d["curves"]["fit_loss"]
     assert set(curve) == {"title", "xlabel", "ylabel", "x", "series", "logx"}
     assert curve["logx"] is False and len(curve["x"]) == len(curve["series"]["loss"]) == TINY["fit_steps"]
-    assert d["context"]["gaussian_perturbation"] == "GaussianNoise(sigma=0.15)"
+    assert d["context"]["gaussian_perturbation"] == "ProjectedGaussian(sigma=0.15, linf ball eps=0.15)"
     assert d["context"]["uniform_perturbation"] == "UniformLinf(eps=0.15)"
     assert d["context"]["pgd_accuracy"] is None
     assert r.forward_passes > r.draws
@@ -287,7 +287,7 @@ def test_l2_ball_runs_with_l2_context():
     r = nppr(WeakLinear(), weak_data(), eps=1.5, norm="l2", dependency="label", **TINY)
     ctx = r.details["context"]
     assert ctx["uniform_perturbation"] == "UniformL2(eps=1.5)"
-    assert ctx["gaussian_perturbation"] == "GaussianNoise(sigma=0.375)"  # eps / sqrt(16)
+    assert ctx["gaussian_perturbation"] == "ProjectedGaussian(sigma=0.375, l2 ball eps=1.5)"  # eps / sqrt(16)
     # the worst L2 direction lowers the margin by eps ||w||_2 = 6 > 3; random directions by ~1.5
     assert r.estimate < 0.5 < min(ctx["gaussian_pr"], ctx["uniform_pr"])
 
@@ -449,7 +449,7 @@ def test_bad_settings_name_the_key_and_accepted_values(kwargs, expected):
     assert expected in str(info.value)
 
 
-def test_input_dependency_needs_a_feature_layer():
+def test_input_dependency_without_a_linear_layer_reads_the_logits():
     class NoLinear(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -458,13 +458,13 @@ def test_input_dependency_needs_a_feature_layer():
         def forward(self, x):
             return torch.stack([-x.sum(1), x.sum(1)], dim=1) * self.w
 
-    with pytest.raises(SettingError, match="feature_layer=None is invalid: .*no nn.Linear layer"):
-        nppr(NoLinear(), weak_data(), eps=0.1, dependency="input", **TINY)
+    r = nppr(NoLinear(), weak_data(), eps=0.1, dependency="input", **TINY)
+    assert r.details["feature_layer"].startswith("the model's logits (it has no nn.Linear layer")
 
 
 def test_inputs_outside_the_box_are_rejected():
     x, y = weak_data()
-    with pytest.raises(RobustDataError, match="outside the box bounds"):
+    with pytest.raises(RobustDataError, match="outside the perturbation's box bounds"):
         nppr(WeakLinear(), (x * 4, y), eps=0.1, **TINY)
 
 

@@ -197,7 +197,8 @@ def test_profiles_scale_budgets_and_select_checks(suite):
     ci = _props_after(suite)  # ci is the default profile when the suite defines it
     assert (ci["plain"]["robust.budget"], ci["own-seed"]["robust.budget"]) == ("1000", "3000")
     assert ci["plain"]["robust.profile"] == "ci"
-    assert "robust.budget" not in ci["nightly-only"]  # skipped
+    assert ci["nightly-only"]["robust.verdict"] == "skipped"  # recorded as a skipped check, no numbers
+    assert ci["nightly-only"]["robust.budget"] == "0"
     smoke = _props_after(suite, "--robust-profile", "smoke")
     assert (smoke["plain"]["robust.budget"], smoke["own-seed"]["robust.budget"]) == ("100", "300")
     nightly = _props_after(suite, "--robust-profile", "nightly")

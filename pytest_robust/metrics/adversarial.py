@@ -28,6 +28,7 @@ import torch
 from .. import validation
 from ..attacks import pgd
 from ..engine import stream_generator
+from ..inspection import records_warnings
 from ..mcmc import RowStreams
 from ..errors import SettingError
 from ..results import Result
@@ -58,6 +59,7 @@ def _attack_blocks(run: Run, blocks: list[int], eps: float, steps: int, step_siz
     return np.split(survived, np.cumsum([z - a for a, z in spans])[:-1])
 
 
+@records_warnings
 def adversarial_accuracy(
     model: torch.nn.Module, data, threshold: float | None = None, *, eps: float = 8 / 255, steps: int = 50,
     step_size: float | None = None, restarts: int = 1, bounds=(0.0, 1.0), confidence: float = 0.95,

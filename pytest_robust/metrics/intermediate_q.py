@@ -14,7 +14,7 @@ How it is decided (``intermediate_q``):
 1. Per input, ``chains`` (>= 4) independent path-sampling chains (``qnorm.path_sampling``):
    HMC with reflection at the box for differentiable perturbations, random-walk Metropolis for
    the others, each after a warm-up that learns the step size along the annealing path.
-   Chain estimates are averaged per input.
+   Chain estimates are averaged per input in log space (``_combine_chains``).
 2. An upper confidence bound of the mean over inputs: a one-sided Student-t bound,
    mean + t_{confidence, n-1} * se, with the two-stage sampling variance
    se^2 = (1 - f) s^2 / n + f v / n, where n inputs were drawn from N (f = n / N), s^2 is the
@@ -63,7 +63,8 @@ from ..attacks import pgd
 from ..engine import NotDifferentiable, report_progress, stream_generator
 from ..errors import RobustDataError, SettingError
 from ..mcmc import RowStreams, detrend, effective_sample_size, split_rhat
-from ..perturbations import UniformLinf, as_perturbation
+from ..inspection import records_warnings
+from ..perturbations import Perturbation, UniformLinf, as_perturbation
 from ..qnorm import (
     Loss,
     Sampler,
@@ -347,6 +348,7 @@ class _Estimate:
     problems: list  # (what is wrong, how to fix it)
     draws: int
     max_visited: np.ndarray  # largest loss seen per input (chains or MC draws)
+    arithmetic: tuple | None = None  # path sampling: (per-input arithmetic chain means, variances)
 
 
 def _mc_estimate(q: float, cfg: Config, mc_logs: np.ndarray) -> _Estimate:
@@ -420,27 +422,57 @@ def _estimate(plan: _Plan, q: float) -> _Estimate:
     with plan.run.forward.phase("gate"):
         paths = _run_paths(plan, q)
     logs = paths["log_losses"]
-    chain = np.exp(path_log_estimate(logs))  # (inputs, chains)
+    z, var, *arithmetic = _combine_chains(path_log_estimate(logs))
     diag, _ = _diagnostics(paths, weight_ess(mc_logs, q))
     visited = np.maximum(np.exp(logs.max(axis=(1, 2))), np.exp(mc_logs.max(axis=1)))
-    return _Estimate(q, cfg.sampler.kind, chain.mean(axis=1), chain.var(axis=1, ddof=1) / cfg.chains,
-                     np.exp(mc_log_estimate(mc_logs, q)), diag, _problems(diag, cfg), logs.size, visited)
+    return _Estimate(q, cfg.sampler.kind, z, var, np.exp(mc_log_estimate(mc_logs, q)), diag, _problems(diag, cfg),
+                     logs.size, visited, tuple(arithmetic))
+
+
+def _combine_chains(chain_logs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per input, from the chains' log estimates of shape (inputs, chains): (the estimate, its
+    variance, the arithmetic combination, its variance).
+
+    A chain estimates log Z_q (path sampling integrates E_t[log l]), so the estimate averages the
+    chains in log space and exponentiates once: exp(mean_c L_c), consistent as chains grow.
+    Averaging exp(L_c) instead is biased high by Jensen's inequality however many chains run
+    (+4.6% at q = 1 on the digits standard model with the default path; the log-space average
+    +2.1%). Where chains lag behind the annealing (heavy-tailed losses, HMC on flat regions) the
+    log-space average can be low, and the arithmetic one, never below it (AM-GM), is what the
+    upper bound also covers: ``_bound`` takes the larger upper bound of the two, so a pass
+    (upper bound <= max_loss) stays conservative. Variances: the delta method's Z^2 Var(L) / chains
+    and the sample variance of exp(L_c) / chains.
+    """
+    chains = chain_logs.shape[1]
+    mean_log = chain_logs.mean(axis=1)
+    z = np.exp(mean_log)
+    arithmetic = np.exp(chain_logs)
+    return (z, z**2 * chain_logs.var(axis=1, ddof=1) / chains,
+            arithmetic.mean(axis=1), arithmetic.var(axis=1, ddof=1) / chains)
 
 
 def _bound(est: _Estimate, n_total: int, confidence: float) -> tuple[float, float, float, float]:
-    """(mean, lower, upper, standard error): the two-sample-stage t bound of the module docstring."""
-    z, n = est.per_input, len(est.per_input)
-    mean = float(z.mean())
+    """(mean, lower, upper, standard error): the two-sample-stage t bound of the module docstring;
+    for path sampling the upper bound is the larger of the log-space and the arithmetic chain
+    combinations' (``_combine_chains``)."""
+    n = len(est.per_input)
     f = n / n_total
-    var = ((1.0 - f) * z.var(ddof=1) + f * est.between_chain_var.mean()) / n
-    se = math.sqrt(max(var, 0.0))
-    half = t_quantile(confidence, n - 1) * se
-    return mean, max(0.0, mean - half), mean + half, se
+    t = t_quantile(confidence, n - 1)
+
+    def mean_and_se(z, chain_var):
+        var = ((1.0 - f) * z.var(ddof=1) + f * chain_var.mean()) / n
+        return float(z.mean()), math.sqrt(max(var, 0.0))
+
+    mean, se = mean_and_se(est.per_input, est.between_chain_var)
+    upper = mean + t * se
+    if est.arithmetic is not None:
+        other, other_se = mean_and_se(*est.arithmetic)
+        upper = max(upper, other + t * other_se)
+    return mean, max(0.0, mean - t * se), upper, se
 
 
-def _prepare(run: Run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
+def _prepare(run: Run, perturbation: Perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
              target_accept, loss, pgd_steps, pgd_restarts, inputs, n_q) -> tuple[_Plan, dict]:
-    perturbation = as_perturbation(perturbation)
     kind = _resolve_estimator(estimator, perturbation, run.ds.x[:1].to(run.device))
     config = _config(kind, chains, steps, leapfrog, mh_steps, warmup, path_len, target_accept, pgd_steps, pgd_restarts)
     return _plan(run, perturbation, Loss(loss), config, inputs, n_q)
@@ -465,6 +497,7 @@ def _q(value) -> float:
         raise SettingError("q", value, accepted) from None
 
 
+@records_warnings
 def intermediate_q(
     model: torch.nn.Module, data, perturbation, q: float, threshold: float | None = None, *,
     estimator: str = "auto", chains: int = 4, steps: int = 100, leapfrog: int = 5, mh_steps: int = 5,
@@ -505,8 +538,9 @@ def intermediate_q(
     q = _q(q)
     if threshold is not None:
         threshold = validation.non_negative_float("max_loss", threshold)
+    perturbation = as_perturbation(perturbation)
     with Run("q", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
-             batch_size=batch_size, device=device, direction="<=") as run:
+             batch_size=batch_size, device=device, direction="<=", perturbation=perturbation) as run:
         plan, cost = _prepare(run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
                               target_accept, loss, pgd_steps, pgd_restarts, inputs, 1)
         est = _estimate(plan, q)
@@ -581,6 +615,7 @@ def _note(plan, est, reason, mc_mean, q_inf, q_inf_name) -> str:
     return "; ".join(parts)
 
 
+@records_warnings
 def q_curve(
     model: torch.nn.Module, data, perturbation, qs=(1, 10, 100, 1000), *,
     estimator: str = "auto", chains: int = 4, steps: int = 100, leapfrog: int = 5, mh_steps: int = 5,
@@ -600,8 +635,9 @@ def q_curve(
     if isinstance(qs, (int, float)) or not len(qs):
         raise SettingError("qs", qs, "a non-empty sequence of numbers > 0, e.g. (1, 10, 100, 1000)")
     qs = sorted({_q(v) for v in qs})
+    perturbation = as_perturbation(perturbation)
     with Run("q_curve", model, data, confidence=confidence, budget=validation.positive_int("budget", budget) * len(qs),
-             seed=seed, batch_size=batch_size, device=device, direction="<=") as run:
+             seed=seed, batch_size=batch_size, device=device, direction="<=", perturbation=perturbation) as run:
         plan, cost = _prepare(run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
                               target_accept, loss, pgd_steps, pgd_restarts, inputs, len(qs))
         estimates = [_estimate(plan, q) for q in qs]

@@ -73,7 +73,8 @@ from ..attacks import pgd
 from ..engine import TensorData, correct_predictions, load_data, stream_generator
 from ..errors import ArgumentError, RobustDataError, RobustModelError, RobustWarning, SettingError
 from ..gmm import COVARIANCES, DEPENDENCIES, NORMS, GMMConfig, GMMPerturbation, default_grid_size
-from ..perturbations import GaussianNoise, Perturbation, UniformL2, UniformLinf
+from ..inspection import check_in_box, records_warnings
+from ..perturbations import Perturbation, UniformL2, UniformLinf
 from ..results import Result
 from ..run import Run
 from .tsrm import BLOCK, bernoulli_stream, summary
@@ -114,6 +115,7 @@ class FitSettings:
         return start * (end / start) ** (step / max(self.steps - 1, 1))
 
 
+@records_warnings
 def nppr(
     model: torch.nn.Module, data, threshold: float | None = None, *, eps: float,
     confidence: float = 0.95, budget: int = 300_000, seed: int = 0, batch_size: int = 1024, device=None,
@@ -278,12 +280,13 @@ def _fit_settings(steps, batch_size, draws, lr, temperature, clip_norm, kappa) -
 
 
 def _feature_layer(model: torch.nn.Module, name: str | None) -> tuple[torch.nn.Module, str, bool]:
-    """(module, description, use its input?): the named layer's output, or the last Linear's input."""
+    """(module, description, use its input?): the named layer's output, else the last Linear's
+    input, else (a model without nn.Linear: fully convolutional, a 1x1-conv head) its logits."""
     modules = dict(model.named_modules())
     if name is None:
         linears = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)]
         if not linears:
-            return None, None, False
+            return model, "the model's logits (it has no nn.Linear layer; name one with feature_layer=)", False
         return modules[linears[-1]], f"input of {linears[-1]} (the last Linear layer)", True
     if not isinstance(name, str) or not name or name not in modules:
         names = [n for n in modules if n]
@@ -331,8 +334,8 @@ def _split(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorData,
     if tuple(split[0].x.shape[1:]) != tuple(split[1].x.shape[1:]):
         raise RobustDataError(f"fit_data inputs have shape {tuple(split[0].x.shape[1:])}, the data "
                               f"{tuple(split[1].x.shape[1:])}")
-    _check_in_box("fit_data", split[0].x, bounds)
-    _check_in_box("data", split[1].x, bounds)
+    check_in_box(split[0].x, bounds, "fit_data")
+    check_in_box(split[1].x, bounds, "data")
     return split
 
 
@@ -340,18 +343,6 @@ def _shared_rows(a: torch.Tensor, b: torch.Tensor) -> int:
     """How many rows of b also occur (bit for bit) in a."""
     seen = {cache.tensor_fingerprint(row) for row in a}
     return sum(cache.tensor_fingerprint(row) in seen for row in b)
-
-
-def _check_in_box(name: str, x: torch.Tensor, bounds) -> None:
-    if bounds is None:
-        return
-    lo, hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in bounds)
-    if bool((x < lo).any() or (x > hi).any()):
-        raise RobustDataError(
-            f"{name}: inputs lie outside the box bounds={bounds!r} (min {float(x.min()):g}, max "
-            f"{float(x.max()):g}); clipping would move them by more than eps: pass their bounds, or "
-            "bounds=None"
-        )
 
 
 # -- clean forward passes and features ------------------------------------------------------------
@@ -391,12 +382,6 @@ def _clean_pass(run: Run, ds: TensorData, layer):
     if layer is None:
         return run.gather_rows(run.forward.logits(x)), None
     module, _, use_input = layer
-    if module is None:
-        raise SettingError(
-            "feature_layer", None,
-            "the name of a layer of the model: it has no nn.Linear layer to default to "
-            "(the input and joint dependencies need classifier features)",
-        )
     wrapped = _WithFeatures(run.model, module, use_input)
 
     def part(start: int, stop: int):
@@ -643,12 +628,33 @@ def _pgd_floor(run: Run, ds: TensorData, eps: float, steps: int, bounds) -> floa
 # -- context ----------------------------------------------------------------------------------------
 
 
+class ProjectedGaussian(Perturbation):
+    """Gaussian noise projected into the budget ball, then clipped to the box: delta = proj(sigma z),
+    z ~ N(0, I), proj clamping each coordinate to [-eps, eps] (L-inf) or scaling delta to norm <= eps
+    (L2), as the NPPR reference's ``g_ball`` does; so every draw lies in the ball like NPPR's own."""
+
+    def __init__(self, eps: float, sigma: float, norm: str, bounds=(0.0, 1.0)):
+        super().__init__(bounds)
+        self.eps, self.sigma, self.norm = eps, sigma, norm
+
+    def sample(self, x, generator):
+        delta = self.sigma * torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        if self.norm == "linf":
+            return x + delta.clamp(-self.eps, self.eps)
+        norms = delta.flatten(start_dim=1).norm(dim=1).clamp(min=1e-12)
+        return x + delta * (self.eps / norms).clamp(max=1.0).reshape(-1, *([1] * (x.ndim - 1)))
+
+    def __repr__(self):
+        return f"ProjectedGaussian(sigma={self.sigma:g}, {self.norm} ball eps={self.eps:g})"
+
+
 def _context_noises(eps: float, norm: str, shape: tuple[int, ...], bounds) -> dict[str, Perturbation]:
-    """The predefined distributions NPPR is compared with, at the same eps and box."""
+    """The predefined distributions NPPR is compared with, inside the same ball and box: Gaussian
+    N(0, sigma^2) projected into the ball (sigma = eps for L-inf, eps / sqrt(D) for L2) and uniform."""
     if norm == "linf":
-        return {"gaussian": GaussianNoise(sigma=eps, bounds=bounds), "uniform": UniformLinf(eps=eps, bounds=bounds)}
+        return {"gaussian": ProjectedGaussian(eps, eps, norm, bounds), "uniform": UniformLinf(eps=eps, bounds=bounds)}
     return {
-        "gaussian": GaussianNoise(sigma=eps / math.sqrt(math.prod(shape)), bounds=bounds),
+        "gaussian": ProjectedGaussian(eps, eps / math.sqrt(math.prod(shape)), norm, bounds),
         "uniform": UniformL2(eps=eps, bounds=bounds),
     }
 

@@ -36,6 +36,7 @@ import torch
 from .. import certificates, validation
 from ..engine import Forward, correct_predictions, report_progress, stream_generator
 from ..errors import SettingError
+from ..inspection import records_warnings
 from ..results import Result
 from ..run import Run
 from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper
@@ -470,6 +471,7 @@ def _run_gates(run: Run, plan: _GatePlan) -> _GateState:
         state.verdict, state.drawn, state.hits, state.evaluated = (np.array(col, np.int64) for col in zip(*rows))
 
 
+@records_warnings
 def certified_accuracy(
     model: torch.nn.Module, data, threshold: float | None, radius: float, sigma: float, alpha: float = 1e-3,
     max_draws: int = 100_000, *, confidence: float = 0.95, budget: int = 2_000_000, seed: int = 0,
@@ -570,6 +572,7 @@ def _gate_details(plan: _GatePlan, state: _GateState, radius: float, fewest: int
 # ----------------------------------------------------------------------------------------------
 
 
+@records_warnings
 def pa_report(
     model: torch.nn.Module, data, sigma: float, n: int = 10_000, radii=None, alpha: float = 1e-3,
     convert_to=((100, 0.01), (100_000, 0.001)), *,

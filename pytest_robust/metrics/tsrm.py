@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..engine import TensorData, correct_predictions, gather_blocks, report_progress, stream_generator, world
+from ..inspection import records_warnings
 from ..perturbations import Perturbation, as_perturbation
 from ..results import Result
 from ..run import Run
@@ -51,16 +52,17 @@ def _indices(n_inputs: int, seed: int, name: str, index: int) -> torch.Tensor:
     return torch.randint(n_inputs, (BLOCK,), generator=stream_generator(seed, f"{name}-index", index))
 
 
-def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int):
+def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int):
     """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
 
-    A step is ``ceil(batch_size / BLOCK)`` blocks per process; under torch.distributed rank r
+    A step is ``ceil(batch_size / BLOCK)`` blocks per process, fewer when the remaining draws
+    (``limit``) need fewer or when ``most`` (blocks in all) is smaller; under torch.distributed rank r
     evaluates blocks first + r, first + r + W, ... and the outcomes are gathered in block order,
     so every rank sees the same stream as a single process would. Only the first ``limit`` draws
     of the step are evaluated, by a single process or across the ranks.
     """
     rank, size = world()
-    per_rank = min(-(-run.forward.batch_size // BLOCK), -(-limit // (BLOCK * size)))
+    per_rank = max(1, min(-(-run.forward.batch_size // BLOCK), -(-limit // (BLOCK * size)), -(-most // size)))
     mine = range(first + rank, first + per_rank * size, size)
     drawn = {b: _indices(len(ds), run.seed, name, b) for b in mine}
     idx = list(drawn.values())
@@ -96,7 +98,10 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
     outcomes, indices, drawn, block = [], [], 0, 0
     while drawn < draws and (gate is None or gate.decision is None):
-        hits, idx, consumed = _step(run, ds, perturbation, name, block, draws - drawn)
+        # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
+        # so a gate that decides early never pays for a huge batch
+        most = max(1, block) if gate is not None else block + draws
+        hits, idx, consumed = _step(run, ds, perturbation, name, block, draws - drawn, most)
         block += consumed
         outcomes.append(hits)
         indices.append(idx)
@@ -132,6 +137,7 @@ def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[floa
     }
 
 
+@records_warnings
 def tsrm(
     model: torch.nn.Module, data, perturbation, threshold: float | None = None, *, confidence: float = 0.95,
     budget: int = 100_000, seed: int = 0, batch_size: int = 1024, device=None,
@@ -146,7 +152,7 @@ def tsrm(
     """
     perturbation = as_perturbation(perturbation)
     with Run("tsrm", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
-             batch_size=batch_size, device=device) as run:
+             batch_size=batch_size, device=device, perturbation=perturbation) as run:
         stream = bernoulli_stream(run, perturbation, run.args.budget, run.args.threshold)
     estimate, lower, upper, details = summary(stream, run.alpha, run.args.threshold)
     return run.result(estimate=estimate, lower=lower, upper=upper, draws=stream.used,

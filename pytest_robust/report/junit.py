@@ -15,14 +15,14 @@ from ..results import Result
 def case_name(r: Result) -> str:
     """``TSRM 0.951 [0.942, 0.960] >= 0.9 PASS | UniformLinf(eps=0.1) | test_x.py::test_y``."""
     threshold = "" if r.threshold is None else f" {r.direction} {r.threshold:g}"
-    return (
-        f"{r.name} {r.estimate:.3f} [{r.lower:.3f}, {r.upper:.3f}]{threshold} {r.verdict.upper()} "
-        f"| {r.perturbation} | {r.test_id or 'programmatic'}"
-    )
+    numbers = "" if r.estimate is None else f" {r.estimate:.3f} [{r.lower:.3f}, {r.upper:.3f}]"
+    return f"{r.name}{numbers}{threshold} {r.status.upper()} | {r.perturbation} | {r.test_id or 'programmatic'}"
 
 
 def metric_junit(results: list[dict], env: dict) -> str:
-    """The XML text: suites per model (``Result.model``), one case per check."""
+    """The XML text: suites per model (``Result.model``), one case per check: a failure for a
+    check that failed or was inconclusive, an error for one that could not run, skipped for a
+    skipped test's checks and for expected failures (as pytest's own JUnit file does)."""
     by_model: dict[str, list[Result]] = {}
     for data in results:
         r = Result.from_dict(data)
@@ -32,8 +32,14 @@ def metric_junit(results: list[dict], env: dict) -> str:
         cases = []
         for r in checks:
             case = TestCase(case_name(r), classname=f"robust.{model}.{r.metric}", elapsed_sec=r.seconds)
-            if r.verdict in ("fail", "inconclusive"):
+            if r.status in ("fail", "inconclusive"):
                 case.add_failure_info(message=r.message(), failure_type=r.verdict)
+            elif r.status == "error":
+                case.add_error_info(message=r.message(), error_type="error")
+            elif r.status == "xfail":
+                case.add_skipped_info(message=f"expected failure (xfail): {r.message()}")
+            elif r.status == "skipped":
+                case.add_skipped_info(message=r.message())
             cases.append(case)
         properties = {k: ", ".join(v) if isinstance(v, list) else str(v) for k, v in env.items()}
         suites.append(TestSuite(f"robustness of {model}", cases, hostname=env.get("hostname"), properties=properties))

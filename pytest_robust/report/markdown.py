@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..results import Result
+from ..results import STATUSES, Result
 
 
 def _cell(text: str) -> str:
@@ -13,30 +13,40 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
     """One row per check (check, metric, estimate, bound, threshold, verdict, time), then the
     messages of checks that did not pass, the baseline comparison and the environment."""
     parsed = [Result.from_dict(r) for r in results]
-    icon = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "estimate": "ℹ️ estimate"}
+    icon = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "estimate": "ℹ️ estimate",
+            "error": "💥 error", "skipped": "⏭️ skipped", "xfail": "➖ expected failure"}
+    counts = {status: sum(r.status == status for r in parsed) for status in STATUSES}
     lines = [
         "## Robustness checks",
         "",
-        f"{sum(r.verdict == 'pass' for r in parsed)} passed, {sum(r.verdict == 'fail' for r in parsed)} failed, "
-        f"{sum(r.verdict == 'inconclusive' for r in parsed)} inconclusive, "
-        f"{sum(r.verdict == 'estimate' for r in parsed)} estimates.",
+        f"{counts['pass']} passed, {counts['fail']} failed, {counts['inconclusive']} inconclusive, "
+        f"{counts['estimate']} estimates, {counts['error']} errors, {counts['skipped']} skipped, "
+        f"{counts['xfail']} expected failures.",
         "",
         "| check | metric | perturbation | estimate | bound | threshold | verdict | evaluations/budget | time |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in parsed:
-        bound = f"{r.lower:.4f}" if r.direction == ">=" else f"{r.upper:.4f}"
         side = "lower" if r.direction == ">=" else "upper"
+        value = r.lower if r.direction == ">=" else r.upper
+        bound = "–" if value is None else f"{value:.4f} ({r.confidence:.0%} {side})"
+        estimate = "–" if r.estimate is None else f"{r.estimate:.4f}"
         threshold = "–" if r.threshold is None else f"{r.direction} {r.threshold:g}"
         lines.append(
-            f"| {_cell(r.test_id)} | {r.name} | {_cell(r.perturbation)} | {r.estimate:.4f} | "
-            f"{bound} ({r.confidence:.0%} {side}) | {threshold} | {icon.get(r.verdict, r.verdict)} | "
+            f"| {_cell(r.test_id)} | {r.name} | {_cell(r.perturbation)} | {estimate} | "
+            f"{bound} | {threshold} | {icon.get(r.status, r.status)} | "
             f"{r.forward_passes}/{r.budget} | {r.seconds:.1f} s |"
         )
-    failing = [r for r in parsed if r.verdict in ("fail", "inconclusive")]
+    failing = [r for r in parsed if r.status in ("fail", "inconclusive", "error", "xfail")]
     if failing:
         lines += ["", "### Checks that did not pass", ""]
-        lines += [f"- `{_cell(r.test_id)}`: {_cell(r.message())}" for r in failing]
+        lines += [
+            f"- `{_cell(r.test_id)}`{' (expected failure)' if r.status == 'xfail' else ''}: {_cell(r.message())}"
+            for r in failing
+        ]
+    warned = [f"- `{_cell(r.test_id)}`: {_cell(w)}" for r in parsed for w in r.details.get("warnings", [])]
+    if warned:
+        lines += ["", "### Warnings", ""] + warned
     notes = sorted({r.note for r in parsed if r.note})
     if notes:
         lines += ["", "### Notes", ""] + [f"- {_cell(n)}" for n in notes]
@@ -48,7 +58,7 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
     lines += [
         "",
         "Each check's verdict holds with probability at least its confidence on its own; seeds: "
-        + ", ".join(sorted({str(r.seed) for r in parsed})) + ".",
+        + ", ".join(sorted({str(r.seed) for r in parsed if r.estimate is not None})) + ".",
         "",
         "<details><summary>environment</summary>",
         "",

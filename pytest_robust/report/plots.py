@@ -46,7 +46,7 @@ def tsrm_curves(results: list[dict]) -> dict[str, dict]:
     estimate and both bounds against eps (sigma, scale) read from the perturbation's repr."""
     groups: dict[tuple, list] = {}
     for r in results:
-        match = SIZE.match(r["perturbation"]) if r["metric"] == "tsrm" else None
+        match = SIZE.match(r["perturbation"]) if r["metric"] == "tsrm" and r["estimate"] is not None else None
         if match:
             family, size_name, size, rest = match.groups()
             groups.setdefault((r.get("model") or "model", family, size_name, rest), []).append((float(size), r))

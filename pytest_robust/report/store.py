@@ -62,6 +62,8 @@ def _keyed(results: list[dict]) -> dict[str, Result]:
 
 
 def _status(base: Result, now: Result) -> str:
+    if base.estimate is None or now.estimate is None:
+        return "not comparable (a run has no numbers)"
     worse, better = (now.upper < base.lower, now.lower > base.upper)
     if base.direction == "<=":
         worse, better = better, worse
@@ -69,7 +71,9 @@ def _status(base: Result, now: Result) -> str:
 
 
 def _shown(r: Result | None) -> str:
-    return "–" if r is None else f"{r.estimate:.4f} [{r.lower:.4f}, {r.upper:.4f}]"
+    if r is None or r.estimate is None:
+        return "–" if r is None else r.status
+    return f"{r.estimate:.4f} [{r.lower:.4f}, {r.upper:.4f}]"
 
 
 def compare(baseline: list[dict], current: list[dict]) -> list[dict]:

@@ -1,0 +1,284 @@
+"""Cheap inspections of what a user hands a check: the model, the data, the perturbation.
+
+Each function looks for one common mistake and either raises an error that names the mistake and
+its fix (``RobustDataError`` / ``RobustModelError`` / ``TypeError``) or, where the tool cannot be
+sure, issues a ``RobustWarning``. ``records_warnings`` wraps a metric function so that every
+RobustWarning raised while it runs is also listed in its Result's ``details["warnings"]``.
+
+Where they run: ``check_model`` when a check first touches the model (``engine.guarded`` and
+``engine.resolve_device``), ``check_finite`` and ``check_loader_order`` when data is
+materialised (``engine.load_data``), ``check_perturbation_object`` when a perturbation is
+accepted (``perturbations.as_perturbation``), ``inspect_inputs`` once per check where the data
+meets its perturbation, ``check_outputs`` on the first batch of logits and
+``explain_model_error`` when the model fails on its first batch (``engine.Forward``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+
+import torch
+
+from .engine import RobustDataError, RobustModelError, RobustWarning
+
+#: Relative slack of the box check: data this close outside the box is float noise, not a mistake.
+BOX_SLACK = 1e-5
+#: How close to 1 a row of non-negative outputs must sum to be read as probabilities.
+PROBABILITY_TOLERANCE = 1e-3
+#: Rows used to probe a perturbation for reproducibility.
+PROBE_ROWS = 4
+
+NORMALISATION_ADVICE = (
+    "keep inputs in [0, 1] pixel space and move the normalisation (x - mean) / std into the model "
+    "(recommended: eps stays in pixel units), or pass the perturbation bounds= in your data's units "
+    "(e.g. UniformLinf(eps=..., bounds=(lo, hi))), or bounds=None for no box"
+)
+
+
+def check_model(model) -> None:
+    """Raise RobustModelError unless ``model`` is an ``nn.Module`` instance, with the likely fix."""
+    if isinstance(model, torch.nn.Module):
+        return
+    if isinstance(model, type) and issubclass(model, torch.nn.Module):
+        hint = f"pass an instance, e.g. {model.__name__}(...), with its weights loaded"
+    elif isinstance(model, dict):
+        hint = "this looks like a state_dict: build the model and call model.load_state_dict(...)"
+    elif isinstance(model, (tuple, list)):
+        hint = "return the model alone from the model fixture (data belongs in the data fixture)"
+    elif isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        hint = "load the model from this path in the fixture (torch.load or your model class)"
+    elif callable(model):
+        hint = "wrap the function in a torch.nn.Module whose forward returns logits"
+    else:
+        hint = "return a torch.nn.Module that maps a batch of inputs to logits"
+    raise RobustModelError(f"the model must be a torch.nn.Module, got {type(model).__name__}: {hint}")
+
+
+def check_finite(x: torch.Tensor) -> None:
+    """Raise RobustDataError naming the first input with NaN or infinite values."""
+    bad = ~torch.isfinite(x.reshape(len(x), -1)).all(dim=1)
+    if bad.any():
+        rows = bad.nonzero().flatten()
+        first = int(rows[0])
+        kind = "NaN" if torch.isnan(x[first]).any() else "infinite"
+        raise RobustDataError(
+            f"the data contains NaN or infinite values: input {first} has {kind} values "
+            f"({len(rows)} of {len(x)} inputs affected); clean or drop them before the check"
+        )
+
+
+def check_loader_order(loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
+    """A loader that yields the dataset in index order: a shuffling (or otherwise sampled)
+    map-style loader is re-read with a sequential sampler, so that which input sits at which
+    index, and hence every number, depends only on the check's seed, not on the global RNG."""
+    dataset = loader.dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset) or isinstance(
+        loader.sampler, torch.utils.data.SequentialSampler
+    ):
+        return loader
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=loader.batch_size or 512, shuffle=False, collate_fn=loader.collate_fn,
+        num_workers=loader.num_workers,
+    )
+
+
+def check_reads_repeat(dataset) -> None:
+    """RobustWarning when a map-style dataset returns a different input on a second read of
+    item 0 (a random augmentation left in the evaluation data)."""
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        return
+    try:
+        if len(dataset) == 0:
+            return
+    except TypeError:
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        first = dataset[0]
+        torch.manual_seed(1)
+        second = dataset[0]
+    a, b = (torch.as_tensor(item[0]) for item in (first, second))
+    if a.shape != b.shape or not torch.equal(a, b):
+        warnings.warn(
+            "the dataset returns a different input each time item 0 is read (a random augmentation "
+            "in the evaluation data?): pytest-robust reads it under a fixed RNG so runs repeat, but "
+            "the check then measures one random augmentation of each input; remove random "
+            "transforms from the evaluation dataset",
+            RobustWarning,
+            stacklevel=4,
+        )
+
+
+def check_in_box(x: torch.Tensor, bounds, name: str = "data") -> None:
+    """Raise RobustDataError when inputs lie outside the perturbation's box ``bounds``: a
+    perturbed input is clipped to the box, so such inputs would be silently moved (by more than
+    eps) before the model sees them. 0..255 images get the conversion as their fix."""
+    if bounds is None:
+        return
+    lo, hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in bounds)
+    slack = BOX_SLACK * float((hi - lo).abs().max())
+    low, high = float(x.min()), float(x.max())
+    if not bool((x < lo - slack).any() or (x > hi + slack).any()):
+        return
+    shown = f"bounds=({float(lo.min()):g}, {float(hi.max()):g})" if lo.numel() * hi.numel() > 1 else (
+        f"bounds=({float(lo):g}, {float(hi):g})"
+    )
+    if low >= 0 and 10.0 < high <= 255.0 and float(hi.max()) <= 1.0:
+        raise RobustDataError(
+            f"{name}: inputs range from {low:g} to {high:g}, which looks like 0..255 images, but the "
+            f"perturbation's box is {shown}: divide the images by 255 (torchvision's ToTensor() does) "
+            "so that inputs and eps are in [0, 1] pixel units"
+        )
+    raise RobustDataError(
+        f"{name}: inputs range from {low:g} to {high:g}, outside the perturbation's box {shown}; every "
+        f"perturbed input would be clipped into the box, silently changing the data. {NORMALISATION_ADVICE}"
+    )
+
+
+def check_perturbation_object(p) -> None:
+    """Raise TypeError for a perturbation class instead of an instance, or a callable that
+    cannot be called as ``fn(x, generator)``."""
+    if isinstance(p, type):
+        raise TypeError(
+            f"perturbation must be an instance, got the class {p.__name__}: write {p.__name__}(eps=...) "
+            "(with its parameters), not the class itself"
+        )
+    target = getattr(p, "sample", None) if hasattr(p, "parameter_space") else p
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(target, "__qualname__", type(p).__name__)
+        raise TypeError(
+            f"perturbation {name}{signature} cannot be called as (x, generator): a perturbation "
+            "takes the batch x and a torch.Generator and returns x' of x's shape, drawing every "
+            "random number from the generator (e.g. torch.rand(x.shape, generator=generator))"
+        ) from None
+
+
+def check_uses_generator(perturbation, x: torch.Tensor) -> None:
+    """RobustWarning when the same generator state gives different outputs: the perturbation
+    draws from another source (the global RNG, numpy, random), so runs do not repeat."""
+    probe = x[:PROBE_ROWS]
+    outputs = []
+    with torch.random.fork_rng(devices=[probe.device] if probe.device.type == "cuda" else []):
+        for global_seed in (1, 2):
+            torch.manual_seed(global_seed)
+            gen = torch.Generator(device=probe.device)
+            gen.manual_seed(12345)
+            outputs.append(perturbation(probe.clone(), gen))
+    a, b = outputs
+    comparable = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+    if comparable and not torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True):
+        warnings.warn(
+            f"perturbation {perturbation!r} gave different outputs for the same generator state: it "
+            "ignores the generator it is given (drawing from the global RNG, numpy or random?), so "
+            "its results depend on what ran before and do not repeat with the seed; draw every "
+            "random number from the generator argument (torch.rand(..., generator=generator))",
+            RobustWarning,
+            stacklevel=4,
+        )
+
+
+def check_size(perturbation) -> None:
+    """RobustWarning when a perturbation's size (eps, sigma, scale) is at least the width of its
+    box: every draw then spreads over the whole box (eps=8 meant as 8/255?)."""
+    from .perturbations import CauchyNoise, GaussianNoise, UniformLinf  # per-coordinate sizes only
+
+    bounds = getattr(perturbation, "bounds", None)
+    names = {UniformLinf: "eps", GaussianNoise: "sigma", CauchyNoise: "scale"}
+    sizes = {name: getattr(perturbation, name) for kind, name in names.items() if isinstance(perturbation, kind)}
+    if bounds is None or not sizes:
+        return
+    width = float((torch.as_tensor(bounds[1]) - torch.as_tensor(bounds[0])).min())
+    for name, size in sizes.items():
+        if size >= width:
+            warnings.warn(
+                f"{perturbation!r}: {name}={size:g} is at least the width {width:g} of the input box, so "
+                f"draws spread over the whole box; {name} is in the units of your inputs (8 grey levels "
+                "in [0, 1] pixel space is 8/255, not 8)",
+                RobustWarning,
+                stacklevel=4,
+            )
+
+
+def inspect_inputs(ds, perturbation) -> None:
+    """The checks that need both data and perturbation: inputs inside its box, a size that fits
+    the box, and a perturbation that draws from its generator. Runs once per check, before any
+    evaluation."""
+    check_in_box(ds.x, getattr(perturbation, "bounds", None))
+    check_size(perturbation)
+    check_uses_generator(perturbation, ds.x)
+
+
+def check_outputs(z: torch.Tensor) -> None:
+    """RobustWarning when the model's outputs look like probabilities (non-negative rows that
+    sum to 1): losses (the q-loss's cross-entropy, NPPR's margin) need logits."""
+    if bool((z >= 0).all()) and bool(((z.sum(dim=1) - 1).abs() <= PROBABILITY_TOLERANCE).all()):
+        warnings.warn(
+            "the model's outputs are non-negative and every row sums to 1: they look like "
+            "probabilities (a softmax at the end of the model?). pytest-robust expects logits; "
+            "accuracies are unaffected, but losses computed from probabilities (the q-loss's "
+            "cross-entropy, NPPR's margin) are wrong: remove the final softmax",
+            RobustWarning,
+            stacklevel=4,
+        )
+
+
+def looks_channels_last(x: torch.Tensor) -> bool:
+    """An image batch (N, H, W, C) with C in {1, 3, 4} and H, W larger than C."""
+    return x.ndim == 4 and x.shape[-1] in (1, 3, 4) and min(x.shape[1], x.shape[2]) > 4
+
+
+def explain_model_error(x: torch.Tensor, err: Exception) -> None:
+    """Called when the model raises on its first batch: a RobustDataError when the inputs'
+    layout is the likely cause (channels-last images, a shape the model cannot take)."""
+    if looks_channels_last(x):
+        raise RobustDataError(
+            f"the model failed on inputs of shape {tuple(x.shape[1:])} (a batch {tuple(x.shape)}: "
+            f"{type(err).__name__}: {err}); they look channels-last (N, H, W, C): PyTorch models take "
+            "(N, C, H, W): pass "
+            "x.permute(0, 3, 1, 2) (or ToTensor() in the dataset)"
+        ) from err
+    text = str(err)
+    if any(s in text for s in ("same dtype", "mixed dtype", "scalar type")) or (
+        "type" in text and "should be the same" in text
+    ):
+        raise RobustDataError(
+            f"the model cannot take {x.dtype} inputs ({type(err).__name__}: {text}); give the data the "
+            "model's dtype (x.to(dtype) in the data fixture) or convert the model (model.float())"
+        ) from err
+    if any(s in text for s in ("shapes cannot be multiplied", "size mismatch", "should contain", "Expected", "expected input")):
+        raise RobustDataError(
+            f"the model cannot take inputs of shape {tuple(x.shape[1:])} (a batch {tuple(x.shape)}: "
+            f"{type(err).__name__}: {text}); give "
+            "the data the shape the model expects (one row per input: (N, C, H, W) images, (N, F) features)"
+        ) from err
+
+
+def records_warnings(fn):
+    """Decorate a metric function: RobustWarnings issued while it runs still reach the caller
+    (pytest shows them with the test) and are listed, in order, in ``details["warnings"]`` of
+    the Result it returns."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        caught: list = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = fn(*args, **kwargs)
+        finally:  # re-issued also when the check raises, so the user sees what went before
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        messages = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, RobustWarning)))
+        if messages and hasattr(result, "details"):
+            result.details["warnings"] = list(dict.fromkeys(result.details.get("warnings", []) + messages))
+        return result
+
+    return wrapper
