@@ -90,7 +90,7 @@ def min_sequential_draws(radius: float, sigma: float, alpha: float) -> int:
     H0: p_y <= Phi(r/sigma) when every draw is correct (the fastest possible path). Always at
     least ``min_samples_to_certify``: the price of being allowed to stop at any time."""
     min_samples_to_certify(radius, sigma, alpha)  # refuses radii no practical budget certifies
-    gate = SequentialGate(required_pa(radius, sigma), alpha)
+    gate = SequentialGate(required_pa(radius, sigma), alpha, mixture=True)
     while gate.update(np.ones(4096)) is None:
         pass
     return gate.decision.at

@@ -411,40 +411,62 @@ def test_confidence_sequence_consistent_with_gate():
 # ---------------------------------------------------------------------------------------------
 
 
-def _gate_rates(p, threshold, alpha, reps, cap, seed):
+def test_mixture_capital_is_the_average_of_the_kelly_and_bold_capitals():
+    """log W_t = log((K_t + B_t) / 2), B_t = prod (1 + (BOLD / m)(x_i - m)), K_t the plug-in process;
+    and an all-ones stream is rejected within log(2 / alpha) / log(1 / m) draws (the bold half
+    alone gets there), a few draws above the fixed-size minimum log(1 / alpha) / log(1 / m)."""
+    x = (np.random.default_rng(3).random(500) < 0.95).astype(float)
+    m = 0.9
+    kelly = stats._advance(x, m, stats._Running())
+    bold = np.cumsum(np.log(1 + (stats.BOLD / m) * (x - m)))
+    mixed = stats._advance_mixture(x, m, stats._Running())
+    np.testing.assert_allclose(mixed, np.log((np.exp(kelly) + np.exp(bold)) / 2), rtol=1e-12)
+    m, alpha = 0.977, 1e-3
+    at = SequentialGate(m, alpha, mixture=True).update(np.ones(1000)).at
+    fixed = math.ceil(math.log(1 / alpha) / -math.log(m))
+    assert fixed < at <= math.ceil(math.log(2 / alpha) / math.log(1 + stats.BOLD * (1 - m) / m))
+    assert at < SequentialGate(m, alpha).update(np.ones(1000)).at
+
+
+def _gate_rates(p, threshold, alpha, reps, cap, seed, mixture=False):
     rng = np.random.default_rng(seed)
     counts = {"pass": 0, "fail": 0, None: 0}
     for _ in range(reps):
         x = (rng.random(cap) < p).astype(np.float64)
-        decision = SequentialGate(threshold, alpha).update(x)
+        decision = SequentialGate(threshold, alpha, mixture=mixture).update(x)
         counts[decision.verdict if decision else None] += 1
     return {k: v / reps for k, v in counts.items()}
 
 
-@pytest.mark.parametrize("threshold", [0.9, 0.5])
+@pytest.mark.parametrize("mixture", [False, True])
+@pytest.mark.parametrize("threshold", [0.977, 0.9, 0.5])
 @pytest.mark.parametrize("alpha", [0.05, 0.1])
-def test_false_pass_rate_at_threshold(threshold, alpha):
+def test_false_pass_rate_at_threshold(threshold, alpha, mixture):
+    """At the threshold both nulls hold; near 1 (0.977 = Phi(2), the smoothing gate's r/sigma = 2)
+    the mixture's bold half is most exposed: a run of all-correct draws is likely there."""
     reps = 1000
-    rates = _gate_rates(threshold, threshold, alpha, reps, cap=3000, seed=7)
+    rates = _gate_rates(threshold, threshold, alpha, reps, cap=3000, seed=7, mixture=mixture)
     se = math.sqrt(alpha * (1 - alpha) / reps)
     assert rates["pass"] <= alpha + 3 * se
     assert rates["fail"] <= alpha + 3 * se  # the true mean also sits on the fail test's null
 
 
+@pytest.mark.parametrize("mixture", [False, True])
 @pytest.mark.parametrize("threshold,delta", [(0.9, 0.02), (0.5, 0.03)])
 @pytest.mark.parametrize("alpha", [0.05, 0.1])
-def test_false_fail_rate_just_above_threshold(threshold, delta, alpha):
+def test_false_fail_rate_just_above_threshold(threshold, delta, alpha, mixture):
     reps = 1000
-    rates = _gate_rates(threshold + delta, threshold, alpha, reps, cap=3000, seed=8)
+    rates = _gate_rates(threshold + delta, threshold, alpha, reps, cap=3000, seed=8, mixture=mixture)
     se = math.sqrt(alpha * (1 - alpha) / reps)
     assert rates["fail"] <= alpha + 3 * se
     # and the gate is not useless: it proves the requirement most of the time
     assert rates["pass"] > 0.5
 
 
-def test_false_pass_rate_just_below_threshold():
+@pytest.mark.parametrize("mixture", [False, True])
+def test_false_pass_rate_just_below_threshold(mixture):
     reps, alpha = 1000, 0.05
-    rates = _gate_rates(0.88, 0.9, alpha, reps, cap=3000, seed=9)
+    rates = _gate_rates(0.88, 0.9, alpha, reps, cap=3000, seed=9, mixture=mixture)
     se = math.sqrt(alpha * (1 - alpha) / reps)
     assert rates["pass"] <= alpha + 3 * se
     assert rates["fail"] > 0.5

@@ -44,10 +44,12 @@ from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper
 #: Draws per random-stream block (the unit in which noise is generated and inputs are packed).
 BLOCK = 64
 #: An input may take at most drawn / GROWTH more draws in one step (bounds the draws a decision
-#: mid-chunk wastes to about 1/GROWTH), and never less than one block.
-GROWTH = 4
-#: Most blocks of draws one input contributes to a batch of the gate.
-MAX_CHUNK_BLOCKS = 16
+#: mid-chunk wastes to about 1/GROWTH), and never less than FIRST.
+GROWTH = 8
+#: Draws in an input's first chunk, which decides the inputs the model mostly gets wrong.
+FIRST = 32
+#: Most draws one input contributes to a batch of the gate.
+MAX_CHUNK = 1024
 #: Draws of one input generated at a time by the fixed-size procedures (a multiple of BLOCK).
 PIECE = 16 * BLOCK
 #: Prediction code of an abstention in ``certify`` and ``predict``.
@@ -380,7 +382,7 @@ class _LocalTests:
 
     def __init__(self, plan: _GatePlan, inputs):
         self.plan = plan
-        self.gates = {i: SequentialGate(plan.required, plan.alpha) for i in inputs}
+        self.gates = {i: SequentialGate(plan.required, plan.alpha, mixture=True) for i in inputs}
         self.waiting = {i: [] for i in inputs}
 
     def feed(self, i: int, chunk: np.ndarray, stop: int):
@@ -399,12 +401,18 @@ class _LocalTests:
         return self.gates[i].update(block)
 
 
-def _chunk_end(start: int, allowance: int) -> int:
-    """Where input i's next chunk of draws ends: whole blocks, about start / GROWTH draws (at most
-    MAX_CHUNK_BLOCKS blocks), never past its allowance. Depends on the input alone, never on the
-    batch size or on which other inputs share the batch."""
-    blocks = max(1, min(MAX_CHUNK_BLOCKS, start // (GROWTH * BLOCK)))
-    return int(min(allowance, (start // BLOCK + blocks) * BLOCK))
+def _chunk_end(start: int, allowance: int, fewest: int) -> int:
+    """Where input i's next chunk of draws ends, never past its allowance: FIRST draws first (enough
+    for the fail side to decide an input the model mostly gets wrong); then up to ``fewest``, the
+    draw at which an input the model gets right every time is certified (no pass can come earlier,
+    so an always-correct input costs exactly ``fewest`` evaluations); then steps of start / GROWTH
+    draws (at least FIRST, at most MAX_CHUNK). Depends on the input alone, never on the batch size
+    or on which other inputs share the batch."""
+    if start < fewest:
+        end = min(FIRST, fewest) if start == 0 else fewest
+    else:
+        end = start + max(FIRST, min(MAX_CHUNK, start // GROWTH))
+    return int(min(allowance, end))
 
 
 def _round(run: Run, plan: _GatePlan, state: _GateState, tests: _LocalTests, queue: deque, allowance: np.ndarray):
@@ -413,14 +421,14 @@ def _round(run: Run, plan: _GatePlan, state: _GateState, tests: _LocalTests, que
     x, y, active = run.ds.x, run.ds.y, []
 
     def size(i: int) -> int:
-        return _chunk_end(int(state.drawn[i]), int(allowance[i])) - int(state.drawn[i])
+        return _chunk_end(int(state.drawn[i]), int(allowance[i]), plan.fewest) - int(state.drawn[i])
 
     while queue or active:
         rows = sum(size(i) for i in active)
         while queue and rows < run.forward.batch_size:
             active.append(queue.popleft())
             rows += size(active[-1])
-        spans = [(i, int(state.drawn[i]), _chunk_end(int(state.drawn[i]), int(allowance[i]))) for i in active]
+        spans = [(i, int(state.drawn[i]), _chunk_end(int(state.drawn[i]), int(allowance[i]), plan.fewest)) for i in active]
         noisy = torch.cat([_noisy(x[i].to(run.device), plan.sigma, run.seed, i, a, b, run.device) for i, a, b in spans])
         labels = torch.cat([y[i].to(run.device).expand(b - a) for i, a, b in spans])
         hit = correct_predictions(run.forward.logits(noisy), labels).cpu().numpy()
