@@ -3,7 +3,7 @@ fixed-size CERTIFY, and throughput against a bare model loop.
 
 Run from the repository root:
 
-    python benchmarks/bench_smoothing.py [--quick] [--device cpu|cuda] [--threads N]
+    python benchmarks/bench_smoothing.py [--quick] [--device cpu|cuda] [--threads N] [--sections abc]
 
 Model: the CNN trained with Gaussian noise sigma = 0.25 (examples/digits/checkpoints/gaussian_0.25.pt);
 data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 and sigma 0.25 in
@@ -18,6 +18,15 @@ data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 
     radius, and per-input agreement of "certified at radius 0.5" (CERTIFY: correct and radius >=
     0.5; gate: decision "certified"), with the disagreeing inputs listed. --quick uses n = 10 000
     and caps 10 000 and 2 000.
+
+(c) Gate vs RS_conf_seq (Voráček, NeurIPS 2024; reimplemented in ``rs_conf_seq.py``). On the
+    first 100 test digits (--quick: 20), at L2 radii 0.25, 0.5 and 0.75 (sigma 0.25), both methods
+    read the same draws (draw t of input i is row t of input i's noise stream) at the same level
+    alpha = 0.001 per side and the same cap of 131 100 draws per input. RS_conf_seq's evaluations
+    replay its batch loop (100 rows per batch); the gate's are its forward passes in estimate mode.
+    Reported per radius: evaluations of each and their ratio, per-input decisions agreeing, and
+    the cost of an input the model gets right on every draw (the gate: evaluations of such inputs;
+    RS_conf_seq: draws its test needs).
 
 (b) Throughput. Forward passes per second of one whole ``certify`` call (noise, forward passes,
     counting, bounds) and of one whole gate call, each against a bare loop
@@ -36,7 +45,10 @@ import torch
 # importing common first puts the repository root and examples/digits on sys.path
 from common import digits, forward_loop, header, interleaved, load, markdown_table, parse_args, report, timed
 
-from pytest_robust.metrics.smoothing import certified_accuracy, certify
+import rs_conf_seq
+from pytest_robust import certificates
+from pytest_robust.engine import correct_predictions
+from pytest_robust.metrics.smoothing import _noisy, certified_accuracy, certify
 
 SIGMA = 0.25
 RADIUS = 0.5
@@ -47,9 +59,11 @@ BATCH = 1024
 
 #: Settings of a full run and of a --quick run.
 FULL = dict(inputs=50, n=100_000, caps=(100_000, 10_000), runs=5,
-            throughput_inputs=4, throughput_n=10_000, gate_inputs=20)
+            throughput_inputs=4, throughput_n=10_000, gate_inputs=20, rs_inputs=100)
 QUICK = dict(inputs=20, n=10_000, caps=(10_000, 2_000), runs=3,
-             throughput_inputs=2, throughput_n=10_000, gate_inputs=10)
+             throughput_inputs=2, throughput_n=10_000, gate_inputs=10, rs_inputs=20)
+#: Radii of the RS_conf_seq comparison.
+RS_RADII = (0.25, 0.5, 0.75)
 
 
 def facts(inputs: int, n: int) -> list[str]:
@@ -111,6 +125,86 @@ def comparison_table(model, data, device, cfg) -> str:
         "",
         *notes,
     ]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# (c) Gate vs RS_conf_seq
+# ----------------------------------------------------------------------------------------------
+
+
+class Outcomes:
+    """Per input, whether the model is right on draws 0, 1, 2, ... of the input's noise stream (the
+    draws the gate reads), computed on demand and kept for every radius."""
+
+    def __init__(self, model, data, device):
+        self.model, self.device = model, device
+        self.x, self.y = data
+        self.known = [np.zeros(0, dtype=np.int64) for _ in range(len(self.y))]
+
+    def first(self, i: int, count: int) -> np.ndarray:
+        have = len(self.known[i])
+        if count > have:
+            x_i = self.x[i].to(self.device)
+            with torch.inference_mode():
+                noisy = _noisy(x_i, SIGMA, SEED, i, have, count, self.device)
+                hit = correct_predictions(self.model(noisy), self.y[i].to(self.device).expand(count - have))
+            self.known[i] = np.concatenate([self.known[i], hit.cpu().numpy().astype(np.int64)])
+        return self.known[i][:count]
+
+
+def rs_conf_seq_run(outcomes: Outcomes, radius: float) -> tuple[list, list]:
+    """RS_conf_seq's decisions and draws per input at ``radius`` (per-side level ALPHA)."""
+    lower, upper = rs_conf_seq.tables(certificates.required_pa(radius, SIGMA), ALPHA)
+    decisions, draws = [], []
+    for i in range(len(outcomes.y)):
+        read = 512
+        while True:
+            decision, used = rs_conf_seq.decide(outcomes.first(i, read), lower, upper)
+            if decision is not None or read >= rs_conf_seq.HORIZON:
+                break
+            read = min(2 * read, rs_conf_seq.HORIZON)
+        decisions.append(decision or "undecided")
+        draws.append(used if decision else rs_conf_seq.HORIZON)
+    return decisions, draws
+
+
+def rs_conf_seq_table(model, data, device, cfg) -> str:
+    inputs = cfg["rs_inputs"]
+    data = (data[0][:inputs], data[1][:inputs])
+    outcomes = Outcomes(model, data, device)
+    cap = rs_conf_seq.HORIZON
+    line = header(device, f"seed={SEED}", f"sigma={SIGMA}", f"alpha={ALPHA} per side (both methods)",
+                  f"inputs={inputs} (first of the 359 test digits)", f"max draws per input={cap:,}",
+                  "RS_conf_seq batch=100", f"gate batch size={BATCH}",
+                  title="(c) Sequential gate vs RS_conf_seq (model evaluations per radius)")
+    rows, notes = [], []
+    for radius in RS_RADII:
+        gate = certified_accuracy(model, data, None, radius, SIGMA, alpha=ALPHA, max_draws=cap, budget=inputs * cap,
+                                  seed=SEED, batch_size=BATCH, device=device)
+        theirs, their_draws = rs_conf_seq_run(outcomes, radius)
+        their_evals = rs_conf_seq.evaluations(their_draws)
+        ours = gate.details["decisions"]
+        same = sum(a == b for a, b in zip(ours, theirs))
+        drawn = np.array(gate.details["draws_per_input"])
+        always = drawn == np.array(gate.details["correct_draws_per_input"])
+        always &= np.array([d == "certified" for d in ours])
+        our_always = sorted(set(np.array(gate.details["evaluations_per_input"])[always].tolist()))
+        their_always = sorted({d for d, o in zip(their_draws, outcomes.known) if o[:d].all() and d < cap})
+        rows.append([
+            f"{radius:g}", f"{gate.forward_passes:,}", f"{their_evals:,}", f"{gate.forward_passes / their_evals:.3f}",
+            f"{int(np.sum(drawn)):,}", f"{sum(their_draws):,}", f"{same}/{inputs}",
+            f"{gate.details['certified']}/{gate.details['not_certifiable']}/{gate.details['undecided']}",
+            ", ".join(map(str, our_always)) or "-", ", ".join(map(str, their_always)) or "-",
+        ])
+        for i in np.flatnonzero([a != b for a, b in zip(ours, theirs)]):
+            notes.append(f"r={radius:g}, input {i}: gate {ours[i]} after {drawn[i]:,} draws, RS_conf_seq {theirs[i]} "
+                         f"after {their_draws[i]:,}")
+    columns = ["radius", "gate evaluations", "RS_conf_seq evaluations", "gate / RS_conf_seq", "gate draws",
+               "RS_conf_seq draws", "decisions agreeing", "gate certified/not/undecided",
+               "gate: always-correct input (evaluations)", "RS_conf_seq: always-correct input (draws)"]
+    out = [line + "\n" + markdown_table(columns, rows, "rrrrrrrlll"), "",
+           "Goal: gate / RS_conf_seq <= 0.85 at every radius, with identical decisions.", *notes]
     return "\n".join(out)
 
 
@@ -198,16 +292,19 @@ def throughput_table(model, data, device, cfg) -> str:
 
 
 def main(argv=None) -> None:
-    args = parse_args(__doc__, quick="20 inputs, n = 10 000 (a minute or two on 2 CPU cores)", argv=argv)
+    args = parse_args(__doc__, quick="20 inputs, n = 10 000 (a minute or two on 2 CPU cores)", argv=argv,
+                      extra={"--sections": dict(default="abc", help="which sections to run, e.g. 'c' (default: abc)")})
     cfg = QUICK if args.quick else FULL
     model = load("gaussian_0.25", args.device)
     x, y = digits()[1]
     data = (x[: cfg["inputs"]], y[: cfg["inputs"]])
-    report(
-        f"Randomized-smoothing benchmarks ({args.mode} run), digits example, gaussian_0.25 model",
-        lambda: comparison_table(model, data, args.device, cfg),
-        lambda: throughput_table(model, (x, y), args.device, cfg),
-    )
+    sections = {
+        "a": lambda: comparison_table(model, data, args.device, cfg),
+        "b": lambda: throughput_table(model, (x, y), args.device, cfg),
+        "c": lambda: rs_conf_seq_table(model, (x, y), args.device, cfg),
+    }
+    report(f"Randomized-smoothing benchmarks ({args.mode} run), digits example, gaussian_0.25 model",
+           *(sections[key] for key in args.sections))
 
 
 if __name__ == "__main__":

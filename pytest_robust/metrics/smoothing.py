@@ -45,7 +45,7 @@ from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper
 BLOCK = 64
 #: An input may take at most drawn / GROWTH more draws in one step (bounds the draws a decision
 #: mid-chunk wastes to about 1/GROWTH), and never less than FIRST.
-GROWTH = 8
+GROWTH = 16
 #: Draws in an input's first chunk, which decides the inputs the model mostly gets wrong.
 FIRST = 32
 #: Most draws one input contributes to a batch of the gate.
@@ -401,15 +401,18 @@ class _LocalTests:
         return self.gates[i].update(block)
 
 
-def _chunk_end(start: int, allowance: int, fewest: int) -> int:
-    """Where input i's next chunk of draws ends, never past its allowance: FIRST draws first (enough
-    for the fail side to decide an input the model mostly gets wrong); then up to ``fewest``, the
-    draw at which an input the model gets right every time is certified (no pass can come earlier,
-    so an always-correct input costs exactly ``fewest`` evaluations); then steps of start / GROWTH
-    draws (at least FIRST, at most MAX_CHUNK). Depends on the input alone, never on the batch size
-    or on which other inputs share the batch."""
-    if start < fewest:
-        end = min(FIRST, fewest) if start == 0 else fewest
+def _chunk_end(start: int, allowance: int, fewest: int, clean: bool) -> int:
+    """Where an input's next chunk of draws ends, never past its allowance: FIRST draws first (enough
+    for the fail side to decide an input the model mostly gets wrong); then, while every draw so
+    far was correct (``clean``), up to ``fewest``, the draw at which an input the model gets right
+    every time is certified (no pass can come earlier, so an always-correct input costs exactly
+    ``fewest`` evaluations); otherwise steps of start / GROWTH draws (at least FIRST, at most
+    MAX_CHUNK). Depends on the input's own draws alone, never on the batch size or on which other
+    inputs share the batch."""
+    if start == 0:
+        end = min(FIRST, fewest)
+    elif clean and start < fewest:
+        end = fewest
     else:
         end = start + max(FIRST, min(MAX_CHUNK, start // GROWTH))
     return int(min(allowance, end))
@@ -420,15 +423,19 @@ def _round(run: Run, plan: _GatePlan, state: _GateState, tests: _LocalTests, que
     draws, until each is decided or reaches its allowance; updates ``state`` for those inputs."""
     x, y, active = run.ds.x, run.ds.y, []
 
+    def end(i: int) -> int:
+        drawn = int(state.drawn[i])
+        return _chunk_end(drawn, int(allowance[i]), plan.fewest, int(state.hits[i]) == drawn)
+
     def size(i: int) -> int:
-        return _chunk_end(int(state.drawn[i]), int(allowance[i]), plan.fewest) - int(state.drawn[i])
+        return end(i) - int(state.drawn[i])
 
     while queue or active:
         rows = sum(size(i) for i in active)
         while queue and rows < run.forward.batch_size:
             active.append(queue.popleft())
             rows += size(active[-1])
-        spans = [(i, int(state.drawn[i]), _chunk_end(int(state.drawn[i]), int(allowance[i]), plan.fewest)) for i in active]
+        spans = [(i, int(state.drawn[i]), end(i)) for i in active]
         noisy = torch.cat([_noisy(x[i].to(run.device), plan.sigma, run.seed, i, a, b, run.device) for i, a, b in spans])
         labels = torch.cat([y[i].to(run.device).expand(b - a) for i, a, b in spans])
         hit = correct_predictions(run.forward.logits(noisy), labels).cpu().numpy()
