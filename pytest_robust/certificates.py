@@ -84,13 +84,14 @@ def min_samples_to_certify(radius: float, sigma: float, alpha: float) -> int:
     return math.floor(need) + 1
 
 
-def min_sequential_draws(radius: float, sigma: float, alpha: float) -> int:
-    """Fewest draws with which the anytime-valid betting test (``stats.SequentialGate``, as used by
-    the certified-accuracy gate) can certify radius r at level alpha: the draw at which it rejects
-    H0: p_y <= Phi(r/sigma) when every draw is correct (the fastest possible path). Always at
-    least ``min_samples_to_certify``: the price of being allowed to stop at any time."""
+def min_sequential_draws(radius: float, sigma: float, alpha: float, max_draws: int = 100_000) -> int:
+    """Fewest draws with which the anytime-valid betting test (``stats.SequentialGate`` with
+    horizon ``max_draws``, as used by the certified-accuracy gate) can certify radius r at level
+    alpha: the draw at which it rejects H0: p_y <= Phi(r/sigma) when every draw is correct (the
+    fastest possible path). Always at least ``min_samples_to_certify``: the price of being allowed
+    to stop at any time."""
     min_samples_to_certify(radius, sigma, alpha)  # refuses radii no practical budget certifies
-    gate = SequentialGate(required_pa(radius, sigma), alpha, mixture=True)
+    gate = SequentialGate(required_pa(radius, sigma), alpha, horizon=max_draws)
     while gate.update(np.ones(4096)) is None:
         pass
     return gate.decision.at

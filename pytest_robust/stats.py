@@ -13,15 +13,22 @@ K_t is a non-negative supermartingale, so by Ville's inequality P(sup_t K_t >= 1
 rejecting H0 the first time K_t >= 1/alpha has false-rejection probability <= alpha at *any*
 stopping time. Inverting the test over m gives a confidence sequence for the mean.
 
-Mixture of bets (``SequentialGate(..., mixture=True)``): W_t = (K_t + B_t) / 2 with K_t the plug-in
-Kelly process above and B_t = prod_{i <= t} (1 + (BOLD / m)(X_i - m)) a constant, nearly all-in bet.
-Each is a non-negative supermartingale with initial value 1 under H0, so their average is one too
-(E[W_t | past] = (E[K_t | past] + E[B_t | past]) / 2 <= (K_{t-1} + B_{t-1}) / 2 = W_{t-1}), and
-Ville's inequality applies to W unchanged. The price is log 2 in the rejection level for either
-component alone; in return a stream of all-successes is rejected after about
-log(2 / alpha) / log(1 / m) draws, close to the fixed-size minimum log(1 / alpha) / log(1 / m),
-where the plug-in bet alone needs hundreds more draws for m near 1 (its estimate of the mean
-needs ~1 / (1 - m) draws before it stakes fully).
+Mixture of bets (``SequentialGate(..., horizon=n)``): each side bets with
+    W_t = W_BOLD B_t + (1 - W_BOLD) / k sum_j C_t(lambda_j),
+    C_t(lambda) = prod_{i <= t} (1 + lambda (X_i - m)),   B_t = C_t(BOLD / m),
+constant bets on a grid of alternatives: lambda_j = min(delta_j / (m (1 - m)), BET_CAP / m), the
+Kelly bet against mean m + delta_j for small gaps, with delta_j geometric (ratio GRID_RATIO) from
+delta_min = sqrt(2 log(1 / alpha) m (1 - m) / n), the smallest gap a test of n draws can resolve,
+to 1 - m; B is the nearly all-in bet that certifies a stream of all-successes. Each C(lambda)
+with 0 <= lambda < 1 / m is a non-negative supermartingale with initial value 1 under H0, so a
+convex combination of them is one too (E[W_t | past] = sum_j w_j E[C_t(lambda_j) | past] <=
+sum_j w_j C_{t-1}(lambda_j) = W_{t-1}), and Ville's inequality applies to W unchanged. The price is
+log(1 / w_j) in the rejection level of the component that fits the data; in return the test
+stakes the right amount from the first draw (the plug-in bet needs ~1 / (1 - m) draws before its
+estimate of the mean moves its stake), so a stream of all-successes is rejected within
+log(1 / (W_BOLD alpha)) / log(1 + BOLD (1 - m) / m) draws, near the fixed-size minimum
+log(1 / alpha) / log(1 / m), and inputs close to m decide with the growth rate of a bet sized
+for their gap.
 """
 
 from __future__ import annotations
@@ -33,9 +40,12 @@ import numpy as np
 
 #: Largest fraction of the admissible bet 1/m that is ever staked (keeps each factor >= 1 - BET_CAP).
 BET_CAP = 0.9
-#: Fraction of the admissible bet 1/m staked on every observation by the bold half of a mixture
-#: (each factor stays >= 1 - BOLD > 0).
+#: Fraction of the admissible bet 1/m staked on every observation by the bold component of a
+#: mixture (each factor stays >= 1 - BOLD > 0), and that component's weight.
 BOLD = 0.995
+W_BOLD = 0.35
+#: Ratio between neighbouring gaps delta_j of a mixture's grid of constant bets.
+GRID_RATIO = math.sqrt(2.0)
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -141,7 +151,6 @@ class _Running:
     t: int = 0
     total: float = 0.0
     log_capital: float = 0.0
-    log_bold: float = 0.0
 
 
 def _advance(x: np.ndarray, m: float, state: _Running) -> np.ndarray:
@@ -165,16 +174,42 @@ def _advance(x: np.ndarray, m: float, state: _Running) -> np.ndarray:
     return log_k
 
 
-def _advance_mixture(x: np.ndarray, m: float, state: _Running) -> np.ndarray:
-    """Log of the mixture capital W = (K + B) / 2 after each element of block x (see the module
-    docstring): K is ``_advance``'s plug-in Kelly process, B the constant bet BOLD / m; updates
-    ``state`` (both components) in place."""
-    if len(x) == 0:
-        return np.empty(0)
-    log_kelly = _advance(x, m, state)
-    log_bold = state.log_bold + np.cumsum(np.log1p((BOLD / m) * (x - m)))
-    state.log_bold = float(log_bold[-1])
-    return np.logaddexp(log_kelly, log_bold) - math.log(2.0)
+def mixture_bets(m: float, alpha: float, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bets lambda, log weights) of the mixture test of H0: E[X] <= m (module docstring)."""
+    smallest = math.sqrt(2.0 * math.log(1.0 / alpha) * m * (1.0 - m) / horizon)
+    k = 1 + max(0, math.ceil(math.log((1.0 - m) / smallest) / math.log(GRID_RATIO)))
+    gaps = np.geomspace(min(smallest, 1.0 - m), 1.0 - m, k)
+    bets = np.concatenate(([BOLD / m], np.minimum(gaps / (m * (1.0 - m)), BET_CAP / m)))
+    weights = np.concatenate(([W_BOLD], np.full(k, (1.0 - W_BOLD) / k)))
+    return bets, np.log(weights)
+
+
+class _Kelly:
+    """The plug-in Kelly process of ``_advance`` for H0: E[X] <= m."""
+
+    def __init__(self, m: float):
+        self.m, self.state = m, _Running()
+
+    def advance(self, x: np.ndarray) -> np.ndarray:
+        """Log capital after each element of block x; updates the state in place."""
+        return _advance(x, self.m, self.state)
+
+
+class _Mixture:
+    """The mixture process of ``mixture_bets`` for H0: E[X] <= m: the log of each component's
+    weighted capital."""
+
+    def __init__(self, m: float, alpha: float, horizon: int):
+        self.m = m
+        self.bets, self.log_parts = mixture_bets(m, alpha, horizon)
+
+    def advance(self, x: np.ndarray) -> np.ndarray:
+        """Log of the mixture capital after each element of block x; updates the state in place."""
+        if len(x) == 0:
+            return np.empty(0)
+        logs = self.log_parts[:, None] + np.cumsum(np.log1p(self.bets[:, None] * (x[None, :] - self.m)), axis=1)
+        self.log_parts = logs[:, -1].copy()
+        return np.logaddexp.reduce(logs, axis=0)
 
 
 def rejects_at(x: np.ndarray, m: float, alpha: float) -> int | None:
@@ -232,13 +267,13 @@ class SequentialGate:
     pass when the test of H0: mean <= threshold rejects (false pass <= alpha whenever the true mean
     is at most the threshold), fail when the mirror test of H0: mean >= threshold rejects (false
     fail <= alpha whenever the true mean is at least the threshold). Feed blocks with ``update``;
-    once decided, further updates are ignored. With ``mixture=True`` each side bets with the
-    mixture W = (K + B) / 2 of the plug-in Kelly bet and the bold constant bet (module docstring):
-    still level alpha per side, and a side whose data all sit at its favoured extreme decides
-    within a few draws of the fixed-size minimum.
+    once decided, further updates are ignored. With ``horizon=n`` each side bets with the mixture
+    of constant bets sized for the gaps n draws can resolve, plus the bold bet (module docstring):
+    still level alpha per side, much faster near a threshold close to 0 or 1, and a side whose
+    data all sit at its favoured extreme decides within a few draws of the fixed-size minimum.
     """
 
-    def __init__(self, threshold: float, alpha: float, mixture: bool = False):
+    def __init__(self, threshold: float, alpha: float, horizon: int | None = None):
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
         if not 0.0 < threshold < 1.0:
@@ -246,9 +281,10 @@ class SequentialGate:
         self.threshold = threshold
         self.alpha = alpha
         self._log_level = math.log(1.0 / alpha)
-        self._advance = _advance_mixture if mixture else _advance
-        self._pass_state = _Running()
-        self._fail_state = _Running()
+        if horizon is None:
+            self._pass, self._fail = _Kelly(threshold), _Kelly(1.0 - threshold)
+        else:
+            self._pass, self._fail = _Mixture(threshold, alpha, horizon), _Mixture(1.0 - threshold, alpha, horizon)
         self.seen = 0
         self.decision: Decision | None = None
 
@@ -257,8 +293,8 @@ class SequentialGate:
         if self.decision is not None:
             return self.decision
         x = np.asarray(x, dtype=np.float64)
-        log_pass = self._advance(x, self.threshold, self._pass_state)
-        log_fail = self._advance(1.0 - x, 1.0 - self.threshold, self._fail_state)
+        log_pass = self._pass.advance(x)
+        log_fail = self._fail.advance(1.0 - x)
         crossings = {
             "pass": np.flatnonzero(log_pass >= self._log_level),
             "fail": np.flatnonzero(log_fail >= self._log_level),

@@ -100,7 +100,7 @@ def test_min_samples_boundary_elsewhere(radius, sigma, alpha):
 
 
 def test_sequential_minimum_is_where_an_always_right_model_is_certified():
-    """The mixture betting test needs a few more all-correct draws than a fixed-size test (326 vs 301
+    """The mixture betting test needs a few more all-correct draws than a fixed-size test (343 vs 301
     here, within 1.15x), and the gate certifies an always-right input at exactly that draw, with
     no evaluation wasted (its chunks end there)."""
     fewest = smoothing.min_sequential_draws(0.5, 0.25, 1e-3)
@@ -402,9 +402,9 @@ DATA = inputs_with_pa([0.99] * 4, 0.25)
         (dict(threshold=0.0), "threshold=0.0 is invalid: expected a number strictly between 0 and 1"),
         (dict(threshold=1.5), "threshold=1.5 is invalid"),
         (dict(alpha=1.0), "alpha=1.0 is invalid"),
-        (dict(max_draws=300), r"max_draws=300 is invalid: expected at least 326: .*the sequential test needs "
-                              r"326; a fixed-size Clopper-Pearson test would need 301"),
-        (dict(budget=200), "budget=200 is invalid: expected at least 326"),
+        (dict(max_draws=300), r"max_draws=300 is invalid: expected at least 319: .*the sequential test needs "
+                              r"319; a fixed-size Clopper-Pearson test would need 301"),
+        (dict(budget=200), "budget=200 is invalid: expected at least 343"),
         (dict(threshold=0.9), r"threshold=0.9 is invalid: expected at most 0.4719: with 4 inputs .* use at "
                               r"least 29 inputs"),
         (dict(radius=10.0), "radius=10.0 is invalid"),
@@ -419,14 +419,14 @@ def test_bad_gate_requests_are_setting_errors(kwargs, message):
 def test_budget_too_small_for_the_threshold_is_refused_before_any_forward_pass():
     data = inputs_with_pa([0.999] * 100, 0.25)
     needed = next(k for k in range(101) if clopper_pearson_lower(k, 100, 0.05) - 0.001 >= 0.6)
-    with pytest.raises(SettingError, match=rf"budget=20000 is invalid: expected at least {needed * 326}: passing "
+    with pytest.raises(SettingError, match=rf"budget=20000 is invalid: expected at least {needed * 343}: passing "
                                            rf"needs at least {needed} of 100 inputs certified and each "
-                                           r"certificate at least 326"):
+                                           r"certificate at least 343"):
         certified_accuracy(RecordingModel(HALF_SPACE), data, 0.6, radius=0.5, sigma=0.25, budget=20_000)
-    with pytest.raises(SettingError, match=f"budget={needed * 326 - 1} is invalid"):
-        certified_accuracy(HALF_SPACE, data, 0.6, radius=0.5, sigma=0.25, budget=needed * 326 - 1)
-    r = certified_accuracy(HALF_SPACE, data, 0.6, radius=0.5, sigma=0.25, budget=needed * 326)
-    assert r.draws <= needed * 326
+    with pytest.raises(SettingError, match=f"budget={needed * 343 - 1} is invalid"):
+        certified_accuracy(HALF_SPACE, data, 0.6, radius=0.5, sigma=0.25, budget=needed * 343 - 1)
+    r = certified_accuracy(HALF_SPACE, data, 0.6, radius=0.5, sigma=0.25, budget=needed * 343)
+    assert r.draws <= needed * 343
 
 
 @pytest.mark.parametrize("fn", [certify, predict, pa_report])

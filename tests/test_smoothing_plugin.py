@@ -98,7 +98,7 @@ def test_optional_parameters_reach_the_check(suite):
 @pytest.mark.parametrize(
     "threshold, extra, expected",
     [
-        (0.6, ", max_draws=100", "*robust check could not run: max_draws=100 is invalid: expected at least 326*"),
+        (0.6, ", max_draws=100", "*robust check could not run: max_draws=100 is invalid: expected at least 319*"),
         (0.6, ", sigma_typo=1", None),
         (0.99, "", "*robust check could not run: threshold=0.99 is invalid: expected at most*use at least*inputs*"),
     ],

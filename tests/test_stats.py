@@ -411,29 +411,38 @@ def test_confidence_sequence_consistent_with_gate():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_mixture_capital_is_the_average_of_the_kelly_and_bold_capitals():
-    """log W_t = log((K_t + B_t) / 2), B_t = prod (1 + (BOLD / m)(x_i - m)), K_t the plug-in process;
-    and an all-ones stream is rejected within log(2 / alpha) / log(1 / m) draws (the bold half
-    alone gets there), a few draws above the fixed-size minimum log(1 / alpha) / log(1 / m)."""
+def test_mixture_capital_is_the_weighted_sum_of_constant_bet_capitals():
+    """log W_t = log sum_j w_j prod_i (1 + lambda_j (x_i - m)), fed in any blocks; the grid runs from
+    the smallest gap the horizon resolves to 1 - m, the bold bet first; and an all-ones stream is
+    rejected within log(1 / (W_BOLD alpha)) / log(1 + BOLD (1 - m) / m) draws (the bold bet alone
+    gets there), a few draws above the fixed-size minimum log(1 / alpha) / log(1 / m)."""
     x = (np.random.default_rng(3).random(500) < 0.95).astype(float)
-    m = 0.9
-    kelly = stats._advance(x, m, stats._Running())
-    bold = np.cumsum(np.log(1 + (stats.BOLD / m) * (x - m)))
-    mixed = stats._advance_mixture(x, m, stats._Running())
-    np.testing.assert_allclose(mixed, np.log((np.exp(kelly) + np.exp(bold)) / 2), rtol=1e-12)
+    m, alpha, horizon = 0.9, 0.05, 10_000
+    bets, log_w = stats.mixture_bets(m, alpha, horizon)
+    assert bets[0] == stats.BOLD / m and math.exp(log_w[0]) == pytest.approx(stats.W_BOLD)
+    assert np.exp(log_w).sum() == pytest.approx(1.0)
+    gaps = bets[1:] * m * (1 - m)
+    assert gaps[0] == pytest.approx(math.sqrt(2 * math.log(1 / alpha) * m * (1 - m) / horizon))
+    assert np.all(bets[1:] <= stats.BET_CAP / m) and np.all(np.diff(bets[1:]) >= 0)
+    direct = np.log(sum(np.exp(w + np.cumsum(np.log(1 + b * (x - m)))) for b, w in zip(bets, log_w)))
+    process = stats._Mixture(m, alpha, horizon)
+    fed = np.concatenate([process.advance(x[:1]), process.advance(x[1:200]), process.advance(x[200:])])
+    np.testing.assert_allclose(fed, direct, rtol=1e-10)
     m, alpha = 0.977, 1e-3
-    at = SequentialGate(m, alpha, mixture=True).update(np.ones(1000)).at
+    at = SequentialGate(m, alpha, horizon=100_000).update(np.ones(1000)).at
     fixed = math.ceil(math.log(1 / alpha) / -math.log(m))
-    assert fixed < at <= math.ceil(math.log(2 / alpha) / math.log(1 + stats.BOLD * (1 - m) / m))
+    assert fixed < at <= math.ceil(math.log(1 / (stats.W_BOLD * alpha)) / math.log(1 + stats.BOLD * (1 - m) / m))
     assert at < SequentialGate(m, alpha).update(np.ones(1000)).at
 
 
 def _gate_rates(p, threshold, alpha, reps, cap, seed, mixture=False):
+    """Rates of pass / fail / undecided over ``reps`` Bernoulli(p) streams of ``cap`` draws, for the
+    plug-in test or (``mixture``) the mixture test with horizon ``cap``."""
     rng = np.random.default_rng(seed)
     counts = {"pass": 0, "fail": 0, None: 0}
     for _ in range(reps):
         x = (rng.random(cap) < p).astype(np.float64)
-        decision = SequentialGate(threshold, alpha, mixture=mixture).update(x)
+        decision = SequentialGate(threshold, alpha, horizon=cap if mixture else None).update(x)
         counts[decision.verdict if decision else None] += 1
     return {k: v / reps for k, v in counts.items()}
 

@@ -47,7 +47,7 @@ BLOCK = 64
 #: mid-chunk wastes to about 1/GROWTH), and never less than FIRST.
 GROWTH = 16
 #: Draws in an input's first chunk, which decides the inputs the model mostly gets wrong.
-FIRST = 32
+FIRST = 16
 #: Most draws one input contributes to a batch of the gate.
 MAX_CHUNK = 1024
 #: Draws of one input generated at a time by the fixed-size procedures (a multiple of BLOCK).
@@ -304,7 +304,7 @@ def _check_feasible(n_inputs, threshold, radius, sigma, alpha, confidence, budge
     """Refuse requests that cannot pass before spending compute; returns the fewest draws with
     which the sequential test, and a fixed-size Clopper-Pearson test, can certify one input."""
     fixed = certificates.min_samples_to_certify(radius, sigma, alpha)
-    fewest = certificates.min_sequential_draws(radius, sigma, alpha)
+    fewest = certificates.min_sequential_draws(radius, sigma, alpha, max_draws)
     why = (
         f"fewer draws per input cannot certify L2 radius {radius:g} at sigma={sigma:g}, alpha={alpha:g} even "
         f"if the model is right on every draw (the sequential test needs {fewest}; a fixed-size "
@@ -382,7 +382,7 @@ class _LocalTests:
 
     def __init__(self, plan: _GatePlan, inputs):
         self.plan = plan
-        self.gates = {i: SequentialGate(plan.required, plan.alpha, mixture=True) for i in inputs}
+        self.gates = {i: SequentialGate(plan.required, plan.alpha, horizon=plan.max_draws) for i in inputs}
         self.waiting = {i: [] for i in inputs}
 
     def feed(self, i: int, chunk: np.ndarray, stop: int):
