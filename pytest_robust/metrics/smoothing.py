@@ -49,7 +49,7 @@ GROWTH = 16
 #: Draws in an input's first chunk, which decides the inputs the model mostly gets wrong.
 FIRST = 16
 #: Most draws one input contributes to a batch of the gate.
-MAX_CHUNK = 1024
+MAX_CHUNK = 256
 #: Draws of one input generated at a time by the fixed-size procedures (a multiple of BLOCK).
 PIECE = 16 * BLOCK
 #: Prediction code of an abstention in ``certify`` and ``predict``.
@@ -404,15 +404,19 @@ class _LocalTests:
 def _chunk_end(start: int, allowance: int, fewest: int, clean: bool) -> int:
     """Where an input's next chunk of draws ends, never past its allowance: FIRST draws first (enough
     for the fail side to decide an input the model mostly gets wrong); then, while every draw so
-    far was correct (``clean``), up to ``fewest``, the draw at which an input the model gets right
-    every time is certified (no pass can come earlier, so an always-correct input costs exactly
-    ``fewest`` evaluations); otherwise steps of start / GROWTH draws (at least FIRST, at most
+    far was correct (``clean``), the next point above ``start`` of the halving sequence
+    fewest, ceil(fewest / 2), ceil(fewest / 4), ..., which ends at ``fewest``, the draw at which an
+    input the model gets right every time is certified (no pass can come earlier): such an input
+    costs exactly ``fewest`` evaluations, and one that starts missing wastes at most as many draws
+    as it has made. After a miss, steps of start / GROWTH draws (at least FIRST, at most
     MAX_CHUNK). Depends on the input's own draws alone, never on the batch size or on which other
     inputs share the batch."""
     if start == 0:
         end = min(FIRST, fewest)
     elif clean and start < fewest:
         end = fewest
+        while -(-end // 2) > start:
+            end = -(-end // 2)
     else:
         end = start + max(FIRST, min(MAX_CHUNK, start // GROWTH))
     return int(min(allowance, end))
