@@ -16,7 +16,14 @@ Run from the repository root:
     at equal budget and with the paper's protocol (as many draws as the path records), next to
     the largest loss the chains visited (the paper's adversarial column for this table).
 
-Every cell is one ``intermediate_q`` call (seed 0) on the same seeded random subset of the 359
+(C) Defaults: where the budget goes. The standard model under UniformLinf(eps=0.3), BAR_INPUTS
+    (50) test digits, q = 1 and q = 100, every setting at its default except ``budget=BAR_BUDGET``
+    (100 000, the budget at which the issue measured the old default): model evaluations per input
+    with the old default (the Monte Carlo context at equal budget, ``full_context=True``) and the new
+    one (64 context draws), and the verdicts of checks whose threshold lies 10% below and 10% above
+    the loss (the estimate of a run on all BAR_INPUTS inputs, seed 1, unlimited budget).
+
+Every cell of (A) and (B) is one ``intermediate_q`` call (seed 0) on the same seeded random subset of the 359
 test digits; it reports the path-sampling estimate, the Monte Carlo estimate at equal budget and
 the q = infinity number, so all three come from one run. Cross-entropy in nats.
 """
@@ -50,7 +57,7 @@ def run(model, data, perturbation, q, inputs, device, **kw):
     (result, wall seconds)."""
     kw = {"steps": PATH_STEPS, **kw}
     return timed(lambda: intermediate_q(model, data, perturbation, q, inputs=inputs, budget=10**9, seed=SEED,
-                                        chains=CHAINS, device=device, pgd_steps=PGD_STEPS, **kw))
+                                        chains=CHAINS, device=device, pgd_steps=PGD_STEPS, full_context=True, **kw))
 
 
 def table(title, models, perturbation, qs, inputs, device, data, protocol_mc: bool) -> str:
@@ -95,6 +102,38 @@ def table(title, models, perturbation, qs, inputs, device, data, protocol_mc: bo
     return line + "\n" + markdown_table(head, estimates) + "\n\n" + markdown_table(how_head, how)
 
 
+BAR_INPUTS = 50
+BAR_BUDGET = 100_000
+BAR_GAPS = (-0.10, 0.10)
+
+
+def defaults_table(device, data, qs) -> str:
+    """(C): evaluations per input and verdicts at the defaults, old (full context) and new."""
+    model = load("standard", device)
+    x, y = data[0][:BAR_INPUTS], data[1][:BAR_INPUTS]
+    line = header(device, f"model=standard", f"perturbation=UniformLinf(eps={EPS})", f"inputs={BAR_INPUTS}",
+                  f"budget={BAR_BUDGET:,}", "other settings: defaults", title="(C) Defaults: where the q-loss budget goes")
+    rows = []
+    for q in qs:
+        truth, _ = timed(lambda: intermediate_q(model, (x, y), UniformLinf(eps=EPS), q, budget=10**9, seed=1,
+                                                device=device))
+        for full in (True, False):
+            verdicts, cost, seen = [], None, None
+            for gap in BAR_GAPS:
+                threshold = truth.estimate * (1 + gap)
+                r, seconds = timed(lambda: intermediate_q(model, (x, y), UniformLinf(eps=EPS), q, threshold,
+                                                          budget=BAR_BUDGET, seed=SEED, device=device,
+                                                          full_context=full))
+                verdicts.append(f"{gap:+.0%}: {r.verdict} [{r.lower:.3f}, {r.upper:.3f}]")
+                cost, seen = r.details["evaluations_per_input"], r.n_inputs
+            rows.append([f"{q:g}", "before (full_context=True)" if full else "after (default)",
+                         f"{sum(cost.values()):,}", ", ".join(f"{k} {v}" for k, v in cost.items() if v),
+                         f"{seen}/{BAR_INPUTS}", f"{truth.estimate:.3f}", "; ".join(verdicts)])
+    cols = ["q", "context", "evaluations/input", "split", "inputs evaluated", "loss (seed 1, all inputs)",
+            "verdict at threshold = loss x (1 + gap) [lower, upper]"]
+    return line + "\n" + markdown_table(cols, rows, "llrlrrl")
+
+
 def main(argv=None) -> None:
     args = parse_args(
         __doc__, quick="12 inputs, q in {1, 100}, one spatial model (one to two minutes)", argv=argv,
@@ -110,6 +149,7 @@ def main(argv=None) -> None:
                       MODELS, UniformLinf(eps=EPS), qs, inputs, device, data, protocol_mc=False),
         lambda: table("(B) Table 3: spatial transforms, Monte Carlo vs path sampling with Metropolis-Hastings",
                       cfg["spatial_models"], SPATIAL, qs, inputs, device, data, protocol_mc=True),
+        lambda: defaults_table(device, data, (1, 100)),
     )
 
 

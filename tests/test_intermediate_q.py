@@ -32,6 +32,7 @@ from pytest_robust.mcmc import (
     reflect,
     split_rhat,
 )
+from pytest_robust.metrics import intermediate_q as iq
 from pytest_robust.metrics.intermediate_q import intermediate_q, q_curve
 from pytest_robust.stats import t_quantile
 from pytest_robust.perturbations import (
@@ -259,6 +260,22 @@ def test_budget_caps_evaluations_and_subsets_inputs_when_needed():
     full = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, loss=first_logit, budget=10**6, steps=20)
     assert full.n_inputs == 40 and full.forward_passes == 40 * sum(full.details["evaluations_per_input"].values())
     assert full.draws == 40 * 4 * 20
+
+
+def test_monte_carlo_context_is_cheap_unless_full_context_is_asked_for():
+    """By default the context estimate gets MC_CONTEXT_DRAWS per input and the rest of the budget
+    goes to path sampling; full_context=True gives it as many evaluations as path sampling."""
+    data = centre_data(n=12)
+    kw = dict(loss=first_logit, steps=20, budget=10**6)
+    cheap = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, **kw)
+    full = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, full_context=True, **kw)
+    cost, full_cost = cheap.details["evaluations_per_input"], full.details["evaluations_per_input"]
+    assert cost["monte_carlo"] == cheap.details["monte_carlo_draws_per_input"] == iq.MC_CONTEXT_DRAWS
+    assert full_cost["monte_carlo"] == full_cost["path"] + full_cost["warmup"]
+    assert cost["path"] == full_cost["path"] and cost["monte_carlo"] < full_cost["monte_carlo"]
+    assert cheap.forward_passes == 12 * sum(cost.values()) < full.forward_passes
+    assert cheap.estimate == full.estimate  # the gate's own numbers do not depend on the context
+    assert cheap.details["monte_carlo"] == pytest.approx(full.details["monte_carlo"], rel=0.2)
 
 
 def test_budget_too_small_says_what_is_needed():

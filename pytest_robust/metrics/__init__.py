@@ -11,7 +11,7 @@ BUILTIN = {
     "q": Metric(
         "pytest_robust.metrics.intermediate_q:intermediate_q",
         optional=("perturbation", "estimator", "chains", "steps", "leapfrog", "mh_steps", "path_len",
-                  "target_accept", "warmup", "loss", "pgd_steps", "pgd_restarts", "inputs"),
+                  "target_accept", "warmup", "loss", "pgd_steps", "pgd_restarts", "inputs", "full_context"),
         threshold_key="max_loss", direction="<=", budget=1_000_000,
         doc="mean intermediate-q loss Z_q <= max_loss",
     ),

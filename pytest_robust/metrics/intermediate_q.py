@@ -37,14 +37,16 @@ How it is decided (``intermediate_q``):
 This is an estimate with diagnostics, not a guarantee: at q = 100 no distribution-free bound is
 within reach (it would need astronomically many samples), and MCMC can miss a high-loss region
 that none of its chains finds. For context the result also carries the Monte Carlo estimate
-(eq. 6) at the same budget -- biased low, collapsing for large q -- and the q = infinity end: the
+(eq. 6) -- biased low, collapsing for large q; 64 draws per input, or at the same budget as path
+sampling with ``full_context=True`` -- and the q = infinity end: the
 adversarial loss of PGD for ``UniformLinf``, otherwise (as the paper's Table 3) the largest loss
 any chain or Monte Carlo draw visited.
 
 ``budget`` caps model evaluations: one perturbed input through the model is one evaluation, with
 or without a backward pass for its gradient (a gradient evaluation costs about 2-3 forward passes
-of time). Per input a check spends chains x (path + warm-up) evaluations on path sampling, as
-many on the Monte Carlo context estimate, and the PGD attack's; ``details["evaluations_per_input"]``
+of time). Per input a check spends chains x (path + warm-up) evaluations on path sampling,
+MC_CONTEXT_DRAWS (64) on the Monte Carlo context estimate (as many as path sampling with
+``full_context=True``), and the PGD attack's; ``details["evaluations_per_input"]``
 lists them. When not all inputs fit, a seeded random subset is evaluated and the bound accounts
 for it; when fewer than ``MIN_INPUTS`` (or an explicit ``inputs=``) fit, the check refuses to
 run and says what budget it needs.
@@ -83,6 +85,9 @@ from ..stats import t_quantile
 BLOCK_INPUTS = 16
 #: Monte Carlo draws per input generated from one random stream.
 DRAW_CHUNK = 64
+#: Monte Carlo draws per input of the context estimate next to path sampling, unless
+#: ``full_context=True`` asks for as many as path sampling spends.
+MC_CONTEXT_DRAWS = 64
 #: Fewest inputs a check evaluates (all of them if the data has fewer).
 MIN_INPUTS = 10
 
@@ -110,13 +115,18 @@ class Config:
     sampler: Sampler | None
     pgd_steps: int
     pgd_restarts: int
+    full_context: bool = False
 
     @property
     def mc_draws(self) -> int:
-        """Monte Carlo draws per input: as many as path sampling's model evaluations, warm-up
-        included (equal budget); chains x steps for estimator "mc"."""
+        """Monte Carlo draws per input: chains x steps for estimator "mc" (the gate itself); next to
+        path sampling, MC_CONTEXT_DRAWS (context: a few percent of path sampling's cost), or with
+        ``full_context`` as many as path sampling's model evaluations, warm-up included (the
+        comparison at equal budget)."""
         if self.sampler is None:
             return self.chains * self.steps
+        if not self.full_context:
+            return MC_CONTEXT_DRAWS
         return self.chains * (self.sampler.path_evaluations(self.steps) + self.sampler.warmup_evaluations())
 
     def evaluations_per_input(self, pgd_applies: bool, n_q: int = 1) -> dict:
@@ -161,7 +171,7 @@ def _resolve_estimator(estimator: str, perturbation, probe: torch.Tensor) -> str
 
 
 def _config(estimator, chains, steps, leapfrog, mh_steps, warmup, path_len, target_accept,
-            pgd_steps, pgd_restarts) -> Config:
+            pgd_steps, pgd_restarts, full_context=False) -> Config:
     chains = _int("chains", chains, 4)
     steps = _int("steps", steps, 4)
     pgd_steps = _int("pgd_steps", pgd_steps, 1)
@@ -173,7 +183,8 @@ def _config(estimator, chains, steps, leapfrog, mh_steps, warmup, path_len, targ
                   else validation.open_unit("target_accept", target_accept))
         sampler = Sampler(estimator, moves, _int("warmup", warmup, 0), target,
                           validation.positive_float("path_len", path_len))
-    return Config(estimator, chains, steps, sampler, pgd_steps, pgd_restarts)
+    return Config(estimator, chains, steps, sampler, pgd_steps, pgd_restarts,
+                  validation.boolean("full_context", full_context))
 
 
 @dataclass
@@ -472,9 +483,10 @@ def _bound(est: _Estimate, n_total: int, confidence: float) -> tuple[float, floa
 
 
 def _prepare(run: Run, perturbation: Perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
-             target_accept, loss, pgd_steps, pgd_restarts, inputs, n_q) -> tuple[_Plan, dict]:
+             target_accept, loss, pgd_steps, pgd_restarts, inputs, n_q, full_context) -> tuple[_Plan, dict]:
     kind = _resolve_estimator(estimator, perturbation, run.ds.x[:1].to(run.device))
-    config = _config(kind, chains, steps, leapfrog, mh_steps, warmup, path_len, target_accept, pgd_steps, pgd_restarts)
+    config = _config(kind, chains, steps, leapfrog, mh_steps, warmup, path_len, target_accept, pgd_steps, pgd_restarts,
+                     full_context)
     return _plan(run, perturbation, Loss(loss), config, inputs, n_q)
 
 
@@ -502,7 +514,7 @@ def intermediate_q(
     model: torch.nn.Module, data, perturbation, q: float, threshold: float | None = None, *,
     estimator: str = "auto", chains: int = 4, steps: int = 100, leapfrog: int = 5, mh_steps: int = 5,
     warmup: int = 20, path_len: float = 1.0, target_accept: float | None = None, loss=None,
-    pgd_steps: int = 50, pgd_restarts: int = 1, inputs: int | None = None,
+    pgd_steps: int = 50, pgd_restarts: int = 1, inputs: int | None = None, full_context: bool = False,
     confidence: float = 0.95, budget: int = 1_000_000, seed: int = 0, batch_size: int = 1024, device=None,
 ) -> Result:
     """Estimate the mean over inputs of Z_q = (E_mu loss^q)^(1/q) and gate it against ``threshold``.
@@ -532,6 +544,9 @@ def intermediate_q(
       the PGD context is then skipped.
     - ``pgd_steps``, ``pgd_restarts``: the PGD attack giving the q = infinity context number.
     - ``inputs``: evaluate at most this many inputs (a seeded random subset).
+    - ``full_context``: give the Monte Carlo context estimate as many model evaluations per input
+      as path sampling (the comparison at equal budget, e.g. Rice et al.'s tables); by default it
+      gets MC_CONTEXT_DRAWS (64) per input, so the budget goes to the gate.
     - ``budget``: cap on model evaluations (module docstring); ``seed``, ``batch_size`` (rows per
       model call), ``device`` as for every check.
     """
@@ -542,7 +557,7 @@ def intermediate_q(
     with Run("q", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
              batch_size=batch_size, device=device, direction="<=", perturbation=perturbation) as run:
         plan, cost = _prepare(run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
-                              target_accept, loss, pgd_steps, pgd_restarts, inputs, 1)
+                              target_accept, loss, pgd_steps, pgd_restarts, inputs, 1, full_context)
         est = _estimate(plan, q)
         adversarial = _run_pgd(plan)
     mean, lower, upper, se = _bound(est, plan.n_total, run.args.confidence)
@@ -620,7 +635,7 @@ def q_curve(
     model: torch.nn.Module, data, perturbation, qs=(1, 10, 100, 1000), *,
     estimator: str = "auto", chains: int = 4, steps: int = 100, leapfrog: int = 5, mh_steps: int = 5,
     warmup: int = 20, path_len: float = 1.0, target_accept: float | None = None, loss=None,
-    pgd_steps: int = 50, pgd_restarts: int = 1, inputs: int | None = None,
+    pgd_steps: int = 50, pgd_restarts: int = 1, inputs: int | None = None, full_context: bool = False,
     confidence: float = 0.95, budget: int = 100_000, seed: int = 0, batch_size: int = 1024, device=None,
 ) -> Result:
     """The q-curve: mean over inputs of Z_q for every q in ``qs`` by path sampling and Monte Carlo,
@@ -639,7 +654,7 @@ def q_curve(
     with Run("q_curve", model, data, confidence=confidence, budget=validation.positive_int("budget", budget) * len(qs),
              seed=seed, batch_size=batch_size, device=device, direction="<=", perturbation=perturbation) as run:
         plan, cost = _prepare(run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
-                              target_accept, loss, pgd_steps, pgd_restarts, inputs, len(qs))
+                              target_accept, loss, pgd_steps, pgd_restarts, inputs, len(qs), full_context)
         estimates = [_estimate(plan, q) for q in qs]
         adversarial = _run_pgd(plan)
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
