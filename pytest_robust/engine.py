@@ -111,11 +111,16 @@ def report_progress(**fields) -> None:
         callback(fields)
 
 
+def stream_seed(seed: int, *keys) -> int:
+    """The seed of the stream (seed, *keys): a stable hash, one independent stream per key tuple."""
+    digest = hashlib.blake2b(repr((int(seed),) + keys).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
 def stream_generator(seed: int, *keys, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator seeded from (seed, *keys) by a stable hash: one independent stream per key tuple."""
-    digest = hashlib.blake2b(repr((int(seed),) + keys).encode(), digest_size=8).digest()
     gen = torch.Generator(device=device)
-    gen.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+    gen.manual_seed(stream_seed(seed, *keys))
     return gen
 
 

@@ -8,8 +8,8 @@ normalisation inside the model and both stay in pixel units (sigma = 0.25 on [0,
 Cohen's setting); normalising outside the model puts them in normalised units.
 
 Noise. Draw t of input i is x_i + sigma * eps, where eps is row t % BLOCK of block t // BLOCK of
-input i's stream, ``stream_generator(seed, "smoothing", i, t // BLOCK)``. Every function here reads
-draws from these streams in order, so per-input numbers depend on (seed, device, dtype) only, never
+input i's stream, seeded with ``stream_seed(seed, "smoothing", i, t // BLOCK)``. Every function
+here reads draws from these streams in order, so per-input numbers depend on (seed, device, dtype) only, never
 on batch size, packing or the other inputs. Batches mix draws of many inputs; there is no Python
 loop per draw.
 
@@ -26,6 +26,7 @@ Entry points:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from .. import certificates, validation
-from ..engine import Forward, correct_predictions, report_progress, stream_generator
+from ..engine import Forward, correct_predictions, report_progress, stream_seed
 from ..errors import SettingError
 from ..inspection import records_warnings
 from ..results import Result
@@ -64,18 +65,23 @@ ACR_WARNING = (
 )
 
 
+@functools.cache
+def _generator(device: str) -> torch.Generator:
+    """One generator per device, re-seeded for every block (``_noisy``): building a generator per
+    block is avoidable work on the hot path."""
+    return torch.Generator(device=device)
+
+
 def _noisy(x_i: torch.Tensor, sigma: float, seed: int, index: int, start: int, stop: int, device) -> torch.Tensor:
-    """Draws start..stop-1 of input ``index``: x_i + sigma * eps from the input's stream blocks."""
+    """Draws start..stop-1 of input ``index``: x_i + sigma * eps from the input's stream blocks (block
+    b is the stream ``stream_seed(seed, "smoothing", index, b)``, whichever generator object
+    draws it)."""
     first, last = start // BLOCK, (stop - 1) // BLOCK
-    noise = torch.cat([
-        torch.randn(
-            (BLOCK,) + tuple(x_i.shape),
-            generator=stream_generator(seed, "smoothing", index, block, device=device),
-            device=device,
-            dtype=x_i.dtype,
-        )
-        for block in range(first, last + 1)
-    ])
+    gen = _generator(str(torch.device(device)))
+    noise = torch.empty(((last - first + 1) * BLOCK,) + tuple(x_i.shape), device=device, dtype=x_i.dtype)
+    for k, block in enumerate(range(first, last + 1)):
+        gen.manual_seed(stream_seed(seed, "smoothing", index, block))
+        torch.randn((BLOCK,) + tuple(x_i.shape), generator=gen, out=noise[k * BLOCK : (k + 1) * BLOCK])
     offset = first * BLOCK
     return x_i + sigma * noise[start - offset : stop - offset]
 
