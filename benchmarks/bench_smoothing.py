@@ -3,7 +3,7 @@ fixed-size CERTIFY, and throughput against a bare model loop.
 
 Run from the repository root:
 
-    python benchmarks/bench_smoothing.py [--quick] [--device cpu|cuda] [--threads N] [--sections abc]
+    python benchmarks/bench_smoothing.py [--quick] [--device cpu|cuda] [--threads N] [--sections abcd]
 
 Model: the CNN trained with Gaussian noise sigma = 0.25 (examples/digits/checkpoints/gaussian_0.25.pt);
 data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 and sigma 0.25 in
@@ -28,6 +28,14 @@ data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 
     the cost of an input the model gets right on every draw (the gate: evaluations of such inputs;
     RS_conf_seq: draws its test needs).
 
+(d) CERTIFY and PREDICT against Cohen's reference loop on the same work (``--sections d``): the
+    reference's sampling loop (github.com/locuslab/smoothing, ``core.Smooth._sample_noise``,
+    written here from it: per input, batches of ``x.repeat``, ``randn_like`` noise, ``argmax``,
+    class counts -- with ``np.bincount`` instead of its Python loop over predictions, which only
+    makes the yardstick faster) against ``certify`` (n0 = 100, n = 10 000) and ``predict``
+    (n = 10 000) on 8 inputs, batch 1024. Process CPU seconds, runs interleaved, medians; ratio =
+    reference / ours (>= 1: ours at least as fast).
+
 (b) Throughput. Forward passes per second of one whole ``certify`` call (noise, forward passes,
     counting, bounds) and of one whole gate call, each against a bare loop
     ``with torch.inference_mode(): model(x)`` over pre-built noisy inputs in batches of exactly the
@@ -43,12 +51,13 @@ import statistics
 import numpy as np
 import torch
 # importing common first puts the repository root and examples/digits on sys.path
-from common import digits, forward_loop, header, interleaved, load, markdown_table, parse_args, report, timed
+from common import (digits, forward_loop, header, interleaved, load, markdown_table, parse_args, report, timed,
+                    timed_cpu)
 
 import rs_conf_seq
 from pytest_robust import certificates
 from pytest_robust.engine import correct_predictions
-from pytest_robust.metrics.smoothing import _noisy, certified_accuracy, certify
+from pytest_robust.metrics.smoothing import _noisy, certified_accuracy, certify, predict
 
 SIGMA = 0.25
 RADIUS = 0.5
@@ -291,9 +300,51 @@ def throughput_table(model, data, device, cfg) -> str:
     return "\n".join(out)
 
 
+# ----------------------------------------------------------------------------------------------
+# (d) CERTIFY / PREDICT vs Cohen's reference loop
+# ----------------------------------------------------------------------------------------------
+
+
+def reference_counts(model, x, sigma: float, num: int, batch: int, classes: int) -> np.ndarray:
+    """Class counts of ``num`` noisy copies of one input, the way Cohen's reference samples them."""
+    counts = np.zeros(classes, dtype=np.int64)
+    with torch.no_grad():
+        while num > 0:
+            size = min(batch, num)
+            num -= size
+            copies = x.repeat((size,) + (1,) * x.dim())
+            noise = torch.randn_like(copies) * sigma
+            counts += np.bincount(model(copies + noise).argmax(1).cpu().numpy(), minlength=classes)
+    return counts
+
+
+def reference_table(model, data, device, cfg) -> str:
+    x, y = data[0][:8].to(device), data[1][:8]
+    n, runs = cfg["throughput_n"], cfg["runs"]
+    classes = int(model(x[:1]).shape[1])
+    work = {
+        f"CERTIFY (8 inputs, n0={N0}, n={n:,})": (
+            lambda: certify(model, (x, y), SIGMA, n0=N0, n=n, alpha=ALPHA, seed=SEED, batch_size=BATCH, device=device),
+            lambda: [(reference_counts(model, xi, SIGMA, N0, BATCH, classes),
+                      reference_counts(model, xi, SIGMA, n, BATCH, classes)) for xi in x]),
+        f"PREDICT (8 inputs, n={n:,})": (
+            lambda: predict(model, (x, y), SIGMA, n=n, alpha=ALPHA, seed=SEED, batch_size=BATCH, device=device),
+            lambda: [reference_counts(model, xi, SIGMA, n, BATCH, classes) for xi in x]),
+    }
+    line = header(device, f"seed={SEED}", f"sigma={SIGMA}", f"batch size={BATCH}", f"runs={runs} (interleaved)",
+                  title="(d) CERTIFY / PREDICT vs Cohen's reference sampling loop (process CPU seconds)")
+    rows = []
+    for name, (ours, reference) in work.items():
+        ours()  # warm-up
+        mine, theirs = interleaved(runs, lambda: timed_cpu(ours, device)[2], lambda: timed_cpu(reference, device)[2])
+        a, b = statistics.median(mine), statistics.median(theirs)
+        rows.append([name, f"{a:.2f}", f"{b:.2f}", f"{b / a:.3f}"])
+    return line + "\n" + markdown_table(["work", "ours CPU s", "reference CPU s", "reference / ours"], rows, "lrrr")
+
+
 def main(argv=None) -> None:
     args = parse_args(__doc__, quick="20 inputs, n = 10 000 (a minute or two on 2 CPU cores)", argv=argv,
-                      extra={"--sections": dict(default="abc", help="which sections to run, e.g. 'c' (default: abc)")})
+                      extra={"--sections": dict(default="abcd", help="which sections to run, e.g. 'c' (default: abcd)")})
     cfg = QUICK if args.quick else FULL
     model = load("gaussian_0.25", args.device)
     x, y = digits()[1]
@@ -302,6 +353,7 @@ def main(argv=None) -> None:
         "a": lambda: comparison_table(model, data, args.device, cfg),
         "b": lambda: throughput_table(model, (x, y), args.device, cfg),
         "c": lambda: rs_conf_seq_table(model, (x, y), args.device, cfg),
+        "d": lambda: reference_table(model, (x, y), args.device, cfg),
     }
     report(f"Randomized-smoothing benchmarks ({args.mode} run), digits example, gaussian_0.25 model",
            *(sections[key] for key in args.sections))

@@ -51,8 +51,6 @@ GROWTH = 16
 FIRST = 16
 #: Most draws one input contributes to a batch of the gate.
 MAX_CHUNK = 256
-#: Draws of one input generated at a time by the fixed-size procedures (a multiple of BLOCK).
-PIECE = 16 * BLOCK
 #: Prediction code of an abstention in ``certify`` and ``predict``.
 ABSTAIN = -1
 
@@ -72,10 +70,11 @@ def _generator(device: str) -> torch.Generator:
     return torch.Generator(device=device)
 
 
-def _noisy(x_i: torch.Tensor, sigma: float, seed: int, index: int, start: int, stop: int, device) -> torch.Tensor:
+def _noisy(x_i: torch.Tensor, sigma: float, seed: int, index: int, start: int, stop: int, device,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """Draws start..stop-1 of input ``index``: x_i + sigma * eps from the input's stream blocks (block
     b is the stream ``stream_seed(seed, "smoothing", index, b)``, whichever generator object
-    draws it)."""
+    draws it); written into ``out`` (stop - start rows) when given."""
     first, last = start // BLOCK, (stop - 1) // BLOCK
     gen = _generator(str(torch.device(device)))
     noise = torch.empty(((last - first + 1) * BLOCK,) + tuple(x_i.shape), device=device, dtype=x_i.dtype)
@@ -83,7 +82,8 @@ def _noisy(x_i: torch.Tensor, sigma: float, seed: int, index: int, start: int, s
         gen.manual_seed(stream_seed(seed, "smoothing", index, block))
         torch.randn((BLOCK,) + tuple(x_i.shape), generator=gen, out=noise[k * BLOCK : (k + 1) * BLOCK])
     offset = first * BLOCK
-    return x_i + sigma * noise[start - offset : stop - offset]
+    scaled = torch.mul(noise[start - offset : stop - offset], sigma, out=out)
+    return scaled.add_(x_i)  # sigma * eps + x_i: the same rounding as x_i + sigma * eps
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,33 +91,28 @@ def _noisy(x_i: torch.Tensor, sigma: float, seed: int, index: int, start: int, s
 # ----------------------------------------------------------------------------------------------
 
 
-def _pieces(x: torch.Tensor, index, sigma: float, phases, seed: int, device):
-    """(noisy rows, tags) of every input's draws in each phase, inputs one after another, cut at
-    multiples of PIECE; row i of x is input ``index[i]`` of the data (its noise stream); a row's
-    tag is i * len(phases) + phase."""
+def _batches(x: torch.Tensor, index, sigma: float, phases, seed: int, device, batch_size: int):
+    """(noisy rows, tags) in batches of exactly ``batch_size`` rows (the last may be shorter): every
+    input's draws of each phase, inputs one after another, so batches are packed across inputs.
+    Row i of x is input ``index[i]`` of the data (its noise stream); a row's tag is
+    i * len(phases) + phase. The noise is written straight into one reused batch buffer: each batch
+    must be consumed before the next is requested."""
+    rows = torch.empty((batch_size,) + tuple(x.shape[1:]), device=device, dtype=x.dtype)
+    tags = torch.empty(batch_size, dtype=torch.long, device=device)
+    filled = 0
     for i in range(len(x)):
         for p, (start, stop) in enumerate(phases):
-            edges = [start, *range((start // PIECE + 1) * PIECE, stop, PIECE), stop]
-            for a, b in zip(edges, edges[1:]):
-                tags = torch.full((b - a,), i * len(phases) + p, dtype=torch.long, device=device)
-                yield _noisy(x[i], sigma, seed, int(index[i]), a, b, device), tags
-
-
-def _full_batches(pieces, forward: Forward):
-    """Re-cut a stream of (rows, tags) into batches of exactly ``forward.batch_size`` rows (the last
-    may be shorter), so that the device always evaluates full batches."""
-    rows, tags, count = [], [], 0
-    for piece_rows, piece_tags in pieces:
-        rows.append(piece_rows)
-        tags.append(piece_tags)
-        count += len(piece_tags)
-        if count >= forward.batch_size:
-            all_rows, all_tags = torch.cat(rows), torch.cat(tags)
-            full = count - count % forward.batch_size
-            yield all_rows[:full], all_tags[:full]
-            rows, tags, count = [all_rows[full:]], [all_tags[full:]], count - full
-    if count:
-        yield torch.cat(rows), torch.cat(tags)
+            at = start
+            while at < stop:
+                take = min(stop - at, batch_size - filled)
+                _noisy(x[i], sigma, seed, int(index[i]), at, at + take, device, out=rows[filled : filled + take])
+                tags[filled : filled + take] = i * len(phases) + p
+                filled, at = filled + take, at + take
+                if filled == batch_size:
+                    yield rows, tags
+                    filled = 0
+    if filled:
+        yield rows[:filled], tags[:filled]
 
 
 def _class_counts(run: Run, sigma: float, phases, metric: str) -> np.ndarray:
@@ -139,7 +134,7 @@ def _counts(forward: Forward, x: torch.Tensor, index, sigma: float, phases, seed
     """``_class_counts`` for the rows x, which are inputs ``index`` of the data."""
     counts = None
     total = len(x) * sum(stop - start for start, stop in phases)
-    for rows, tags in _full_batches(_pieces(x, index, sigma, phases, seed, device), forward):
+    for rows, tags in _batches(x, index, sigma, phases, seed, device, forward.batch_size):
         logits = forward.logits(rows)
         n_classes = logits.shape[1]
         top = logits.topk(2, dim=1).values
@@ -509,9 +504,11 @@ def certified_accuracy(
     (pixel units when the normalisation is inside the model).
 
     Per input: the anytime-valid betting test of H0: p_y <= Phi(radius / sigma) at level
-    ``alpha`` (``stats.SequentialGate``), fed one draw at a time in stream order; it stops at the
-    first draw where it certifies (rejects H0) or proves the input not certifiable (rejects
-    p_y >= Phi(radius / sigma)). With the label known no class-selection step is needed.
+    ``alpha`` (``stats.SequentialGate`` with horizon ``max_draws``: a mixture of constant bets
+    sized for the gaps max_draws draws can resolve, plus a nearly all-in bet that certifies an
+    always-correct input near the fixed-size minimum), fed one draw at a time in stream order; it
+    stops at the first draw where it certifies (rejects H0) or proves the input not certifiable
+    (rejects p_y >= Phi(radius / sigma)). With the label known no class-selection step is needed.
 
     Dataset: with K certified and U undecided of n inputs, ``certificates.certified_accuracy_bounds``
     gives lower = CP_lower(K, n) - alpha and upper = CP_upper(K + U, n) + alpha at level
