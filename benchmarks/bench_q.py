@@ -7,9 +7,10 @@ Run from the repository root:
 (A) Table 1, L-inf ball. For the standard, noise-trained and PGD-trained digits models and
     q in {1, 10, 100, 1000}: the mean over inputs of Z_q under UniformLinf(eps=0.3) (the paper's
     MNIST radius, and the radius both robust models were trained at), estimated by Monte Carlo
-    and by path sampling with HMC at the same number of model evaluations per input (a forward
-    pass with or without a backward pass counts once; path sampling's warm-up included), next
-    to the PGD adversarial loss (100 steps, as the paper's MNIST column; the q = infinity end).
+    and by path sampling with HMC at the same number of model evaluations per input
+    (``full_context=True``; a forward pass with or without a backward pass counts once; path
+    sampling's warm-up included), next to the PGD adversarial loss (100 steps, as the paper's
+    MNIST column; the q = infinity end).
 (B) Table 3, spatial transforms. Spatial(rotation 10 degrees, zoom 0.9-1.1, shifts of up to 1 px
     -- 1/8 of an 8-px digit, as 4 px is of a 32-px CIFAR image --, no flip, zero padding), which
     is not differentiable: path sampling with random-walk Metropolis-Hastings against Monte Carlo
