@@ -4,6 +4,7 @@ model-calling path, dtype, per-input sharding, the metric registry hook, adversa
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 import os
 import socket
 import textwrap
@@ -357,3 +358,41 @@ def test_a_metric_name_registered_twice_is_a_usage_error(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*metric tsrm*a name not already taken by a metric or setting*"])
+
+
+# -- every report shows the same spending -------------------------------------------------------------
+
+
+def test_terminal_junit_results_json_and_summary_show_the_same_evaluations_and_budget(pytester):
+    """A q-loss check (path sampling plus Monte Carlo and PGD context) and a TSRM check: the
+    evaluations spent and the budget are one pair of numbers in every report."""
+    pytester.makeconftest(CONFTEST_METRIC)
+    pytester.makepyfile(test_spend='''
+        import pytest
+        from pytest_robust import UniformLinf
+
+        @pytest.mark.robust(q=1, max_loss=5.0, perturbation=UniformLinf(eps=0.1, bounds=(-1, 1)), steps=8, warmup=2,
+                            pgd_steps=3, budget=20_000, inconclusive="skip")
+        def test_q():
+            pass
+
+        @pytest.mark.robust(tsrm=0.5, perturbation=UniformLinf(eps=0.1, bounds=(-1, 1)), budget=4000)
+        def test_tsrm():
+            pass
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider", "--junitxml", "j.xml", "--robust-report", "out")
+    result.assert_outcomes(passed=1, skipped=1)  # the short q path is inconclusive: its numbers still count
+    checks = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
+    summary = (pytester.path / "out" / "summary.md").read_text()
+    junit = {case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+             for case in ET.parse(pytester.path / "j.xml").getroot().iter("testcase")}
+    terminal = result.stdout.str()
+    for check in checks:
+        pair = f"{check['forward_passes']}/{check['budget']}"
+        name = check["test_id"].rsplit("::", 1)[-1]
+        assert sum(check["details"]["evaluations"].values()) == check["forward_passes"] <= check["budget"]
+        assert (junit[name]["robust.forward_passes"], junit[name]["robust.budget"]) == \
+            (str(check["forward_passes"]), str(check["budget"]))
+        assert f"| {pair} |" in summary and f" {pair} " in terminal, pair
+    q = next(c for c in checks if c["metric"] == "q")
+    assert set(q["details"]["evaluations"]) == {"gate", "context"}
