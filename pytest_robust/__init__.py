@@ -31,6 +31,8 @@ _EXPORTS = {
     "UniformLinf": "pytest_robust.perturbations",
     "GaussianNoise": "pytest_robust.perturbations",
     "CauchyNoise": "pytest_robust.perturbations",
+    "Corruption": "pytest_robust.corruptions",
+    "corruption_names": "pytest_robust.corruptions",
     "Result": "pytest_robust.results",
     "RobustDataError": "pytest_robust.engine",
     "RobustModelError": "pytest_robust.engine",
