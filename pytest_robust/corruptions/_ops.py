@@ -51,6 +51,16 @@ def blur(x: torch.Tensor, sigma_y: float, sigma_x: float | None = None, truncate
     return blur_matrix(h, sigma_y, truncate, x) @ x @ blur_matrix(w, sigma_x, truncate, x).T
 
 
+def box_matrix(out: int, size: int, like: torch.Tensor) -> torch.Tensor:
+    """(out, size) matrix of box-filter downsampling (PIL's ``BOX``): output pixel i averages the
+    input interval [i s, (i + 1) s), s = size / out, each input pixel weighted by its overlap."""
+    s = size / out
+    start = torch.arange(out, device=like.device, dtype=torch.float64)[:, None] * s
+    j = torch.arange(size, device=like.device, dtype=torch.float64)[None, :]
+    overlap = (torch.minimum(j + 1, start + s) - torch.maximum(j, start)).clamp(min=0)
+    return (overlap / s).to(like.dtype)
+
+
 def filter2d(x: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
     """Correlate every channel of image i with ``kernels[i]`` (or one shared kernel), borders
     replicated, through the FFT (cost independent of the kernel size).
@@ -94,20 +104,31 @@ def motion_kernels(radius: int, sigma: float, angles: torch.Tensor, like: torch.
     return kernels.view(len(angles), k, k)
 
 
-def zoom(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """Zoom into the centre of every image by ``factors`` (shape (n,) or (n, z) for z zooms per
-    image, each >= 1), bilinear, keeping the size: output pixel p samples the input at
-    centre + (p - centre) / factor (SciPy's ``zoom`` of the central crop, as ``clipped_zoom``).
-    Returns (n, c, h, w), or (n, z, c, h, w) for 2-D ``factors``."""
+def _zoom_coordinates(size: int, factor: float) -> list[float]:
+    """Source pixel positions of a ``size``-px zoom by ``factor`` (ImageNet-C's ``clipped_zoom``):
+    the central ceil(size / factor) px, from index top = (size - crop) // 2, are stretched to
+    round(crop factor) px by SciPy's ``zoom`` (output i at top + i (crop - 1) / (out - 1)) and
+    the first ``size`` kept."""
+    crop = math.ceil(size / factor)
+    top = (size - crop) // 2
+    out = max(round(crop * factor), 2)
+    return [top + i * (crop - 1) / (out - 1) for i in range(size)]
+
+
+def zoom(x: torch.Tensor, factors) -> torch.Tensor:
+    """The images zoomed into their centres by each of ``factors`` (>= 1), bilinear, size kept
+    (``_zoom_coordinates``); returns (n, len(factors), c, h, w)."""
     n, c, h, w = x.shape
-    f = factors.reshape(n, -1).to(x.dtype)
-    z = f.shape[1]
-    theta = torch.zeros(n * z, 2, 3, device=x.device, dtype=x.dtype)
-    theta[:, 0, 0] = theta[:, 1, 1] = 1.0 / f.reshape(-1)
-    grid = F.affine_grid(theta, [n * z, c, h, w], align_corners=False)
+    grids = []
+    for f in factors:
+        ys = torch.tensor(_zoom_coordinates(h, f), device=x.device, dtype=x.dtype) * 2 / max(h - 1, 1) - 1
+        xs = torch.tensor(_zoom_coordinates(w, f), device=x.device, dtype=x.dtype) * 2 / max(w - 1, 1) - 1
+        grids.append(torch.stack(torch.meshgrid(ys, xs, indexing="ij")[::-1], dim=-1))
+    z = len(grids)
+    grid = torch.stack(grids).repeat(n, 1, 1, 1)
     src = x.unsqueeze(1).expand(n, z, c, h, w).reshape(n * z, c, h, w)
-    out = F.grid_sample(src, grid, mode="bilinear", padding_mode="border", align_corners=False)
-    return out.view(n, z, c, h, w) if factors.ndim == 2 else out
+    out = F.grid_sample(src, grid, mode="bilinear", padding_mode="border", align_corners=True)
+    return out.view(n, z, c, h, w)
 
 
 def warp(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, matrix: torch.Tensor | None = None) -> torch.Tensor:

@@ -42,8 +42,7 @@ def motion_blur(x, c, g, preset):
 
 def zoom_blur(x, c, g, preset):
     """The mean of the image and its central zooms by each factor in c (zooming toward the camera)."""
-    factors = torch.tensor(c, device=x.device, dtype=x.dtype).expand(len(x), len(c))
-    return (x + zoom(x, factors).sum(1)) / (len(c) + 1)
+    return (x + zoom(x, c).sum(1)) / (len(c) + 1)
 
 
 def glass_blur(x, c, g, preset):

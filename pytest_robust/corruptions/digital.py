@@ -11,7 +11,7 @@ from PIL import Image
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-from ._ops import blur, uniform, warp
+from ._ops import blur, box_matrix, uniform, warp
 
 
 def contrast(x, c, g, preset):
@@ -35,11 +35,12 @@ def saturate(x, c, g, preset):
 
 
 def pixelate(x, c, g, preset):
-    """Downsample by box averaging to (int(c h), int(c w)) px, then back up: nearest neighbour
-    (imagenet, PIL ``BOX`` then ``NEAREST``) or box (cifar, PIL ``BOX`` both ways)."""
+    """Downsample by box averaging to (int(c h), int(c w)) px (PIL's ``BOX``, as two matrix
+    products), then upsample by nearest neighbour (pixel centres, PIL's ``NEAREST``; CIFAR-10-C's
+    ``BOX`` upsampling is the same map)."""
     h, w = x.shape[-2:]
-    small = F.interpolate(x, size=(int(h * c), int(w * c)), mode="area")
-    return F.interpolate(small, size=(h, w), mode="nearest" if preset == "imagenet" else "area")
+    small = box_matrix(int(h * c), h, x) @ x @ box_matrix(int(w * c), w, x).T
+    return F.interpolate(small, size=(h, w), mode="nearest-exact")
 
 
 def _pil_jpeg(image: np.ndarray, quality: int) -> np.ndarray:

@@ -66,7 +66,7 @@ def snow(x, c, g, preset):
     mean, sd, factor, threshold, radius, sigma, weight = c
     n, _, h, w = x.shape
     flakes = mean + sd * normal(g, (n, 1, h, w), x)
-    flakes = zoom(flakes, torch.full((n,), float(factor), device=x.device, dtype=x.dtype))
+    flakes = zoom(flakes, [factor])[:, 0]
     flakes = torch.where(flakes < threshold, torch.zeros_like(flakes), flakes).clamp(0, 1)
     angles = uniform(g, (n,), x) * 90.0 - 135.0
     flakes = torch.round(filter2d(flakes, motion_kernels(radius, sigma, angles, x)) * 255) / 255
