@@ -31,6 +31,7 @@ _EXPORTS = {
     "UniformLinf": "pytest_robust.perturbations",
     "GaussianNoise": "pytest_robust.perturbations",
     "CauchyNoise": "pytest_robust.perturbations",
+    "corruption_accuracy": "pytest_robust.metrics.corruption_accuracy",
     "Corruption": "pytest_robust.corruptions",
     "corruption_names": "pytest_robust.corruptions",
     "Result": "pytest_robust.results",

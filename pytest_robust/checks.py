@@ -69,6 +69,10 @@ METRICS = {
                   "bounds"),
         settings=("eps", "cache_dir", "refit"),  # eps: the marker's, also when given to robust.nppr()
     ),
+    "corruption_accuracy": Metric(
+        "pytest_robust.metrics.corruption_accuracy:corruption_accuracy",
+        optional=("corruptions", "severities", "preset"),
+    ),
 }
 
 

@@ -42,6 +42,11 @@ def _indices(n_inputs: int, seed: int, index: int) -> torch.Tensor:
     return torch.randint(n_inputs, (BLOCK,), generator=stream_generator(seed, "tsrm-index", index))
 
 
+def noise_generator(seed: int, block: int, device) -> torch.Generator:
+    """The generator that perturbs the draws of block ``block`` (one per block, on ``device``)."""
+    return stream_generator(seed, "tsrm-noise", block, device=device)
+
+
 def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, limit: int):
     """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
 
@@ -56,7 +61,7 @@ def _step(forward: Forward, ds, perturbation, seed: int, first: int, device, lim
     drawn = {b: _indices(len(ds), seed, b) for b in mine}
     idx = list(drawn.values())
     x = torch.cat([
-        perturbation(ds.x[i.to(ds.x.device)].to(device), stream_generator(seed, "tsrm-noise", b, device=device))
+        perturbation(ds.x[i.to(ds.x.device)].to(device), noise_generator(seed, b, device))
         for b, i in zip(mine, idx)
     ])
     y = ds.y[torch.cat(idx).to(ds.y.device)].to(device)
@@ -89,6 +94,15 @@ def tsrm(
     ``lower``/``upper`` of the result form an anytime-valid confidence sequence at that level;
     ``details`` adds the fixed-sample Clopper–Pearson bounds and bookkeeping.
     """
+    return tsrm_stream(model, data, perturbation, threshold, confidence=confidence, budget=budget, seed=seed,
+                       batch_size=batch_size, device=device)[0]
+
+
+def tsrm_stream(model, data, perturbation, threshold=None, *, confidence=0.95, budget=100_000, seed=0,
+                batch_size=1024, device=None) -> tuple[Result, np.ndarray]:
+    """``tsrm`` and the outcome stream its verdict rests on (bool per draw, in draw order). Draw
+    i perturbed its input with the generator ``noise_generator(seed, i // BLOCK, device)``, so a
+    metric that mixes perturbations can recover which one each draw got."""
     args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed, batch_size=batch_size)
     perturbation = as_perturbation(perturbation)
     ds = load_data(data)
@@ -123,7 +137,7 @@ def tsrm(
         upper_at_most=args.threshold if decision and decision.verdict == "fail" else 1.0,
     )
     verdict = "estimate" if gate is None else (decision.verdict if decision else "inconclusive")
-    return Result(
+    result = Result(
         metric="tsrm",
         estimate=correct / used,
         lower=lower,
@@ -151,3 +165,4 @@ def tsrm(
             "model_was_training": info["model_was_training"],
         },
     )
+    return result, stream
