@@ -118,7 +118,7 @@ def test_suite_fails_when_a_variable_points_nowhere(run_suite, tmp_path, random_
     result = run_suite(
         "-k", "clean_accuracy", ROBUST_CIFAR10_DIR=tmp_path / "missing", ROBUST_CIFAR10_WEIGHTS=random_weights
     )
-    result.assert_outcomes(errors=1, deselected=5)
+    result.assert_outcomes(errors=1, deselected=7)
     result.stdout.fnmatch_lines(["*no CIFAR-10 test batch under*missing*"])
 
 
