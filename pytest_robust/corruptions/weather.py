@@ -110,9 +110,35 @@ def frost(x, c, g, preset):
     return a * x + b * (grey(layer) if x.shape[1] == 1 else layer)
 
 
+def _neighbours(x, op):
+    """3 x 3 neighbourhood reduction of every image with borders replicated, separably: ``op`` of
+    each pixel and its two neighbours along rows, then along columns (``op``: a binary
+    elementwise function such as ``torch.maximum`` or ``torch.add``)."""
+    p = F.pad(x, (1, 1, 1, 1), mode="replicate") if x.dtype.is_floating_point else _pad_edges(x)
+    rows = op(op(p[..., :-2, :], p[..., 1:-1, :]), p[..., 2:, :])
+    return op(op(rows[..., :-2], rows[..., 1:-1]), rows[..., 2:])
+
+
+def _pad_edges(x):
+    """Replicate-pad by 1 px (for dtypes F.pad's replicate mode does not take)."""
+    x = torch.cat([x[..., :1, :], x, x[..., -1:, :]], -2)
+    return torch.cat([x[..., :1], x, x[..., -1:]], -1)
+
+
 def _box3(x):
     """3 x 3 mean filter, borders replicated (OpenCV's ``blur(x, (3, 3))``)."""
-    return F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+    return _neighbours(x, torch.add) / 9
+
+
+#: Taps (row offset, column offset, weight) of ImageNet-C's emboss kernel [[-2, -1, 0], [-1, 1, 1], [0, 1, 2]].
+EMBOSS = ((-1, -1, -2.0), (-1, 0, -1.0), (0, -1, -1.0), (0, 0, 1.0), (0, 1, 1.0), (1, 0, 1.0), (1, 1, 2.0))
+
+
+def _emboss(x):
+    """Correlation with the emboss kernel, borders reflected (OpenCV's default)."""
+    p = F.pad(x, (1, 1, 1, 1), mode="reflect")
+    h, w = x.shape[-2:]
+    return sum(weight * p[..., 1 + dy:1 + dy + h, 1 + dx:1 + dx + w] for dy, dx, weight in EMBOSS)
 
 
 def _equalise(levels: torch.Tensor) -> torch.Tensor:
@@ -152,15 +178,14 @@ def spatter(x, c, g, preset):
         m = blur((liquid > threshold).to(x.dtype), strength)
         m = torch.where(m < 0.8, torch.zeros_like(m), m)
         return x * (1 - m) + colour * m
-    wet = (liquid > 0).to(x.dtype)
-    edges = wet - (-F.max_pool2d(-F.pad(wet, (1, 1, 1, 1), mode="replicate"), 3, stride=1))
-    reached, dist = edges, torch.zeros_like(edges)
+    wet = liquid > 0
+    edges = wet & ~(-_neighbours((-wet.to(torch.int8)), torch.maximum)).bool()  # wet pixels next to dry ones
+    reached, dist = edges, torch.zeros(edges.shape, device=x.device, dtype=torch.uint8)
     for _ in range(20):
-        dist = dist + (1 - reached)
-        reached = F.max_pool2d(F.pad(reached, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
-    dist = _equalise(torch.floor(_box3(dist)))
-    emboss = torch.tensor([[-2.0, -1, 0], [-1, 1, 1], [0, 1, 2]], device=x.device, dtype=x.dtype)
-    dist = _box3(torch.round(F.conv2d(F.pad(dist, (1, 1, 1, 1), mode="reflect"), emboss.view(1, 1, 3, 3))).clamp(0, 255))
+        dist += ~reached
+        reached = _neighbours(reached, torch.logical_or)
+    dist = _equalise(torch.floor(_box3(dist.to(x.dtype))))
+    dist = _box3(torch.round(_emboss(dist)).clamp(0, 255))
     m = torch.floor(liquid * 255) * dist
     m = strength * m / m.amax((1, 2, 3), keepdim=True).clamp(min=1e-12)
     return x + m * colour
