@@ -280,8 +280,10 @@ def test_bad_images():
         c(torch.rand(2, 32, 32, 3), gen())
     with pytest.raises(ValueError, match="floating-point images"):
         c(torch.zeros(1, 3, 32, 32, dtype=torch.uint8), gen())
-    with pytest.raises(ValueError, match=r"must lie in the box \(0.0, 1.0\).* got values from -0.4\d+ to 0.4"):
-        c(torch.rand(1, 3, 32, 32) - 0.5, gen())
+    outside = torch.full((1, 3, 32, 32), 0.5)
+    outside[0, 0, 0, :2] = torch.tensor([-0.25, 1.5])
+    with pytest.raises(ValueError, match=r"must lie in the box \(0.0, 1.0\).* got values from -0.25 to 1.5"):
+        c(outside, gen())
     with pytest.raises(ValueError, match="saturate .* needs RGB images"):
         Corruption("saturate", 1)(torch.rand(1, 1, 32, 32), gen())
     for name in NEEDS_MIN_SIDE:
