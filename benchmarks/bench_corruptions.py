@@ -31,6 +31,7 @@ wheel), draws again when it picks the missing one. Its global NumPy random state
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import statistics
@@ -80,6 +81,10 @@ def photographs() -> torch.Tensor:
 
 def reference():
     """``imagecorruptions.corrupt`` with the shims of the docstring applied."""
+    missing = [m for m in ("imagecorruptions", "skimage", "cv2", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"the reference needs {', '.join(missing)}: pip install imagecorruptions scikit-image "
+                         "opencv-python-headless")
     np.float_ = np.float64
     import scipy.ndimage
     import skimage.filters

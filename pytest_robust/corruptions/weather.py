@@ -28,8 +28,8 @@ def plasma(n: int, size: int, decay: float, g, like) -> torch.Tensor:
     m = torch.zeros(n, size, size, device=like.device, dtype=like.dtype)
     step, wibble = size, 100.0
 
-    def jitter(mean):
-        return mean / 4 + wibble * wibble * (2 * uniform(g, mean.shape, like) - 1)
+    def jitter(total):
+        return uniform(g, total.shape, like).mul_(2 * wibble * wibble).sub_(wibble * wibble).add_(total, alpha=0.25)
 
     while step >= 2:
         half = step // 2
