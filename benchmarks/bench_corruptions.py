@@ -165,7 +165,8 @@ def measure(args) -> str:
         f"{speed_ratios[slowest]:.1f}x."
     )
     table = markdown_table(
-        ["corruption", "severity", "ours mean abs change", "reference", "ours/ref", "ours img/s", "ref img/s", "speed-up"],
+        ["corruption", "severity", "ours mean abs change", "reference", "ours/ref", "ours img/s", "ref img/s",
+         "speed-up"],
         rows, "lrrrrrrr",
     )
     return f"{line}\n\n{table}\n{summary}"

@@ -57,7 +57,8 @@ def test_exact_breakdown_on_the_toy_grid():
 
 
 def test_same_numbers_for_any_batch_size():
-    runs = [corruption_accuracy(MeanBelow(), grey_images(), budget=700, batch_size=b, seed=2, **GRID) for b in (64, 1024)]
+    runs = [corruption_accuracy(MeanBelow(), grey_images(), budget=700, batch_size=b, seed=2, **GRID)
+            for b in (64, 1024)]
     assert runs[0].estimate == runs[1].estimate and runs[0].details["per_cell"] == runs[1].details["per_cell"]
 
 
@@ -178,8 +179,8 @@ def test_marker_fixture_yaml_and_report(pytester: pytest.Pytester):
         pytester.path.joinpath("robust_grid.yaml").read_text().split("  - name: typo")[0])
     result = pytester.runpytest("-rf", "--robust-report", "out", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=5, failed=1)
-    result.stdout.fnmatch_lines(["corruption accuracy 0.* < required 0.8 under CorruptionGrid(corruptions=[[]brightness, "
-                                 "contrast], severities=[[]1, 2, 3, 4, 5]), * draws on 16 inputs, seed 0"])
+    result.stdout.fnmatch_lines(["corruption accuracy 0.* < required 0.8 under CorruptionGrid(corruptions="
+                                 "[[]brightness, contrast], severities=[[]1, 2, 3, 4, 5]), * draws on 16 inputs, seed 0"])
     summary = (pytester.path / "out" / "summary.md").read_text()
     assert "### Corruption accuracy of `test_grid.py::test_marker_passes`" in summary
     assert "| brightness | 1.000 | 1.000 | 0.000 | 0.000 | 0.000 |" in summary

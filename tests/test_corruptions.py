@@ -305,4 +305,5 @@ def test_small_grey_images_that_apply():
 
 def test_repr():
     assert repr(Corruption("fog", 2)) == "Corruption('fog', severity=2)"
-    assert repr(Corruption("fog", 2, "cifar", bounds=(-1, 1))) == "Corruption('fog', severity=2, preset='cifar', bounds=(-1, 1))"
+    boxed = Corruption("fog", 2, "cifar", bounds=(-1, 1))
+    assert repr(boxed) == "Corruption('fog', severity=2, preset='cifar', bounds=(-1, 1))"

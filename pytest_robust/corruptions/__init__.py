@@ -114,7 +114,9 @@ class Corruption(Perturbation):
                 "add the batch dimension (x[None]) or reshape flat inputs to images"
             )
         if not x.dtype.is_floating_point:
-            raise ValueError(f"{self!r} needs floating-point images in the box, got dtype {x.dtype}: use x.float() / 255")
+            raise ValueError(
+                f"{self!r} needs floating-point images in the box, got dtype {x.dtype}: use x.float() / 255"
+            )
         channels, h, w = x.shape[1:]
         if channels not in (1, 3):
             raise ValueError(
@@ -142,9 +144,9 @@ class Corruption(Perturbation):
             smallest, largest = float(x.amin()), float(x.amax())
         if outside > BOX_SLACK * float(torch.as_tensor(hi - lo).amax()):
             raise ValueError(
-                f"{self!r}: images must lie in the box {self.bounds} (pixel values, e.g. [0, 1] from ToTensor()), "
-                f"got values from {smallest:.4g} to {largest:.4g}. Normalise inside the model, or "
-                "pass bounds=(lo, hi) for the data's range"
+                f"{self!r}: images must lie in the box {self.bounds} (pixel values, e.g. [0, 1] from "
+                f"ToTensor()), got values from {smallest:.4g} to {largest:.4g}. Normalise inside the model, "
+                "or pass bounds=(lo, hi) for the data's range"
             )
         if generator is not None and torch.device(generator.device).type != x.device.type:
             raise ValueError(
@@ -153,14 +155,13 @@ class Corruption(Perturbation):
             )
 
     def _box(self, x):
-        lo, hi = self.bounds
-        return (torch.as_tensor(lo, device=x.device, dtype=x.dtype), torch.as_tensor(hi, device=x.device, dtype=x.dtype))
+        return tuple(torch.as_tensor(b, device=x.device, dtype=x.dtype) for b in self.bounds)
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """The corrupted batch, already in the box (so ``__call__`` adds no clipping pass)."""
         self.check_images(x, generator)
         work = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
-        unit_box = all(isinstance(b, numbers.Real) for b in self.bounds) and tuple(map(float, self.bounds)) == (0.0, 1.0)
+        unit_box = all(isinstance(b, numbers.Real) for b in self.bounds) and tuple(self.bounds) == (0, 1)
         if unit_box:
             unit = x.to(work)  # no copy for float32/float64; values within BOX_SLACK of the box
         else:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import io
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from PIL import Image
 import torch.nn.functional as F
-from torchvision.transforms.v2 import functional as TF
+from PIL import Image
 
 from ._ops import blur, box_matrix, uniform, warp
 
@@ -53,14 +53,21 @@ def _pil_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
 def jpeg_compression(x, c, g, preset):
     """JPEG encoding at quality c and decoding of the image quantised to 8 bits (4:2:0 chroma).
 
-    On CUDA through torchvision's GPU encoder and decoder (nvJPEG), the whole batch at once. On
+    On CUDA through torchvision's GPU encoder and decoder (nvJPEG), the whole batch at once (the
+    encoded bytes pass through host memory, where the decoder takes them). On
     the CPU through Pillow's libjpeg-turbo (the codec of the reference; Pillow is a torchvision
     dependency), images spread over ``torch.get_num_threads()`` threads (Pillow releases the GIL
     while it codes): torchvision's CPU
     encoder measured 10x slower than Pillow's on 224-px images (torchvision 0.29).
     """
     if x.device.type == "cuda":
-        return TF.jpeg(torch.round(x * 255).to(torch.uint8), quality=int(c)).to(x.dtype) / 255
+        from torchvision.io import decode_jpeg, encode_jpeg
+
+        with warnings.catch_warnings():  # torchvision 0.29 deprecates its codecs in favour of TorchCodec
+            warnings.simplefilter("ignore", DeprecationWarning)
+            encoded = encode_jpeg(list(torch.round(x * 255).to(torch.uint8)), quality=int(c))
+            decoded = decode_jpeg([e.cpu() for e in encoded], device=x.device)
+        return torch.stack(decoded).to(x.dtype) / 255
     hwc = x.permute(0, 2, 3, 1).mul(255).round_().to(torch.uint8).contiguous().numpy()
     if x.shape[1] == 1:
         hwc = hwc[..., 0]

@@ -14,7 +14,7 @@ def gaussian_noise(x, c, g, preset):
 
 def shot_noise(x, c, g, preset):
     """x' = Poisson(c x) / c per value: photon noise with c photons for a white pixel."""
-    return torch.poisson(x * c, generator=g).div_(c)
+    return torch.poisson((x * c).clamp_(min=0), generator=g).div_(c)
 
 
 def impulse_noise(x, c, g, preset):

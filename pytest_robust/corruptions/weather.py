@@ -146,7 +146,8 @@ def _equalise(levels: torch.Tensor) -> torch.Tensor:
     level v maps to round(255 (cdf(v) - cdf_min) / (count - cdf_min))."""
     n = len(levels)
     flat = levels.reshape(n, -1).long()
-    hist = torch.zeros(n, 256, device=levels.device, dtype=levels.dtype).scatter_add_(1, flat, torch.ones_like(levels.reshape(n, -1)))
+    ones = torch.ones_like(levels.reshape(n, -1))
+    hist = torch.zeros(n, 256, device=levels.device, dtype=levels.dtype).scatter_add_(1, flat, ones)
     cdf = hist.cumsum(1)
     first = torch.where(hist > 0, cdf, torch.full_like(cdf, float("inf"))).amin(1, keepdim=True)
     lut = torch.round(255 * (cdf - first) / (flat.shape[1] - first).clamp(min=1)).clamp(0, 255)
