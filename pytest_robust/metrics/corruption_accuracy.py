@@ -90,7 +90,7 @@ def corruption_accuracy(
         "breakdown_note": "per-corruption, per-severity and per-cell accuracies come from the same draws; "
                           "their Clopper-Pearson bounds hold one at a time, for the counts observed",
         "heatmaps": {"corruption-accuracy": {
-            "title": f"Accuracy under corruption (clean {clean:.3f})",
+            "title": f"Accuracy under corruption ({len(stream)} draws; clean {clean:.3f})",
             "rows": list(names), "columns": [str(s) for s in levels], "xlabel": "severity",
             "values": [[per_cell[f"{c}/{s}"]["accuracy"] for s in levels] for c in names],
         }},
