@@ -89,7 +89,7 @@ def reference():
     import scipy.ndimage
     import skimage.filters
 
-    sys.modules.setdefault("scipy.ndimage.interpolation", scipy.ndimage)
+    sys.modules["scipy.ndimage.interpolation"] = scipy.ndimage  # removed in SciPy 2; deprecated now
     original = skimage.filters.gaussian
 
     def gaussian(image, *args, multichannel=None, **kwargs):
