@@ -17,11 +17,13 @@ drop 1 - CA / clean.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
 from ..corruptions import CorruptionGrid
-from ..engine import Forward, correct_predictions, guarded, load_data, resolve_device
+from ..engine import Forward, correct_predictions, guarded, load_data, resolve_device, sum_over_ranks
 from ..results import Result
 from ..stats import clopper_pearson_lower, clopper_pearson_upper
 from .tsrm import BLOCK, noise_generator, tsrm_stream
@@ -50,37 +52,27 @@ def _clean_accuracy(model, ds, device, batch_size: int) -> tuple[float, int]:
     return sum(hits) / len(ds), forward.passes
 
 
-def corruption_accuracy(
-    model: torch.nn.Module,
-    data,
-    threshold: float | None = None,
-    *,
-    corruptions=None,
-    severities=None,
-    preset: str | None = None,
-    confidence: float = 0.95,
-    budget: int = 100_000,
-    seed: int = 0,
-    batch_size: int = 1024,
-    device=None,
-) -> Result:
+def corruption_accuracy(model: torch.nn.Module, data, threshold: float | None = None, *, corruptions=None,
+                        severities=None, preset: str | None = None, **settings) -> Result:
     """Mean accuracy of ``model`` on ``data`` over the grid ``corruptions`` x ``severities``
     (default: the 15 benchmark corruptions x 1-5; ``preset`` as for ``Corruption``), gated
-    >= ``threshold`` when given. Same budget, seed and confidence semantics as ``tsrm``."""
+    >= ``threshold`` when given. ``settings`` are ``tsrm``'s keywords, with its defaults and
+    meaning: ``confidence``, ``budget`` (draws), ``seed``, ``batch_size``, ``device``."""
+    started = time.perf_counter()
     grid = CorruptionGrid(corruptions, severities, preset)
-    device = resolve_device(device, model)
-    result, stream = tsrm_stream(model, data, grid, threshold, confidence=confidence, budget=budget, seed=seed,
-                                 batch_size=batch_size, device=device)
+    device = resolve_device(settings.pop("device", None), model)
+    result, stream = tsrm_stream(model, data, grid, threshold, device=device, **settings)
     ds = load_data(data)
-    clean, clean_passes = _clean_accuracy(model, ds, device, batch_size)
-    cells = _cells(grid, len(stream), seed, device)
-    alpha = 1.0 - confidence
+    clean, clean_passes = _clean_accuracy(model, ds, device, result.details["batch_size"])
+    cells = _cells(grid, len(stream), result.seed, device)
+    alpha = 1.0 - result.confidence
     names, levels = grid.corruptions, grid.severities
     corruption_of = np.array([names.index(c) for c, _ in grid.grid])[cells]
     severity_of = np.array([s for _, s in grid.grid])[cells]
     per_cell = {f"{c}/{s}": _summary(stream[cells == k], alpha) for k, (c, s) in enumerate(grid.grid)}
     result.metric = "corruption_accuracy"
-    result.forward_passes += clean_passes
+    result.forward_passes += sum_over_ranks(clean_passes)  # every rank evaluates every clean input
+    result.seconds = time.perf_counter() - started
     result.details.update({
         "clean_accuracy": clean,
         "relative_drop": 1.0 - result.estimate / clean if clean > 0 else None,
