@@ -98,8 +98,9 @@ def tsrm(
                        batch_size=batch_size, device=device)[0]
 
 
-def tsrm_stream(model, data, perturbation, threshold=None, *, confidence=0.95, budget=100_000, seed=0,
-                batch_size=1024, device=None) -> tuple[Result, np.ndarray]:
+def tsrm_stream(model: torch.nn.Module, data, perturbation, threshold: float | None = None, *,
+                confidence: float = 0.95, budget: int = 100_000, seed: int = 0, batch_size: int = 1024,
+                device=None) -> tuple[Result, np.ndarray]:
     """``tsrm`` and the outcome stream its verdict rests on (bool per draw, in draw order). Draw
     i perturbed its input with the generator ``noise_generator(seed, i // BLOCK, device)``, so a
     metric that mixes perturbations can recover which one each draw got."""
