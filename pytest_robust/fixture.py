@@ -84,6 +84,15 @@ class RobustFixture:
         that takes a threshold (``max_loss`` for q)."""
         return self.measure("tsrm", model, data, threshold, perturbation=perturbation, **kwargs)
 
+    def corruption_accuracy(self, model, data, threshold: float | None = None, *, corruptions=None, severities=None,
+                            **kwargs) -> Result:
+        """Mean accuracy over the grid ``corruptions`` x ``severities`` of common corruptions
+        (default: the 15 benchmark corruptions x severities 1-5; see
+        ``metrics.corruption_accuracy``), gated when ``threshold`` is given; other keywords:
+        ``preset`` or settings."""
+        params = {k: v for k, v in (("corruptions", corruptions), ("severities", severities)) if v is not None}
+        return self.measure("corruption_accuracy", model, data, threshold, **params, **kwargs)
+
     def q(self, model, data, q: float, max_loss: float | None = None, perturbation=None, **kwargs) -> Result:
         """Mean intermediate-q loss Z_q (see ``metrics.intermediate_q``), gated <= ``max_loss`` when
         given; ``perturbation`` defaults to UniformLinf(eps=<robust_eps>); other keywords are the

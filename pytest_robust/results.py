@@ -34,6 +34,7 @@ PROPERTY_FIELDS = (
 
 METRIC_NAMES = {
     "tsrm": "TSRM",
+    "corruption_accuracy": "corruption accuracy",
     "q": "q-loss",
     "q_curve": "q-curve",
     "pa_report": "mean pA",
