@@ -20,6 +20,7 @@ from pytest_robust import (
     adversarial_accuracy,
     certified_accuracy,
     certify,
+    corruption_accuracy,
     intermediate_q,
     nppr,
     pa_report,
@@ -49,6 +50,8 @@ CHECKS = {
     "nppr": lambda m, d, **k: nppr(m, d, eps=0.1, latent_dim=4, components=2, fit_steps=4, fit_batch_size=8,
                                    fit_draws=2, draws_per_input=4, pgd=True, pgd_steps=3, budget=30_000, **k),
     "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, 0.3, eps=0.1, steps=4, restarts=2, **k),
+    "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
+        m, d, 0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=3000, **k),
 }
 
 
@@ -221,7 +224,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-SHARDED = ("q_hmc", "certified_accuracy", "certify", "pa_report", "adversarial_accuracy", "nppr", "tsrm")
+SHARDED = ("q_hmc", "certified_accuracy", "certify", "pa_report", "adversarial_accuracy", "nppr", "tsrm",
+           "corruption_accuracy")
 
 
 def _sharded_rank(rank: int, world: int, port: int, out: str) -> None:
@@ -250,7 +254,7 @@ def test_every_check_shards_over_two_ranks_with_single_process_numbers(tmp_path)
         expected = json.loads(json.dumps(numbers(single[name])))
         for r in ranks:
             got = dict(r[name]["numbers"])
-            if name == "tsrm":  # a step of W ranks evaluates W blocks at once: same draws, more evaluations
+            if name in ("tsrm", "corruption_accuracy"):  # a step of W ranks evaluates W blocks at once
                 assert single[name].forward_passes <= got.pop("forward_passes") <= 2 * 256 + single[name].forward_passes
                 expected.pop("forward_passes", None)
             assert got == expected, name
