@@ -400,3 +400,83 @@ def test_terminal_junit_results_json_and_summary_show_the_same_evaluations_and_b
         assert f"| {pair} |" in summary and f" {pair} " in terminal, pair
     q = next(c for c in checks if c["metric"] == "q")
     assert set(q["details"]["evaluations"]) == {"gate", "context"}
+
+
+BROKEN_METRICS = '''
+    from pytest_robust import Metric
+    from pytest_robust.run import Run
+
+
+    def returns_float(model, data, threshold=None, *, confidence, budget, seed, batch_size, device):
+        return 0.5
+
+
+    def inverted_bounds(model, data, threshold=None, *, confidence, budget, seed, batch_size, device):
+        with Run("inverted_bounds", model, data, threshold=threshold, budget=budget) as run:
+            pass
+        return run.result(estimate=0.5, lower=0.9, upper=0.1, draws=1, perturbation="none")
+
+
+    def too_few_keywords(model, data, threshold=None):
+        return None
+
+
+    def pytest_robust_metrics():
+        return {"returns_float": Metric(returns_float), "inverted_bounds": Metric(inverted_bounds),
+                "too_few_keywords": Metric(too_few_keywords)}
+'''
+
+
+def test_a_broken_custom_metric_is_an_error_in_every_report_not_a_traceback_or_a_pass(pytester):
+    pytester.makeconftest(CONFTEST_METRIC + textwrap.dedent(BROKEN_METRICS))  # its hook replaces the first
+    pytester.makepyfile(test_broken='''
+        import pytest
+
+        @pytest.mark.robust(returns_float=0.5)
+        def test_float():
+            pass
+
+        @pytest.mark.robust(inverted_bounds=0.5, confidence=0.9, seed=3)
+        def test_inverted():
+            pass
+
+        @pytest.mark.robust(too_few_keywords=0.5)
+        def test_signature():
+            pass
+
+        def test_fixture_typo(robust, robust_model, robust_data):
+            robust.inverted_bounds(robust_model, robust_data, treshold=0.9)
+
+        def test_fixture_metric_typo(robust):
+            robust.inverted_bound
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out")
+    result.assert_outcomes(failed=5)
+    out = result.stdout.str()
+    assert "Traceback" not in out and "AttributeError: 'float'" not in out
+    result.stdout.fnmatch_lines([
+        "*metric returns_float returned float, not a pytest_robust Result: build it with Run.result(...)*",
+        "*metric inverted_bounds returned estimate 0.5 with bounds [[]0.9, 0.1]: the bounds must be finite*",
+        "*metric too_few_keywords: its runner 'too_few_keywords' cannot be called as runner(model, data, threshold=*",
+        "*robust.inverted_bounds(...): unknown keyword(s) treshold*; valid keywords of robust(inverted_bounds=...)*",
+        "*the robust fixture has no attribute 'inverted_bound' (did you mean inverted_bounds?)*",
+    ])
+    errors = {r["test_id"].rsplit("::", 1)[-1]: r for r in
+              json.loads((pytester.path / "out" / "results.json").read_text())["results"]}
+    assert {k: r["verdict"] for k, r in errors.items()} == {"test_float": "error", "test_inverted": "error",
+                                                           "test_signature": "error"}
+    inverted = errors["test_inverted"]  # an error record carries the settings it would have run with
+    assert (inverted["confidence"], inverted["seed"], inverted["budget"]) == (0.9, 3, 100_000)
+
+
+def test_a_misspelt_metric_on_a_marker_is_named_with_a_suggestion(pytester):
+    pytester.makepyfile('''
+        import pytest
+
+        @pytest.mark.robust(tsmr=0.9)
+        def test_x():
+            pass
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*found none; tsmr=0.9 (did you mean tsrm?)*"])

@@ -112,7 +112,7 @@ def test_checks_pass_and_fail_like_markers(suite):
         "robust_toy.yaml::passes PASSED*",
         "robust_toy.yaml::fails-0.9 FAILED*",
         "*_ [[]robust suite] fails-0.9 _*",
-        "TSRM 0.* < required 0.9 under UniformLinf(eps=0.5), * draws on 64 inputs, seed 0",
+        "TSRM 0.* < required 0.9 under UniformLinf(eps=0.5), * draws on 64 inputs, seed 0, * model evaluations",
         "*robustness checks*",
         "robust_toy.yaml::passes*TSRM*UniformLinf(eps=0.5)*>= 0.7*PASS",
     ])
