@@ -165,8 +165,8 @@ def test_bad_markers_are_usage_errors(suite, marker, expected):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--robust-confidence", "1.5"], "confidence (command line --robust-<key>)='1.5' is invalid"),
-        (["--robust-seed", "abc"], "seed (command line --robust-<key>)='abc' is invalid: expected an integer >= 0"),
+        (["--robust-confidence", "1.5"], "confidence (command line --robust-confidence)='1.5' is invalid"),
+        (["--robust-seed", "abc"], "seed (command line --robust-seed)='abc' is invalid: expected an integer >= 0"),
         (["--robust-budget", "0"], "expected an integer >= 1"),
         (["--robust-batch-size", "2.5"], "batch_size"),
         (["--robust-device", "tpu"], "expected auto, cpu, cuda, cuda:N or mps"),
