@@ -480,3 +480,14 @@ def test_a_misspelt_metric_on_a_marker_is_named_with_a_suggestion(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*found none; tsmr=0.9 (did you mean tsrm?)*"])
+
+
+def test_settings_accept_the_notation_the_readme_uses():
+    """eps: 8/255 (a fraction) in YAML, ini or on the command line, and 1e4 for an integer budget."""
+    from pytest_robust import validation
+
+    assert validation.positive_float("eps", "8/255") == pytest.approx(8 / 255)
+    assert validation.positive_int("budget", "1e4") == 10_000
+    for bad in ("8/0", "1/2/3", "1.5e0"):
+        with pytest.raises(SettingError):
+            (validation.positive_int if bad == "1.5e0" else validation.positive_float)("x", bad)
