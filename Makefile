@@ -25,12 +25,14 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest tests -p no:cacheprovider
 
-## bench: every benchmark (tables in benchmarks/results/; figures copied into README)
+## bench: every benchmark (tables in benchmarks/results/; figures copied into README). bench_corruptions.py
+## needs the reference: $(BIN)/python -m pip install imagecorruptions scikit-image opencv-python-headless
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_tsrm.py
 	$(BIN)/python benchmarks/bench_smoothing.py --threads 1
 	$(BIN)/python benchmarks/bench_q.py --threads 1
 	$(BIN)/python benchmarks/bench_nppr.py --threads 1
+	$(BIN)/python benchmarks/bench_corruptions.py --threads 2 | tee benchmarks/results/corruptions_cpu.txt
 
 ## train: retrain the digits checkpoints shipped in examples/digits/checkpoints (seeded)
 train: $(BIN)/.installed

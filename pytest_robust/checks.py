@@ -15,12 +15,15 @@ only when a check runs.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from . import validation
-from .errors import MarkerError, SettingError
+from .errors import ArgumentError, MarkerError, SettingError
 from .results import Result
 from .settings import KEY_NAMES, Settings, parse_layer
 
@@ -80,14 +83,20 @@ def register(metrics: dict, found: dict, source: str) -> None:
         metrics[name] = metric
 
 
-def valid_keywords(metrics: dict) -> str:
-    params = sorted(
-        {p for m in metrics.values() for p in m.required + m.optional + ((m.threshold_key,) if m.threshold_key else ())}
-    )
-    return (
-        f"metrics: {', '.join(metrics)}; metric parameters: {', '.join(params)}; "
-        f"settings: {', '.join(KEY_NAMES)}"
-    )
+def valid_keywords(metrics: dict, name: str | None = None) -> str:
+    """The keywords a marker may use: for metric ``name``, its threshold and parameters; else the
+    metrics. Settings are always allowed."""
+    if name is None:
+        return f"metrics: {', '.join(metrics)}; settings: {', '.join(KEY_NAMES)}"
+    threshold_key, params = metrics[name].keywords(name)
+    own = [threshold_key] + [p for p in params if p != name]
+    return f"valid keywords of robust({name}=...): {', '.join(own)}; settings: {', '.join(KEY_NAMES)}"
+
+
+def suggest(word: str, options) -> str:
+    """' (did you mean X?)' for the closest of ``options``, or ''."""
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 @dataclass
@@ -109,7 +118,8 @@ def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
         )
     names = [k for k in kwargs if k in metrics]
     if len(names) != 1:
-        found = f"several ({', '.join(names)})" if names else "none"
+        guesses = "".join(f"; {k}={kwargs[k]!r}{suggest(k, metrics)}" for k in kwargs if suggest(k, metrics))
+        found = f"several ({', '.join(names)})" if names else f"none{guesses}"
         raise MarkerError(
             f"a robust marker names exactly one metric with its threshold, e.g. "
             f"robust(tsrm=0.9, perturbation=UniformLinf(eps=0.1)); found {found}. Use one marker per "
@@ -118,17 +128,17 @@ def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
     name = names[0]
     metric = metrics[name]
     threshold_key, params_allowed = metric.keywords(name)
-    unknown = [k for k in kwargs if k not in (threshold_key,) + params_allowed + KEY_NAMES]
+    allowed = (threshold_key,) + params_allowed + KEY_NAMES
+    unknown = [k for k in kwargs if k not in allowed]
     if unknown:
         raise MarkerError(
-            f"unknown keyword(s) {', '.join(unknown)} on robust({name}=...). Valid keywords: "
-            + valid_keywords(metrics)
+            f"unknown keyword(s) {', '.join(k + suggest(k, allowed) for k in unknown)} on robust({name}=...); "
+            + valid_keywords(metrics, name)
         )
     missing = [k for k in (threshold_key,) + metric.required if k not in kwargs]
     if missing:
         raise MarkerError(
-            f"robust({name}=...) needs {', '.join(k + '=' for k in missing)}; valid keywords: "
-            + valid_keywords(metrics)
+            f"robust({name}=...) needs {', '.join(k + '=' for k in missing)}; " + valid_keywords(metrics, name)
         )
     try:
         threshold = metric.threshold(threshold_key, kwargs[threshold_key])
@@ -158,13 +168,20 @@ def _check_perturbation(p) -> None:
         raise MarkerError(str(err)) from None
 
 
-def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: str = "") -> Result:
-    """The Result recorded for ``spec`` when it produced no numbers (verdict "error" or "skipped")."""
+def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: str = "",
+            settings: Settings | None = None) -> Result:
+    """The Result recorded for ``spec`` when it produced no numbers (verdict "error" or "skipped"),
+    with what is known of its conditions: its parameters and, when resolved, its settings."""
     metric = metrics.get(spec.metric)
     direction = metric.direction if metric is not None else ">="
     p = spec.params.get("perturbation")
-    shown = repr(p) if p is not None else f"eps={spec.params['eps']}" if "eps" in spec.params else "default"
-    return Result.not_run(spec.metric, spec.threshold, direction, shown, verdict, reason, model)
+    eps = spec.overrides.get("eps", spec.params.get("eps", settings.eps if settings else None))
+    shown = repr(p) if p is not None else f"eps={eps:g}" if isinstance(eps, (int, float)) else "its default"
+    result = Result.not_run(spec.metric, spec.threshold, direction, shown, verdict, reason, model)
+    if settings is not None:
+        result.confidence, result.seed = settings.confidence, settings.seed
+        result.budget = budget_of(settings, metric) if metric is not None else settings.budget or 0
+    return result
 
 
 def budget_of(settings: Settings, metric: Metric) -> int:
@@ -181,14 +198,33 @@ def run(spec: CheckSpec, metrics: dict, model, data, settings: Settings, device)
 
         params["perturbation"] = UniformLinf(eps=settings.eps)
     params.update({key: getattr(settings, key) for key in metric.settings})
-    return metric.load()(
-        model,
-        data,
-        threshold=spec.threshold,
-        confidence=settings.confidence,
-        budget=budget_of(settings, metric),
-        seed=settings.seed,
-        batch_size=settings.batch_size,
-        device=device,
-        **params,
-    )
+    runner = metric.load()
+    kwargs = dict(threshold=spec.threshold, confidence=settings.confidence, budget=budget_of(settings, metric),
+                  seed=settings.seed, batch_size=settings.batch_size, device=device, **params)
+    try:
+        inspect.signature(runner).bind(model, data, **kwargs)
+    except TypeError as err:
+        raise ArgumentError(
+            f"metric {spec.metric}: its runner {getattr(runner, '__qualname__', runner)!r} cannot be called as "
+            f"runner(model, data, {', '.join(k + '=' for k in kwargs)}) ({err}); a metric's runner takes the "
+            "model, the data and these keywords (README, 'How checks are built')"
+        ) from None
+    result = runner(model, data, **kwargs)
+    return checked_result(spec.metric, result)
+
+
+def checked_result(name: str, result) -> Result:
+    """``result`` if it is a ``Result`` whose numbers make sense (finite bounds, lower <= upper);
+    a metric that returns anything else has a bug, named here instead of failing later."""
+    if not isinstance(result, Result):
+        raise ArgumentError(
+            f"metric {name} returned {type(result).__name__}, not a pytest_robust Result: build it with "
+            "Run.result(...) (README, 'How checks are built')"
+        )
+    numbers = (result.estimate, result.lower, result.upper)
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers) or result.lower > result.upper + 1e-12:
+        raise ArgumentError(
+            f"metric {name} returned estimate {result.estimate!r} with bounds [{result.lower!r}, {result.upper!r}]: "
+            "the bounds must be finite numbers with lower <= upper"
+        )
+    return result

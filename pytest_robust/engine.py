@@ -388,7 +388,8 @@ class Forward:
                 if not value.requires_grad:
                     raise NotDifferentiable(
                         "the objective is not differentiable in the input (it returned values without a "
-                        "gradient); use a differentiable loss, or an estimator that needs no gradients"
+                        "gradient); use a differentiable loss, or an estimator that needs no gradients "
+                        "(for the q-loss check: estimator='mc' or 'mh')"
                     )
                 (g,) = torch.autograd.grad(value.sum(), chunk)
             return value.detach(), g, z.detach()

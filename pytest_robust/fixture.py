@@ -12,7 +12,7 @@ import inspect
 
 import pytest
 
-from .checks import CheckSpec
+from .checks import CheckSpec, suggest, valid_keywords
 from .recording import RECORDED, enforce, evaluate, metrics, not_run, run_spec, settings_for
 from .results import Result
 from .settings import KEY_NAMES, Settings
@@ -47,7 +47,14 @@ class RobustFixture:
         result gates the test at its end like a marker, unless the call says ``enforce=False``."""
         registered = metrics(self._request.config)
         if metric not in registered:
-            pytest.fail(f"robust.measure: no metric {metric!r}; registered: {', '.join(registered)}", pytrace=False)
+            pytest.fail(f"robust.measure: no metric {metric!r}{suggest(metric, registered)}; registered: "
+                        f"{', '.join(registered)}", pytrace=False)
+        _, allowed = registered[metric].keywords(metric)
+        unknown = [k for k in params if k not in allowed + KEY_NAMES + ("enforce",)]
+        if unknown:
+            pytest.fail(f"robust.{metric}(...): unknown keyword(s) "
+                        f"{', '.join(k + suggest(k, allowed + KEY_NAMES) for k in unknown)}; "
+                        f"{valid_keywords(registered, metric)}, enforce", pytrace=False)
         gate = params.pop("enforce", True)
         settings, params = self._split(params, metric)
         spec = CheckSpec(metric, threshold, params, {})
@@ -57,9 +64,11 @@ class RobustFixture:
         return result
 
     def __getattr__(self, name: str):
-        if not name.startswith("_") and name in metrics(self._request.config):
+        registered = metrics(self._request.config)
+        if not name.startswith("_") and name in registered:
             return functools.partial(self.measure, name)
-        raise AttributeError(f"the robust fixture has no attribute {name!r}")
+        raise AttributeError(f"the robust fixture has no attribute {name!r}{suggest(name, registered)}; its "
+                             f"metrics: {', '.join(registered)}")
 
     def _library(self, fn, name: str, model, *args, **kwargs) -> Result:
         """A library function that is not a marker metric (certify, pa_report, q_curve)."""
@@ -73,7 +82,7 @@ class RobustFixture:
         def call():
             return fn(model, *args, device=resolve_device(settings.device), **common, **params)
 
-        return evaluate(self._request.node, call, type(model).__name__, CheckSpec(name, None, dict(params), {}))
+        return evaluate(self._request.node, call, type(model).__name__, CheckSpec(name, None, dict(params), {}), settings)
 
     def tsrm(self, model, data, perturbation, threshold: float | None = None, **kwargs) -> Result:
         """TSRM accuracy of ``model`` on ``data`` under ``perturbation``, gated when ``threshold``
@@ -83,6 +92,15 @@ class RobustFixture:
         Returns the Result (recorded in the reports). The same holds for every method below
         that takes a threshold (``max_loss`` for q)."""
         return self.measure("tsrm", model, data, threshold, perturbation=perturbation, **kwargs)
+
+    def corruption_accuracy(self, model, data, threshold: float | None = None, *, corruptions=None, severities=None,
+                            **kwargs) -> Result:
+        """Mean accuracy over the grid ``corruptions`` x ``severities`` of common corruptions
+        (default: the 15 benchmark corruptions x severities 1-5; see
+        ``metrics.corruption_accuracy``), gated when ``threshold`` is given; other keywords:
+        ``preset`` or settings."""
+        params = {k: v for k, v in (("corruptions", corruptions), ("severities", severities)) if v is not None}
+        return self.measure("corruption_accuracy", model, data, threshold, **params, **kwargs)
 
     def q(self, model, data, q: float, max_loss: float | None = None, perturbation=None, **kwargs) -> Result:
         """Mean intermediate-q loss Z_q (see ``metrics.intermediate_q``), gated <= ``max_loss`` when

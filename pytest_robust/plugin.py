@@ -32,9 +32,10 @@ MARKER_DOC = (
     "at the configured confidence. Metrics: tsrm=0.9, perturbation=UniformLinf(eps=0.1) (accuracy "
     "under random corruption >= 0.9); q=100, max_loss=0.5 (mean intermediate-q loss <= 0.5 under "
     "UniformLinf(eps=robust_eps) or perturbation=); certified_accuracy=0.6, radius=0.5, sigma=0.25 "
-    "(randomized-smoothing certified accuracy); nppr=0.8, eps=8/255 (accuracy under a learned "
-    "worst-case noise distribution); adversarial_accuracy=0.4, eps=8/255 (accuracy under a PGD attack; "
-    "an upper estimate). Per-check settings: "
+    "(randomized-smoothing certified accuracy); corruption_accuracy=0.7, corruptions=[...], severities=[...] "
+    "(mean accuracy over common corruptions x severities, default the 15 x 5); nppr=0.8, eps=8/255 (accuracy "
+    "under a learned worst-case noise distribution); adversarial_accuracy=0.4, eps=8/255 (accuracy under a "
+    "PGD attack; an upper estimate). Per-check settings: "
     + ", ".join(f"{k.name}=" for k in KEYS)
     + " (model=/data= name the fixtures to use). See the README for every metric parameter."
 )

@@ -54,9 +54,11 @@ def record(item: pytest.Item, result: Result, spec: CheckSpec | None = None) -> 
     return result
 
 
-def not_run(item: pytest.Item, spec: CheckSpec, verdict: str, reason: str, model: str = "") -> Result:
-    """Record ``spec`` as not run (``verdict`` "error" or "skipped", with ``reason``)."""
-    return record(item, checks.not_run(spec, metrics(item.config), verdict, reason, model), spec)
+def not_run(item: pytest.Item, spec: CheckSpec, verdict: str, reason: str, model: str = "",
+            settings: Settings | None = None) -> Result:
+    """Record ``spec`` as not run (``verdict`` "error" or "skipped", with ``reason``), with its
+    settings when they were resolved."""
+    return record(item, checks.not_run(spec, metrics(item.config), verdict, reason, model, settings), spec)
 
 
 def record_unrun(item: pytest.Item, verdict: str, reason: str) -> None:
@@ -75,7 +77,7 @@ def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
 
 
-def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec) -> Result:
+def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings: Settings | None = None) -> Result:
     """Run ``call()`` (returning a Result) with progress reporting and record the result under
     ``model_name``. If it raises, an "error" result with the message is recorded instead: a
     ``RobustError`` (model, data or argument problem) fails the test with its message, not a
@@ -86,10 +88,10 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec) -> Resul
         with progress_sink(_progress(item)):
             result = call()
     except RobustError as err:
-        not_run(item, spec, "error", str(err), model_name)
+        not_run(item, spec, "error", str(err), model_name, settings)
         pytest.fail(f"robust check could not run: {err}", pytrace=False)
     except Exception as err:
-        not_run(item, spec, "error", f"{type(err).__name__}: {err}", model_name)
+        not_run(item, spec, "error", f"{type(err).__name__}: {err}", model_name, settings)
         raise
     result.model = model_name
     return record(item, result, spec)
@@ -104,7 +106,7 @@ def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings
     def call():
         return checks.run(spec, registered, model, data, settings, resolve_device(settings.device))
 
-    return evaluate(item, call, model_name, spec)
+    return evaluate(item, call, model_name, spec, settings)
 
 
 def _progress(item: pytest.Item):

@@ -34,6 +34,7 @@ PROPERTY_FIELDS = (
 
 METRIC_NAMES = {
     "tsrm": "TSRM",
+    "corruption_accuracy": "corruption accuracy",
     "q": "q-loss",
     "q_curve": "q-curve",
     "pa_report": "mean pA",
@@ -142,7 +143,8 @@ class Result:
         pct = f"{self.confidence:.0%}"
         head = f"{self.name} {self.estimate:.3f} ({pct} lower bound {self.lower:.3f}, upper bound {self.upper:.3f})"
         cond = (
-            f"under {self.perturbation}, {self.draws} draws on {self.n_inputs} inputs, seed {self.seed}"
+            f"under {self.perturbation}, {self.draws} draws on {self.n_inputs} inputs, seed {self.seed}, "
+            f"{self.forward_passes} of {self.budget} model evaluations"
         )
         note = f"; {self.note}" if self.note else ""
         word = "required" if self.direction == ">=" else "allowed"

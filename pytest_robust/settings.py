@@ -90,7 +90,8 @@ assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings 
 
 
 def parse_layer(values: dict, source: str) -> dict:
-    """Validate one layer of raw values (None means unset); errors name the key and ``source``."""
+    """Validate one layer of raw values (None means unset); errors name the key and ``source``
+    (in which "<key>" and "<flag>" stand for the key's name, with dashes for the flag)."""
     by_name = {k.name: k for k in KEYS}
     parsed = {}
     for name, value in values.items():
@@ -103,7 +104,8 @@ def parse_layer(values: dict, source: str) -> dict:
         try:
             parsed[name] = by_name[name].parse(name, value)
         except SettingError as err:
-            raise SettingError(f"{name} ({source})", value, err.accepted) from None
+            where = source.replace("<key>", name).replace("<flag>", name.replace("_", "-"))
+            raise SettingError(f"{name} ({where})", value, err.accepted) from None
     return parsed
 
 
@@ -131,5 +133,5 @@ def resolve(*, ini: dict, yaml_values: dict, yaml_source: str, cli: dict) -> Set
         Settings()
         .replace(ini, "ini option robust_<key>")
         .replace(yaml_values, yaml_source)
-        .replace(cli, "command line --robust-<key>")
+        .replace(cli, "command line --robust-<flag>")
     )

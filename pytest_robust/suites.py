@@ -64,8 +64,9 @@ from .recording import SETTINGS, SPECS, enforce, metrics, run_spec
 from .settings import KEY_NAMES, Settings, parse_layer
 from .validation import positive_float
 
-#: Perturbation classes of ``pytest_robust.perturbations`` that a suite may name.
-BUILTIN_PERTURBATIONS = ("UniformLinf", "UniformL2", "GaussianNoise", "CauchyNoise", "Spatial")
+#: Perturbation classes a suite may name, and their modules in ``pytest_robust``.
+BUILTIN_PERTURBATIONS = {"UniformLinf": "perturbations", "UniformL2": "perturbations", "GaussianNoise": "perturbations",
+                         "CauchyNoise": "perturbations", "Spatial": "perturbations", "Corruption": "corruptions"}
 
 #: Top-level keys of a suite file and what each holds (the text is used in error messages).
 SUITE_KEYS = {
@@ -576,9 +577,8 @@ def perturbation_factories(hook) -> dict[str, Callable]:
 
     A hook may add names, not replace built-ins; two hooks may not claim the same name.
     Raises ``pytest.UsageError`` for a hook that returns anything else."""
-    from . import perturbations
-
-    factories = {name: getattr(perturbations, name) for name in BUILTIN_PERTURBATIONS}
+    factories = {name: getattr(importlib.import_module(f"pytest_robust.{module}"), name)
+                 for name, module in BUILTIN_PERTURBATIONS.items()}
     added: dict[str, Callable] = {}
     for returned in hook.pytest_robust_perturbations():
         if returned is None:

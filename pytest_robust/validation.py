@@ -15,15 +15,27 @@ from .errors import SettingError
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
-def _number(key, value, kind, accepted):
-    if isinstance(value, bool):
-        raise SettingError(key, value, accepted)
+def _number(key, raw, kind, accepted):
+    if isinstance(raw, bool):
+        raise SettingError(key, raw, accepted)
+    value = raw
+    if kind is float and isinstance(raw, str) and re.fullmatch(r"\s*[\d.]+\s*/\s*[\d.]+\s*", raw):
+        numerator, denominator = raw.split("/")  # "8/255" in YAML, ini or on the command line
+        try:
+            value = float(numerator) / float(denominator)
+        except (ValueError, ZeroDivisionError):
+            raise SettingError(key, raw, accepted) from None
+    if kind is int and isinstance(raw, str) and not raw.strip().lstrip("+-").isdigit():
+        try:  # "1e4" from the command line, as 1e4 on a marker
+            value = float(raw)
+        except ValueError:
+            raise SettingError(key, raw, accepted) from None
     try:
         number = kind(value)
-    except (TypeError, ValueError):
-        raise SettingError(key, value, accepted) from None
+    except (TypeError, ValueError, OverflowError):
+        raise SettingError(key, raw, accepted) from None
     if kind is int and isinstance(value, float) and value != number:
-        raise SettingError(key, value, accepted)
+        raise SettingError(key, raw, accepted)
     return number
 
 

@@ -4,6 +4,7 @@ model-calling path, dtype, per-input sharding, the metric registry hook, adversa
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 import os
 import socket
 import textwrap
@@ -19,6 +20,7 @@ from pytest_robust import (
     adversarial_accuracy,
     certified_accuracy,
     certify,
+    corruption_accuracy,
     intermediate_q,
     nppr,
     pa_report,
@@ -48,6 +50,8 @@ CHECKS = {
     "nppr": lambda m, d, **k: nppr(m, d, eps=0.1, latent_dim=4, components=2, fit_steps=4, fit_batch_size=8,
                                    fit_draws=2, draws_per_input=4, pgd=True, pgd_steps=3, budget=30_000, **k),
     "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, 0.3, eps=0.1, steps=4, restarts=2, **k),
+    "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
+        m, d, 0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=3000, **k),
 }
 
 
@@ -220,7 +224,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-SHARDED = ("q_hmc", "certified_accuracy", "certify", "pa_report", "adversarial_accuracy", "nppr", "tsrm")
+SHARDED = ("q_hmc", "certified_accuracy", "certify", "pa_report", "adversarial_accuracy", "nppr", "tsrm",
+           "corruption_accuracy")
 
 
 def _sharded_rank(rank: int, world: int, port: int, out: str) -> None:
@@ -249,7 +254,7 @@ def test_every_check_shards_over_two_ranks_with_single_process_numbers(tmp_path)
         expected = json.loads(json.dumps(numbers(single[name])))
         for r in ranks:
             got = dict(r[name]["numbers"])
-            if name == "tsrm":  # a step of W ranks evaluates W blocks at once: same draws, more evaluations
+            if name in ("tsrm", "corruption_accuracy"):  # a step of W ranks evaluates W blocks at once
                 assert single[name].forward_passes <= got.pop("forward_passes") <= 2 * 256 + single[name].forward_passes
                 expected.pop("forward_passes", None)
             assert got == expected, name
@@ -357,3 +362,132 @@ def test_a_metric_name_registered_twice_is_a_usage_error(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*metric tsrm*a name not already taken by a metric or setting*"])
+
+
+# -- every report shows the same spending -------------------------------------------------------------
+
+
+def test_terminal_junit_results_json_and_summary_show_the_same_evaluations_and_budget(pytester):
+    """A q-loss check (path sampling plus Monte Carlo and PGD context) and a TSRM check: the
+    evaluations spent and the budget are one pair of numbers in every report."""
+    pytester.makeconftest(CONFTEST_METRIC)
+    pytester.makepyfile(test_spend='''
+        import pytest
+        from pytest_robust import UniformLinf
+
+        @pytest.mark.robust(q=1, max_loss=5.0, perturbation=UniformLinf(eps=0.1, bounds=(-1, 1)), steps=8, warmup=2,
+                            pgd_steps=3, budget=20_000, inconclusive="skip")
+        def test_q():
+            pass
+
+        @pytest.mark.robust(tsrm=0.5, perturbation=UniformLinf(eps=0.1, bounds=(-1, 1)), budget=4000)
+        def test_tsrm():
+            pass
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider", "--junitxml", "j.xml", "--robust-report", "out")
+    result.assert_outcomes(passed=2)  # with the 64-draw Monte Carlo context the short q path decides
+    checks = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
+    summary = (pytester.path / "out" / "summary.md").read_text()
+    junit = {case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+             for case in ET.parse(pytester.path / "j.xml").getroot().iter("testcase")}
+    terminal = result.stdout.str()
+    for check in checks:
+        pair = f"{check['forward_passes']}/{check['budget']}"
+        name = check["test_id"].rsplit("::", 1)[-1]
+        assert sum(check["details"]["evaluations"].values()) == check["forward_passes"] <= check["budget"]
+        assert (junit[name]["robust.forward_passes"], junit[name]["robust.budget"]) == \
+            (str(check["forward_passes"]), str(check["budget"]))
+        assert f"| {pair} |" in summary and f" {pair} " in terminal, pair
+    q = next(c for c in checks if c["metric"] == "q")
+    assert set(q["details"]["evaluations"]) == {"gate", "context"}
+
+
+BROKEN_METRICS = '''
+    from pytest_robust import Metric
+    from pytest_robust.run import Run
+
+
+    def returns_float(model, data, threshold=None, *, confidence, budget, seed, batch_size, device):
+        return 0.5
+
+
+    def inverted_bounds(model, data, threshold=None, *, confidence, budget, seed, batch_size, device):
+        with Run("inverted_bounds", model, data, threshold=threshold, budget=budget) as run:
+            pass
+        return run.result(estimate=0.5, lower=0.9, upper=0.1, draws=1, perturbation="none")
+
+
+    def too_few_keywords(model, data, threshold=None):
+        return None
+
+
+    def pytest_robust_metrics():
+        return {"returns_float": Metric(returns_float), "inverted_bounds": Metric(inverted_bounds),
+                "too_few_keywords": Metric(too_few_keywords)}
+'''
+
+
+def test_a_broken_custom_metric_is_an_error_in_every_report_not_a_traceback_or_a_pass(pytester):
+    pytester.makeconftest(CONFTEST_METRIC + textwrap.dedent(BROKEN_METRICS))  # its hook replaces the first
+    pytester.makepyfile(test_broken='''
+        import pytest
+
+        @pytest.mark.robust(returns_float=0.5)
+        def test_float():
+            pass
+
+        @pytest.mark.robust(inverted_bounds=0.5, confidence=0.9, seed=3)
+        def test_inverted():
+            pass
+
+        @pytest.mark.robust(too_few_keywords=0.5)
+        def test_signature():
+            pass
+
+        def test_fixture_typo(robust, robust_model, robust_data):
+            robust.inverted_bounds(robust_model, robust_data, treshold=0.9)
+
+        def test_fixture_metric_typo(robust):
+            robust.inverted_bound
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out")
+    result.assert_outcomes(failed=5)
+    out = result.stdout.str()
+    assert "Traceback" not in out and "AttributeError: 'float'" not in out
+    result.stdout.fnmatch_lines([
+        "*metric returns_float returned float, not a pytest_robust Result: build it with Run.result(...)*",
+        "*metric inverted_bounds returned estimate 0.5 with bounds [[]0.9, 0.1]: the bounds must be finite*",
+        "*metric too_few_keywords: its runner 'too_few_keywords' cannot be called as runner(model, data, threshold=*",
+        "*robust.inverted_bounds(...): unknown keyword(s) treshold*; valid keywords of robust(inverted_bounds=...)*",
+        "*the robust fixture has no attribute 'inverted_bound' (did you mean inverted_bounds?)*",
+    ])
+    errors = {r["test_id"].rsplit("::", 1)[-1]: r for r in
+              json.loads((pytester.path / "out" / "results.json").read_text())["results"]}
+    assert {k: r["verdict"] for k, r in errors.items()} == {"test_float": "error", "test_inverted": "error",
+                                                           "test_signature": "error"}
+    inverted = errors["test_inverted"]  # an error record carries the settings it would have run with
+    assert (inverted["confidence"], inverted["seed"], inverted["budget"]) == (0.9, 3, 100_000)
+
+
+def test_a_misspelt_metric_on_a_marker_is_named_with_a_suggestion(pytester):
+    pytester.makepyfile('''
+        import pytest
+
+        @pytest.mark.robust(tsmr=0.9)
+        def test_x():
+            pass
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*found none; tsmr=0.9 (did you mean tsrm?)*"])
+
+
+def test_settings_accept_the_notation_the_readme_uses():
+    """eps: 8/255 (a fraction) in YAML, ini or on the command line, and 1e4 for an integer budget."""
+    from pytest_robust import validation
+
+    assert validation.positive_float("eps", "8/255") == pytest.approx(8 / 255)
+    assert validation.positive_int("budget", "1e4") == 10_000
+    for bad in ("8/0", "1/2/3", "1.5e0"):
+        with pytest.raises(SettingError):
+            (validation.positive_int if bad == "1.5e0" else validation.positive_float)("x", bad)

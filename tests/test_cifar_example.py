@@ -95,7 +95,7 @@ def run_suite(pytester, monkeypatch):
 def test_suite_skips_with_the_reason_when_unconfigured(run_suite):
     """Every test skips, naming the variables; collection (and so every robust marker) is fine."""
     result = run_suite()
-    result.assert_outcomes(skipped=6)
+    result.assert_outcomes(skipped=8)
     result.stdout.fnmatch_lines(["*ROBUST_CIFAR10_DIR and ROBUST_CIFAR10_WEIGHTS are not set*README.md*"])
 
 
@@ -106,7 +106,7 @@ def test_suite_loads_the_data_and_weights(run_suite, fake_cifar, random_weights)
         "-k", "clean_accuracy or certified_accuracy",
         ROBUST_CIFAR10_DIR=fake_cifar, ROBUST_CIFAR10_WEIGHTS=random_weights,
     )
-    result.assert_outcomes(failed=1, skipped=1, deselected=4)
+    result.assert_outcomes(failed=1, skipped=1, deselected=6)
     result.stdout.fnmatch_lines([
         "*clean test accuracy 0.* on 20 images < 0.9*",
         "*ROBUST_CIFAR10_SMOOTHING_WEIGHTS is not set*",
@@ -118,7 +118,7 @@ def test_suite_fails_when_a_variable_points_nowhere(run_suite, tmp_path, random_
     result = run_suite(
         "-k", "clean_accuracy", ROBUST_CIFAR10_DIR=tmp_path / "missing", ROBUST_CIFAR10_WEIGHTS=random_weights
     )
-    result.assert_outcomes(errors=1, deselected=5)
+    result.assert_outcomes(errors=1, deselected=7)
     result.stdout.fnmatch_lines(["*no CIFAR-10 test batch under*missing*"])
 
 

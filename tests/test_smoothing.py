@@ -45,7 +45,7 @@ class ConstantClassifier(torch.nn.Module):
 
     def __init__(self, cls: int = 0, n_classes: int = 3):
         super().__init__()
-        self.logits = torch.nn.Parameter(torch.nn.functional.one_hot(torch.tensor(cls), n_classes).float())
+        self.logits = torch.nn.Parameter(2.0 * torch.nn.functional.one_hot(torch.tensor(cls), n_classes).float())
 
     def forward(self, x):
         return self.logits.expand(len(x), -1).clone()

@@ -112,7 +112,7 @@ def test_checks_pass_and_fail_like_markers(suite):
         "robust_toy.yaml::passes PASSED*",
         "robust_toy.yaml::fails-0.9 FAILED*",
         "*_ [[]robust suite] fails-0.9 _*",
-        "TSRM 0.* < required 0.9 under UniformLinf(eps=0.5), * draws on 64 inputs, seed 0",
+        "TSRM 0.* < required 0.9 under UniformLinf(eps=0.5), * draws on 64 inputs, seed 0, * model evaluations",
         "*robustness checks*",
         "robust_toy.yaml::passes*TSRM*UniformLinf(eps=0.5)*>= 0.7*PASS",
     ])
@@ -285,7 +285,7 @@ def test_builtin_names_cover_every_perturbation_class():
         if inspect.isclass(cls) and issubclass(cls, perturbations.Perturbation)
         and not inspect.isabstract(cls) and cls.__module__ == perturbations.__name__
     }
-    assert classes - {"CallablePerturbation"} == set(BUILTIN_PERTURBATIONS)
+    assert classes - {"CallablePerturbation"} | {"Corruption"} == set(BUILTIN_PERTURBATIONS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,12 +335,12 @@ SCHEMA_ERRORS = [  # (suite text, "line: key: message" expected in the error)
      "7: checks[1].name: duplicate check name 'a' (also checks[0])"),
     (HEAD + "checks:\n  - name: a\n    perturbation: UniformLinf\n",
      "4: checks[0]: a check names exactly one metric with its threshold (tsrm:, q: with max_loss:, "
-     "certified_accuracy:, nppr:, adversarial_accuracy:); found none"),
+     "certified_accuracy:, nppr:, adversarial_accuracy:, corruption_accuracy:); found none"),
     (HEAD + "checks:\n  - name: a\n    tsr: 0.9\n",
      "5: checks[0].tsr: unknown key (did you mean tsrm?); metrics: tsrm:, q: with max_loss:"),
     (HEAD + "checks:\n  - name: a\n    tsrm: 0.9\n    nppr: 0.8\n",
      "4: checks[0]: a check names exactly one metric with its threshold (tsrm:, q: with max_loss:, "
-     "certified_accuracy:, nppr:, adversarial_accuracy:); found several (tsrm, nppr): write one check per metric"),
+     "certified_accuracy:, nppr:, adversarial_accuracy:, corruption_accuracy:); found several (tsrm, nppr): write one check per metric"),
     (HEAD + CHECK + "    epsilon: 0.1\n",
      "7: checks[0].epsilon: unknown key (did you mean eps?); a tsrm check takes: tsrm, perturbation, name,"),
     (HEAD + "checks:\n  - name: a\n    tsrm: 0.9\n",

@@ -38,4 +38,9 @@ BUILTIN = {
         budget=100_000,
         doc="accuracy under an L-inf PGD attack >= threshold (an upper estimate of true robust accuracy)",
     ),
+    "corruption_accuracy": Metric(
+        "pytest_robust.metrics.corruption_accuracy:corruption_accuracy",
+        optional=("corruptions", "severities", "preset"), budget=100_000,
+        doc="mean accuracy over a grid of common corruptions x severities >= threshold",
+    ),
 }

@@ -30,6 +30,7 @@ from ..attacks import pgd
 from ..engine import stream_generator
 from ..inspection import records_warnings
 from ..mcmc import RowStreams
+from ..perturbations import UniformLinf
 from ..errors import SettingError
 from ..results import Result
 from ..run import Run
@@ -76,8 +77,9 @@ def adversarial_accuracy(
     steps, restarts = validation.positive_int("steps", steps), validation.positive_int("restarts", restarts)
     if step_size is not None:
         step_size = validation.positive_float("step_size", step_size)
+    ball = UniformLinf(eps=eps, bounds=bounds)  # for the inspections: data in the box, eps in its units
     with Run("adversarial_accuracy", model, data, threshold=threshold, confidence=confidence, budget=budget,
-             seed=seed, batch_size=batch_size, device=device) as run:
+             seed=seed, batch_size=batch_size, device=device, perturbation=ball) as run:
         need = len(run.ds) * restarts * (steps + 1)
         if need > run.args.budget:
             raise SettingError("budget", run.args.budget, f"at least {need} model evaluations to attack all "

@@ -149,8 +149,9 @@ def nppr(
     options = _options(eps, norm, components, latent_dim, covariance, dependency, grid_size, draws_per_input, pgd,
                        pgd_steps, refit, cache_dir)
     fit = _fit_settings(fit_steps, fit_batch_size, fit_draws, fit_lr, fit_temperature, fit_clip_norm, kappa)
+    ball = UniformLinf(eps=options["eps"], bounds=bounds) if options["norm"] == "linf" else None  # inspections
     with Run("nppr", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
-             batch_size=batch_size, device=device) as run:
+             batch_size=batch_size, device=device, perturbation=ball) as run:
         layer = _feature_layer(model, feature_layer)  # validated even where no head reads it
         fit_ds, eval_ds, split = _split(run, fit_data, fit_fraction, bounds)
         if options["dependency"] not in ("input", "joint"):

@@ -52,6 +52,12 @@ def _indices(n_inputs: int, seed: int, name: str, index: int) -> torch.Tensor:
     return torch.randint(n_inputs, (BLOCK,), generator=stream_generator(seed, f"{name}-index", index))
 
 
+def noise_generator(seed: int, name: str, block: int, device) -> torch.Generator:
+    """The generator that perturbs the draws of block ``block`` of stream ``name`` (on ``device``):
+    a metric that mixes perturbations can recover which one each draw got."""
+    return stream_generator(seed, f"{name}-noise", block, device=device)
+
+
 def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int):
     """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
 
@@ -68,7 +74,7 @@ def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first
     idx = list(drawn.values())
     x = torch.cat([
         perturbation.draw(ds.x[i.to(ds.x.device)].to(run.device),
-                          stream_generator(run.seed, f"{name}-noise", b, device=run.device),
+                          noise_generator(run.seed, name, b, run.device),
                           i, ds.y[i.to(ds.y.device)].to(run.device))
         for b, i in zip(mine, idx)
     ])

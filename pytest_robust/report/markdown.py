@@ -9,6 +9,35 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _pct(value) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def corruption_tables(parsed: list[Result]) -> list[str]:
+    """Per ``corruption_accuracy`` check: accuracy per corruption (rows) and severity (columns),
+    the corruption's mean with its Clopper–Pearson bounds, and the clean accuracy."""
+    lines = []
+    for r in parsed:
+        d = r.details
+        if r.metric != "corruption_accuracy" or "per_cell" not in d:
+            continue
+        levels = list(d["per_severity"])
+        pct = f"{r.confidence:.0%}"
+        lines += ["", f"### Corruption accuracy of `{_cell(r.test_id)}`", "",
+                  f"clean {d['clean_accuracy']:.3f}, under corruption {r.estimate:.3f} "
+                  f"(relative drop {_pct(d['relative_drop'])}); {r.draws} draws. Per-cell accuracies come from the "
+                  "same draws; their Clopper–Pearson bounds hold one at a time.", "",
+                  "| corruption | " + " | ".join(f"severity {s}" for s in levels) + f" | mean | {pct} CP bounds |",
+                  "|---|" + "---:|" * (len(levels) + 2)]
+        for name, total in d["per_corruption"].items():
+            cells = [_pct(d["per_cell"][f"{name}/{s}"]["accuracy"]) for s in levels]
+            bounds = "–" if total["accuracy"] is None else f"[{total['cp_lower']:.3f}, {total['cp_upper']:.3f}]"
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {_pct(total['accuracy'])} | {bounds} |")
+        lines.append("| **all** | " + " | ".join(_pct(d["per_severity"][s]["accuracy"]) for s in levels)
+                     + f" | {r.estimate:.3f} | [{d['cp_lower']:.3f}, {d['cp_upper']:.3f}] |")
+    return lines
+
+
 def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | None = None) -> str:
     """One row per check (check, metric, estimate, bound, threshold, verdict, time), then the
     messages of checks that did not pass, the baseline comparison and the environment."""
@@ -47,6 +76,7 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
     warned = [f"- `{_cell(r.test_id)}`: {_cell(w)}" for r in parsed for w in r.details.get("warnings", [])]
     if warned:
         lines += ["", "### Warnings", ""] + warned
+    lines += corruption_tables(parsed)
     notes = sorted({r.note for r in parsed if r.note})
     if notes:
         lines += ["", "### Notes", ""] + [f"- {_cell(n)}" for n in notes]

@@ -1,8 +1,11 @@
-"""PNG line plots of the curves that results carry in ``details["curves"]``.
+"""PNG plots of the curves and heatmaps that results carry in ``details["curves"]`` and
+``details["heatmaps"]``.
 
 A curve is a JSON-able dict: ``{"title", "xlabel", "ylabel", "x": [...], "series": {label: [...]},
-"logx": bool}``; every series has one y per x (None for a missing point). Rendering needs
-matplotlib (the ``plots`` extra); without it no plot is written and the caller is told why.
+"logx": bool}``; every series has one y per x (None for a missing point). A heatmap is
+``{"title", "xlabel", "rows": [...], "columns": [...], "values": [[...], ...]}``, one row of
+values in [0, 1] (None: no data) per row label. Rendering needs matplotlib (the ``plots``
+extra); without it no plot is written and the caller is told why.
 """
 
 from __future__ import annotations
@@ -32,6 +35,32 @@ def plot_curve(curve: dict, path: Path) -> Path:
     ax.grid(alpha=0.3)
     if len(curve["series"]) > 1:
         ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_heatmap(heatmap: dict, path: Path) -> Path:
+    """Render one heatmap to ``path`` (PNG): rows x columns, each cell coloured and labelled with
+    its value (blank where None)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows, columns = heatmap["rows"], heatmap["columns"]
+    values = np.array([[np.nan if v is None else v for v in row] for row in heatmap["values"]], dtype=float)
+    fig, ax = plt.subplots(figsize=(1.2 + 0.7 * len(columns), 1.0 + 0.35 * len(rows)), dpi=120)
+    image = ax.imshow(values, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+    for (i, j), v in np.ndenumerate(values):
+        if not np.isnan(v):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(columns)), columns)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set(title=heatmap.get("title", ""), xlabel=heatmap.get("xlabel", ""))
+    fig.colorbar(image, ax=ax, fraction=0.05)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -70,9 +99,11 @@ def tsrm_curves(results: list[dict]) -> dict[str, dict]:
 
 
 def write_plots(results: list[dict], directory: Path) -> list[Path]:
-    """One PNG per curve carried by a result, plus TSRM-against-size curves; returns the paths."""
+    """One PNG per curve and heatmap carried by a result, plus TSRM-against-size curves; returns
+    the paths."""
     curves = [(r, name, c) for r in results for name, c in r.get("details", {}).get("curves", {}).items()]
     curves += [({"test_id": "summary"}, name, c) for name, c in tsrm_curves(results).items()]
+    curves += [(r, name, h) for r in results for name, h in r.get("details", {}).get("heatmaps", {}).items()]
     if not curves:
         return []
     try:
@@ -84,5 +115,6 @@ def write_plots(results: list[dict], directory: Path) -> list[Path]:
     for i, (result, name, curve) in enumerate(curves):
         test = (result.get("test_id") or "programmatic").rsplit("/", 1)[-1]
         stem = _slug("-".join(p for p in (test, result.get("model", ""), name) if p))
-        written.append(plot_curve(curve, directory / f"{i:02d}-{stem}.png"))
+        draw = plot_heatmap if "values" in curve else plot_curve
+        written.append(draw(curve, directory / f"{i:02d}-{stem}.png"))
     return written

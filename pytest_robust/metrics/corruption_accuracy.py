@@ -1,0 +1,98 @@
+"""Mean accuracy over a grid of common corruptions x severities, gated like TSRM.
+
+    CA(f) = (1 / |grid|) sum_{(c, s) in grid} P_{(X, Y), X' ~ corrupt_{c,s}(X)} ( argmax f(X') = Y )
+
+(Hendrycks & Dietterich 2019; what RobustBench reports for CIFAR-10-C; default grid: the 15
+benchmark corruptions x severities 1-5). Each draw picks an input uniformly, a cell (c, s)
+uniformly from the grid (``CorruptionGrid``) and one fresh corruption, so the outcomes form one
+i.i.d. Bernoulli(CA) stream: the TSRM engine and its anytime-valid gate apply unchanged (a pass
+means CA >= threshold with error probability <= 1 - confidence).
+
+The details break the same draws down by cell: per corruption (mean over its severities), per
+severity (mean over the corruptions) and per cell, each with one-sided Clopper-Pearson bounds at
+the check's level (fixed-sample bounds for the counts the stopped stream happened to hold, each
+valid on its own), plus the clean accuracy on all inputs (one evaluation each, the "context"
+phase of the budget) and the relative drop 1 - CA / clean.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..corruptions import CorruptionGrid
+from ..engine import correct_predictions
+from ..inspection import records_warnings
+from ..results import Result
+from ..run import Run
+from ..stats import clopper_pearson_lower, clopper_pearson_upper
+from .tsrm import BLOCK, bernoulli_stream, noise_generator, summary
+
+
+def _cells(grid: CorruptionGrid, draws: int, seed: int, device) -> np.ndarray:
+    """The grid cell of each of the first ``draws`` draws, recomputed from their blocks' generators."""
+    blocks = -(-draws // BLOCK)
+    return torch.cat([grid.cells(BLOCK, noise_generator(seed, "tsrm", b, device)).cpu()
+                      for b in range(blocks)])[:draws].numpy()
+
+
+def _summary(hits: np.ndarray, alpha: float) -> dict:
+    n, k = int(len(hits)), int(hits.sum())
+    if n == 0:
+        return {"draws": 0, "correct": 0, "accuracy": None, "cp_lower": None, "cp_upper": None}
+    return {"draws": n, "correct": k, "accuracy": k / n, "cp_lower": clopper_pearson_lower(k, n, alpha),
+            "cp_upper": clopper_pearson_upper(k, n, alpha)}
+
+
+def _clean_accuracy(run: Run) -> float:
+    """Accuracy on the unperturbed inputs; each rank evaluates its ``Run.span`` of them."""
+    rows = run.span(len(run.ds))
+    hits = correct_predictions(run.forward.logits(run.ds.x[rows].to(run.device)), run.ds.y[rows].to(run.device))
+    return float(run.gather_rows(hits.float()).mean())
+
+
+def _breakdown(grid: CorruptionGrid, outcomes: np.ndarray, cells: np.ndarray, alpha: float, clean: float) -> dict:
+    """Per corruption, per severity and per cell accuracies of the same draws, and the heatmap."""
+    names, levels = grid.corruptions, grid.severities
+    corruption_of = np.array([names.index(c) for c, _ in grid.grid])[cells]
+    severity_of = np.array([s for _, s in grid.grid])[cells]
+    per_cell = {f"{c}/{s}": _summary(outcomes[cells == k], alpha) for k, (c, s) in enumerate(grid.grid)}
+    return {
+        "per_corruption": {c: _summary(outcomes[corruption_of == i], alpha) for i, c in enumerate(names)},
+        "per_severity": {str(s): _summary(outcomes[severity_of == s], alpha) for s in levels},
+        "per_cell": per_cell,
+        "breakdown_note": "per-corruption, per-severity and per-cell accuracies come from the same draws; "
+                          "their Clopper-Pearson bounds hold one at a time, for the counts observed",
+        "heatmaps": {"corruption-accuracy": {
+            "title": f"Accuracy under corruption ({len(outcomes)} draws; clean {clean:.3f})",
+            "rows": list(names), "columns": [str(s) for s in levels], "xlabel": "severity",
+            "values": [[per_cell[f"{c}/{s}"]["accuracy"] for s in levels] for c in names],
+        }},
+    }
+
+
+@records_warnings
+def corruption_accuracy(
+    model: torch.nn.Module, data, threshold: float | None = None, *, corruptions=None, severities=None,
+    preset: str | None = None, confidence: float = 0.95, budget: int = 100_000, seed: int = 0,
+    batch_size: int = 1024, device=None,
+) -> Result:
+    """Mean accuracy of ``model`` on ``data`` over the grid ``corruptions`` x ``severities``
+    (default: the 15 benchmark corruptions x 1-5; ``preset`` as for ``Corruption``), gated
+    >= ``threshold`` when given, with TSRM's anytime-valid test; ``budget`` in model evaluations
+    (one per draw, plus one per input for the clean accuracy)."""
+    grid = CorruptionGrid(corruptions, severities, preset)
+    with Run("corruption_accuracy", model, data, threshold=threshold, confidence=confidence, budget=budget,
+             seed=seed, batch_size=batch_size, device=device, perturbation=grid) as run:
+        with run.forward.phase("context"):
+            clean = _clean_accuracy(run)
+        stream = bernoulli_stream(run, grid, run.remaining(), run.args.threshold, label="corruption accuracy")
+    estimate, lower, upper, details = summary(stream, run.alpha, run.args.threshold)
+    outcomes = stream.outcomes[: stream.used]
+    details.update({
+        "clean_accuracy": clean,
+        "relative_drop": 1.0 - estimate / clean if clean > 0 else None,
+        **_breakdown(grid, outcomes, _cells(grid, len(outcomes), run.seed, run.device), run.alpha, clean),
+    })
+    return run.result(estimate=estimate, lower=lower, upper=upper, draws=stream.used, perturbation=repr(grid),
+                      details=details)
