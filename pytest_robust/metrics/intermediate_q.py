@@ -539,14 +539,12 @@ def intermediate_q(
       (0: no adaptation); ``path_len``: the longest HMC trajectory L*h, in units of the
       perturbation's size (eps for UniformLinf, sigma/scale for noise), where the warm-up starts;
       ``target_accept``: the warm-up's acceptance target (default 0.8 HMC, 0.3 MH).
-    - ``loss``: per-example loss(logits, y) -> (n,) >= 0; default cross-entropy. A loss without
-      gradients (e.g. the 0-1 loss) works with the Monte Carlo and Metropolis-Hastings estimators;
-      the PGD context is then skipped.
+    - ``loss``: per-example loss(logits, y) -> (n,) >= 0; default cross-entropy; one without
+      gradients (the 0-1 loss) works with estimator "mc" or "mh", and the PGD context is skipped.
     - ``pgd_steps``, ``pgd_restarts``: the PGD attack giving the q = infinity context number.
     - ``inputs``: evaluate at most this many inputs (a seeded random subset).
-    - ``full_context``: give the Monte Carlo context estimate as many model evaluations per input
-      as path sampling (the comparison at equal budget, e.g. Rice et al.'s tables); by default it
-      gets MC_CONTEXT_DRAWS (64) per input, so the budget goes to the gate.
+    - ``full_context``: Monte Carlo context at path sampling's budget per input (Rice et al.'s
+      tables), not the default MC_CONTEXT_DRAWS (64): the budget then goes to the gate.
     - ``budget``: cap on model evaluations (module docstring); ``seed``, ``batch_size`` (rows per
       model call), ``device`` as for every check.
     """
