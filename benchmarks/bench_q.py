@@ -19,7 +19,8 @@ Run from the repository root:
 
 (C) Defaults: where the budget goes. The standard model under UniformLinf(eps=0.3), BAR_INPUTS
     (50) test digits, q = 1 and q = 100, every setting at its default except ``budget=BAR_BUDGET``
-    (100 000, the budget at which the issue measured the old default): model evaluations per input
+    (100 000, the budget at which the issue measured the old default; the last row per q uses the
+    metric's default budget, 1 000 000): model evaluations per input
     with the old default (the Monte Carlo context at equal budget, ``full_context=True``) and the new
     one (64 context draws), and the verdicts of checks whose threshold lies 10% below and 10% above
     the loss (the estimate of a run on all BAR_INPUTS inputs, seed 1, unlimited budget).
@@ -118,16 +119,17 @@ def defaults_table(device, data, qs) -> str:
     for q in qs:
         truth, _ = timed(lambda: intermediate_q(model, (x, y), UniformLinf(eps=EPS), q, budget=10**9, seed=1,
                                                 device=device))
-        for full in (True, False):
+        for full, budget in ((True, BAR_BUDGET), (False, BAR_BUDGET), (False, None)):
             verdicts, cost, seen = [], None, None
             for gap in BAR_GAPS:
                 threshold = truth.estimate * (1 + gap)
+                cap = {} if budget is None else {"budget": budget}
                 r, seconds = timed(lambda: intermediate_q(model, (x, y), UniformLinf(eps=EPS), q, threshold,
-                                                          budget=BAR_BUDGET, seed=SEED, device=device,
-                                                          full_context=full))
+                                                          seed=SEED, device=device, full_context=full, **cap))
                 verdicts.append(f"{gap:+.0%}: {r.verdict} [{r.lower:.3f}, {r.upper:.3f}]")
                 cost, seen = r.details["evaluations_per_input"], r.n_inputs
-            rows.append([f"{q:g}", "before (full_context=True)" if full else "after (default)",
+            context = "before (full_context=True)" if full else "after (default)"
+            rows.append([f"{q:g}", context + ("" if budget else f", default budget {r.budget:,}"),
                          f"{sum(cost.values()):,}", ", ".join(f"{k} {v}" for k, v in cost.items() if v),
                          f"{seen}/{BAR_INPUTS}", f"{truth.estimate:.3f}", "; ".join(verdicts)])
     cols = ["q", "context", "evaluations/input", "split", "inputs evaluated", "loss (seed 1, all inputs)",
