@@ -243,6 +243,10 @@ def _sharded_rank(rank: int, world: int, port: int, out: str) -> None:
             json.dump(found, f)
     finally:
         dist.destroy_process_group()
+    # After an NPPR check, about 1 in 3 spawned gloo ranks aborts in interpreter teardown ("terminate
+    # called without an active exception"), after its results are written and the group destroyed;
+    # the numbers are unaffected. Leave without teardown so the test sees only the results.
+    os._exit(0)
 
 
 def test_every_check_shards_over_two_ranks_with_single_process_numbers(tmp_path):
