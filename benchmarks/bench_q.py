@@ -113,7 +113,7 @@ def defaults_table(device, data, qs) -> str:
     """(C): evaluations per input and verdicts at the defaults, old (full context) and new."""
     model = load("standard", device)
     x, y = data[0][:BAR_INPUTS], data[1][:BAR_INPUTS]
-    line = header(device, f"model=standard", f"perturbation=UniformLinf(eps={EPS})", f"inputs={BAR_INPUTS}",
+    line = header(device, "model=standard", f"perturbation=UniformLinf(eps={EPS})", f"inputs={BAR_INPUTS}",
                   f"budget={BAR_BUDGET:,}", "other settings: defaults", title="(C) Defaults: where the q-loss budget goes")
     rows = []
     for q in qs:

@@ -327,13 +327,17 @@ class Forward:
 
     def charge(self, n: int) -> None:
         """Count ``n`` evaluations in the current phase; BudgetError if they exceed the budget."""
+        self.afford(n)
+        self.passes += n
+        self.by_phase[self.current] = self.by_phase.get(self.current, 0) + n
+
+    def afford(self, n: int) -> None:
+        """BudgetError, naming the phase, unless ``n`` more evaluations fit in the budget."""
         if self.budget is not None and self.passes + n > self.budget:
             raise BudgetError(
                 f"the budget of {self.budget} model evaluations ran out in the {self.current} phase "
                 f"({self.passes} spent, {n} more needed): raise budget= (or --robust-budget)"
             )
-        self.passes += n
-        self.by_phase[self.current] = self.by_phase.get(self.current, 0) + n
 
     def chunked(self, n: int, run):
         """``run(start, stop)`` over consecutive row ranges of [0, n), each at most ``batch_size``
@@ -343,8 +347,7 @@ class Forward:
         out, start = [], 0
         while start < n:
             stop = min(n, start + self.batch_size)
-            if self.budget is not None and self.passes + (stop - start) > self.budget:
-                self.charge(stop - start)  # raises BudgetError naming the phase
+            self.afford(stop - start)  # before the model runs
             try:
                 out.append(run(start, stop))
             except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:

@@ -24,7 +24,7 @@ from .report.junit import metric_junit
 from .report.markdown import summary_markdown
 from .report.plots import write_plots
 from .report.terminal import summary_lines
-from .settings import KEYS, read_yaml, resolve
+from .settings import KEYS, Settings, read_yaml, resolve
 from .validation import baseline_name, directory_path, file_path
 
 MARKER_DOC = (
