@@ -33,6 +33,7 @@ for their gap.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -103,10 +104,12 @@ def betaincinv(a: float, b: float, y: float) -> float:
     return 0.5 * (lo + hi)
 
 
+@functools.lru_cache(maxsize=1024)
 def t_quantile(p: float, dof: int) -> float:
     """The p-quantile (p > 1/2) of Student's t with ``dof`` degrees of freedom.
 
-    P(T > t) = I_x(dof/2, 1/2) / 2 with x = dof / (dof + t^2), solved with ``betaincinv``.
+    P(T > t) = I_x(dof/2, 1/2) / 2 with x = dof / (dof + t^2), solved with ``betaincinv``
+    (memoized: a sequential gate asks for the same few quantiles again and again).
     """
     x = betaincinv(dof / 2.0, 0.5, 2.0 * (1.0 - p))
     return math.sqrt(dof * (1.0 - x) / x)

@@ -262,6 +262,64 @@ def test_budget_caps_evaluations_and_subsets_inputs_when_needed():
     assert full.draws == 40 * 4 * 20
 
 
+def test_looks_double_from_one_block_and_are_fixed_by_the_number_of_inputs():
+    assert iq._looks(50, True) == [16, 32, 50]
+    assert iq._looks(40, True) == [16, 40]
+    assert iq._looks(359, True) == [16, 32, 64, 128, 359]
+    assert iq._looks(10, True) == [10] and iq._looks(359, False) == [359]
+    spent = iq._spending([16, 32, 50], 0.05)
+    assert sum(spent) == pytest.approx(0.05) and spent[0] < spent[1] < spent[2]
+
+
+def _sequential_verdicts(population: np.ndarray, threshold: float, alpha: float, repeats: int, spend: bool):
+    """Verdicts of the look-by-look rule on random orders of a population of per-input values
+    (exact per-input estimates: no chain variance), or of the same looks each at the full level."""
+    rng = np.random.default_rng(0)
+    looks = iq._looks(len(population), True)
+    verdicts = []
+    for _ in range(repeats):
+        order = population[rng.permutation(len(population))]
+        at = lambda n: iq._Estimate(1.0, "hmc", order[:n], np.zeros(n), order[:n], {}, [], n,  # noqa: E731
+                                    order[:n])
+        if spend:
+            est, (_, lower, upper, _), _ = iq._sequential(looks, at, len(population), threshold, alpha)
+        else:
+            lower, upper = 0.0, math.inf
+            for n in looks:
+                _, lower, upper, _ = iq._bound(at(n), len(population), 1 - alpha)
+                if upper <= threshold or lower >= threshold:
+                    break
+        verdicts.append("pass" if upper <= threshold else "fail" if lower >= threshold else "inconclusive")
+    return verdicts
+
+
+def test_stopping_at_the_first_deciding_look_keeps_the_false_pass_rate_at_alpha():
+    """Simulation at the threshold: the true mean over 300 right-skewed per-input losses is just
+    above max_loss, so every pass is false (with all inputs evaluated the bound is exact here). Spending alpha over the looks keeps the false-pass rate
+    within alpha + 3 SE; looking at the full level every time does not."""
+    alpha, repeats = 0.05, 4000
+    population = np.random.default_rng(1).gamma(2.0, 0.25, size=300)
+    threshold = float(population.mean()) * (1 - 1e-9)
+    spent = _sequential_verdicts(population, threshold, alpha, repeats, spend=True)
+    naive = _sequential_verdicts(population, threshold, alpha, repeats, spend=False)
+    rate, naive_rate = spent.count("pass") / repeats, naive.count("pass") / repeats
+    assert rate <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / repeats)
+    assert naive_rate > alpha + 3 * math.sqrt(alpha * (1 - alpha) / repeats)
+
+
+def test_the_gate_stops_at_the_first_look_that_decides_and_spends_no_more():
+    data = centre_data(n=40)
+    kw = dict(loss=first_logit, steps=20, seed=3)
+    far = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, 100.0, **kw)
+    close = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, None, **kw)
+    per_input = sum(far.details["evaluations_per_input"].values())
+    assert far.verdict == "pass" and far.n_inputs == 16 and len(far.details["looks"]) == 1
+    assert far.forward_passes == 16 * per_input and "stopped after 16 of 40 inputs" in far.note
+    assert far.details["looks"][0]["alpha"] == pytest.approx(0.05 * 16 / (16 + 40))
+    assert close.n_inputs == 40 and [look["inputs"] for look in close.details["looks"]] == [40]
+    assert close.details["per_input_estimate"][:16] == far.details["per_input_estimate"]
+
+
 def test_monte_carlo_context_is_cheap_unless_full_context_is_asked_for():
     """By default the context estimate gets MC_CONTEXT_DRAWS per input and the rest of the budget
     goes to path sampling; full_context=True gives it as many evaluations as path sampling."""
@@ -468,14 +526,15 @@ def test_every_hmc_iterate_stays_in_the_box():
             return super().forward(x)
 
     x = torch.rand(10, 5)
-    intermediate_q(Recording(3.0), (x, torch.zeros(10, dtype=torch.long)), UniformLinf(0.3), 100,
-                   loss=first_logit, steps=20, path_len=4.0)
+    r = intermediate_q(Recording(3.0), (x, torch.zeros(10, dtype=torch.long)), UniformLinf(0.3), 100,
+                       loss=first_logit, steps=20, path_len=4.0)
     chains = [s for s in seen if len(s) == 40]  # 10 inputs x 4 chains: the warm-up and the path
     # warm-up: start + 20 transitions x 5 leapfrog steps; path: start + 19 transitions x 5
     assert len(chains) == (1 + 20 * 5) + (1 + 19 * 5)
     rows = torch.stack(chains)
     assert rows.min() >= 0 and rows.max() <= 1
-    assert (rows - x.repeat_interleave(4, 0)).abs().max() <= 0.3 + 1e-6
+    order = x[r.details["input_index"]]  # inputs are evaluated in a seeded random order
+    assert (rows - order.repeat_interleave(4, 0)).abs().max() <= 0.3 + 1e-6
 
 
 def test_split_rhat_and_ess_on_known_chains():

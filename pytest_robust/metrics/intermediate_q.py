@@ -21,7 +21,15 @@ How it is decided (``intermediate_q``):
    variance of the per-input estimates across inputs and v the mean over inputs of the
    between-chain variance of each per-input estimate. With every input evaluated (f = 1) it is a
    bound on the mean over your inputs that accounts for MCMC noise only; with a random subset it
-   also accounts for which inputs were drawn. Why t rather than a bootstrap: both rest on the
+   also accounts for which inputs were drawn.
+   Inputs are evaluated in a seeded random order, in looks (``_looks``): 16, 32, 64, ... inputs,
+   then all that the budget allows. The gate stops at the first look whose bound decides (healthy
+   diagnostics and the threshold outside the bounds). Look k's bound is taken at level
+   alpha_k = alpha n_k / sum_j n_j (alpha = 1 - confidence); each holds with probability
+   >= 1 - alpha_k, so by the union bound all looks' bounds hold together with probability
+   >= 1 - alpha and the bound where the rule stops is valid however the data made it stop. The
+   looks are fixed by the number of inputs and the budget before any is evaluated. A check
+   without a threshold makes one look at the full level. Why t rather than a bootstrap: both rest on the
    normal approximation of a mean of independent per-input estimates, the t bound is exact for
    normal data and cheap, and neither can see the bias that matters most here (MCMC bias),
    which the diagnostics watch instead. Per-input losses are right-skewed (a few misclassified
@@ -46,9 +54,9 @@ any chain or Monte Carlo draw visited.
 or without a backward pass for its gradient (a gradient evaluation costs about 2-3 forward passes
 of time). Per input a check spends chains x (path + warm-up) evaluations on path sampling,
 MC_CONTEXT_DRAWS (64) on the Monte Carlo context estimate (as many as path sampling with
-``full_context=True``), and the PGD attack's; ``details["evaluations_per_input"]``
-lists them. When not all inputs fit, a seeded random subset is evaluated and the bound accounts
-for it; when fewer than ``MIN_INPUTS`` (or an explicit ``inputs=``) fit, the check refuses to
+``full_context=True``), and the PGD attack's (on the inputs evaluated);
+``details["evaluations_per_input"]`` lists them and ``details["looks"]`` the looks made. When not
+all inputs fit, a seeded random subset is evaluated and the bound accounts for it; when fewer than ``MIN_INPUTS`` (or an explicit ``inputs=``) fit, the check refuses to
 run and says what budget it needs.
 """
 
@@ -76,15 +84,18 @@ from ..qnorm import (
     path_sampling,
     weight_ess,
 )
-from ..results import Result
+from ..results import Result, decide
 from ..run import Run
 from ..stats import t_quantile
 
 #: Inputs per random stream: a block's chains draw from their own generators, so results do not
-#: depend on the batch size (several blocks share a batch).
-BLOCK_INPUTS = 16
+#: depend on the batch size (several blocks share a batch). Blocks are also the unit of work of
+#: the ranks, so a look of FIRST_LOOK inputs keeps FIRST_LOOK / BLOCK_INPUTS ranks busy.
+BLOCK_INPUTS = 4
+#: Inputs of the gate's first look (``_looks``); later looks double it.
+FIRST_LOOK = 16
 #: Monte Carlo draws per input generated from one random stream.
-DRAW_CHUNK = 64
+DRAW_CHUNK = 256
 #: Monte Carlo draws per input of the context estimate next to path sampling, unless
 #: ``full_context=True`` asks for as many as path sampling spends.
 MC_CONTEXT_DRAWS = 64
@@ -228,15 +239,15 @@ class _Plan:
         rows = [(blocks[b].stop - blocks[b].start) * rows_per_input for b in block_ids]
         return RowStreams(gens, rows, self.run.device, self.x.dtype)
 
-    def sharded(self, n_items: int, per_group, group_size: int = 1) -> list:
-        """``per_group(item ids)`` -> one result per item, over this rank's share of the items
-        (``Run.shard``), in groups of ``group_size``; returns every item's result in item order,
-        the same on every rank (``Run.gather``)."""
-        mine = self.run.shard(n_items).tolist()
+    def sharded(self, ids: list[int], per_group, group_size: int = 1) -> list:
+        """``per_group(block ids)`` -> one result per block, over this rank's share of the blocks
+        ``ids`` (``Run.shard``), in groups of ``group_size``; returns every block's result in the
+        order of ``ids``, the same on every rank (``Run.gather``)."""
+        mine = [ids[i] for i in self.run.shard(len(ids))]
         out = []
         for i in range(0, len(mine), group_size):
             out += per_group(mine[i : i + group_size])
-        return self.run.gather(out, n_items)
+        return self.run.gather(out, len(ids))
 
 
 def _pgd_applies(perturbation) -> bool:
@@ -244,7 +255,8 @@ def _pgd_applies(perturbation) -> bool:
 
 
 def _plan(run: Run, perturbation, loss, config: Config, inputs, n_q: int) -> tuple[_Plan, dict]:
-    """Choose the inputs that fit the budget (per value of q) and lay them out in blocks."""
+    """Choose the inputs that fit the budget (per value of q), in a seeded random order, and lay
+    them out in blocks."""
     n_total, budget = len(run.ds), run.args.budget
     if n_total < 2:
         raise RobustDataError("the q-loss bound over inputs needs at least 2 inputs, got 1")
@@ -261,11 +273,8 @@ def _plan(run: Run, perturbation, loss, config: Config, inputs, n_q: int) -> tup
             "raise budget= (or --robust-budget), or lower inputs=, chains=, steps=, leapfrog=/mh_steps=, warmup=",
         )
     n = min(wanted, fit)
-    if n < n_total:
-        order = torch.randperm(n_total, generator=stream_generator(run.seed, "q-inputs"))
-        index = np.sort(order[:n].numpy())
-    else:
-        index = np.arange(n_total)
+    order = torch.randperm(n_total, generator=stream_generator(run.seed, "q-inputs"))
+    index = order[:n].numpy()  # the evaluation order: every prefix is a random sample of the inputs
     positions = torch.as_tensor(index)
     x = run.ds.x[positions.to(run.ds.x.device)].to(run.device)
     y = run.ds.y[positions.to(run.ds.y.device)].to(run.device)
@@ -295,9 +304,9 @@ def _path_group(plan: _Plan, q: float, group: list[int]) -> list[dict]:
     return [{k: None if v is None else v[a:b] for k, v in split.items()} for a, b in zip(starts, starts[1:])]
 
 
-def _run_paths(plan: _Plan, q: float) -> dict:
-    """Path sampling for every evaluated input (sharded over ranks by block)."""
-    per_block = plan.sharded(len(plan.blocks), lambda group: _path_group(plan, q, group), plan.blocks_per_group)
+def _run_paths(plan: _Plan, q: float, ids: list[int]) -> dict:
+    """Path sampling for the inputs of blocks ``ids`` (sharded over ranks by block)."""
+    per_block = plan.sharded(ids, lambda group: _path_group(plan, q, group), plan.blocks_per_group)
     return {k: None if per_block[0][k] is None else np.concatenate([d[k] for d in per_block])
             for k in per_block[0]}
 
@@ -318,14 +327,15 @@ def _mc_block(plan: _Plan, q: float, b: int) -> np.ndarray:
     return torch.cat(parts, dim=1).double().cpu().numpy()
 
 
-def _run_mc(plan: _Plan, q: float) -> np.ndarray:
-    """Log losses of ``mc_draws`` draws per input: (inputs, draws), sharded over ranks by block."""
-    return np.concatenate(plan.sharded(len(plan.blocks), lambda group: [_mc_block(plan, q, group[0])]))
+def _run_mc(plan: _Plan, q: float, ids: list[int]) -> np.ndarray:
+    """Log losses of ``mc_draws`` draws per input of blocks ``ids``: (inputs, draws), sharded over
+    ranks by block."""
+    return np.concatenate(plan.sharded(ids, lambda group: [_mc_block(plan, q, group[0])]))
 
 
-def _run_pgd(plan: _Plan) -> np.ndarray | None:
-    """PGD adversarial loss per input (the q = infinity end), or None where PGD does not apply
-    (not an L-inf ball, or a loss without gradients)."""
+def _run_pgd(plan: _Plan, ids: list[int]) -> np.ndarray | None:
+    """PGD adversarial loss per input of blocks ``ids`` (the q = infinity end), or None where PGD
+    does not apply (not an L-inf ball, or a loss without gradients)."""
     if not _pgd_applies(plan.perturbation):
         return None
     cfg, p = plan.config, plan.perturbation
@@ -341,7 +351,7 @@ def _run_pgd(plan: _Plan) -> np.ndarray | None:
     try:
         with plan.run.forward.phase("context"):
             group = max(1, plan.run.args.batch_size // BLOCK_INPUTS)
-            return np.concatenate(plan.sharded(len(plan.blocks), attack, group))
+            return np.concatenate(plan.sharded(ids, attack, group))
     except NotDifferentiable:
         return None
 
@@ -424,20 +434,86 @@ def _problems(diag: dict, cfg: Config) -> list:
     return problems
 
 
-def _estimate(plan: _Plan, q: float) -> _Estimate:
+def _draw(plan: _Plan, q: float, ids: list[int]) -> dict:
+    """The raw samples of the inputs of blocks ``ids``: Monte Carlo log losses ("mc", inputs x
+    draws) and, for path sampling, its traces (``_path_group``'s fields)."""
     cfg = plan.config
     with plan.run.forward.phase("context" if cfg.estimator != "mc" else "gate"):
-        mc_logs = _run_mc(plan, q)
+        raw = {"mc": _run_mc(plan, q, ids)}
+    if cfg.estimator != "mc":
+        with plan.run.forward.phase("gate"):
+            raw.update(_run_paths(plan, q, ids))
+    return raw
+
+
+def _extend(raw: dict | None, more: dict) -> dict:
+    """Raw samples of two sets of inputs, one after the other."""
+    if raw is None:
+        return more
+    return {k: None if v is None else np.concatenate([v, more[k]]) for k, v in raw.items()}
+
+
+def _estimate(cfg: Config, q: float, raw: dict) -> _Estimate:
+    """Per-input estimates, their chain variances and the diagnostics, from ``_draw``'s samples."""
+    mc_logs = raw["mc"]
     if cfg.estimator == "mc":
         return _mc_estimate(q, cfg, mc_logs)
-    with plan.run.forward.phase("gate"):
-        paths = _run_paths(plan, q)
-    logs = paths["log_losses"]
+    logs = raw["log_losses"]
     z, var, *arithmetic = _combine_chains(path_log_estimate(logs))
-    diag, _ = _diagnostics(paths, weight_ess(mc_logs, q))
+    diag, _ = _diagnostics(raw, weight_ess(mc_logs, q))
     visited = np.maximum(np.exp(logs.max(axis=(1, 2))), np.exp(mc_logs.max(axis=1)))
     return _Estimate(q, cfg.sampler.kind, z, var, np.exp(mc_log_estimate(mc_logs, q)), diag, _problems(diag, cfg),
                      logs.size, visited, tuple(arithmetic))
+
+
+def _looks(n: int, sequential: bool) -> list[int]:
+    """Inputs evaluated by each look of the gate: FIRST_LOOK, doubling (16, 32, 64, ...) while a
+    look stays below two thirds of n, then all n; just n when the check has no threshold to stop
+    at. Fixed before any input is evaluated."""
+    looks, k = [], FIRST_LOOK
+    while sequential and 3 * k <= 2 * n:
+        looks.append(k)
+        k *= 2
+    return looks + [n]
+
+
+def _spending(looks: list[int], alpha: float) -> list[float]:
+    """The error probability each look's bound may spend: alpha_k = alpha * n_k / sum_j n_j. They
+    sum to alpha, and the larger, later looks (where a close threshold is decided) get most."""
+    return [alpha * n / sum(looks) for n in looks]
+
+
+def _sequential(looks: list[int], estimate_at, n_total: int, threshold: float | None, alpha: float):
+    """Evaluate look after look and stop at the first whose bound decides.
+
+    ``estimate_at(n)`` gives the ``_Estimate`` of the first n inputs of the random order. Look k
+    bounds the mean at level alpha_k (``_spending``); each bound holds with probability >= 1 -
+    alpha_k, so by the union bound all of them hold at once with probability >= 1 - alpha, and the
+    bound of whichever look the rule stops at holds at the check's confidence whatever the data
+    made it stop. Returns (the last estimate, its ``_bound``, one record per look made).
+    """
+    record = []
+    for n, a in zip(looks, _spending(looks, alpha)):
+        est = estimate_at(n)
+        bound = _bound(est, n_total, 1.0 - a)
+        record.append({"inputs": n, "alpha": a, "lower": bound[1], "upper": bound[2], "healthy": not est.problems})
+        if decide(threshold, bound[1], bound[2], "<=", not est.problems) in ("pass", "fail"):
+            break
+    return est, bound, record
+
+
+def _gate(plan: _Plan, q: float, threshold: float | None) -> tuple[_Estimate, tuple, list]:
+    """``_sequential`` over the plan's inputs: each look samples only the blocks it adds."""
+    state = {"raw": None, "blocks": 0}
+
+    def estimate_at(n: int) -> _Estimate:
+        upto = -(-n // BLOCK_INPUTS)
+        state["raw"] = _extend(state["raw"], _draw(plan, q, list(range(state["blocks"], upto))))
+        state["blocks"] = upto
+        return _estimate(plan.config, q, state["raw"])
+
+    looks = _looks(len(plan.index), threshold is not None)
+    return _sequential(looks, estimate_at, plan.n_total, threshold, 1.0 - plan.run.args.confidence)
 
 
 def _combine_chains(chain_logs: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -556,24 +632,23 @@ def intermediate_q(
              batch_size=batch_size, device=device, direction="<=", perturbation=perturbation) as run:
         plan, cost = _prepare(run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
                               target_accept, loss, pgd_steps, pgd_restarts, inputs, 1, full_context)
-        est = _estimate(plan, q)
-        adversarial = _run_pgd(plan)
-    mean, lower, upper, se = _bound(est, plan.n_total, run.args.confidence)
+        est, (mean, lower, upper, se), looks = _gate(plan, q, threshold)
+        adversarial = _run_pgd(plan, list(range(-(-len(est.per_input) // BLOCK_INPUTS))))
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
     q_inf = adversarial if adversarial is not None else est.max_visited
-    result = run.result(estimate=mean, lower=lower, upper=upper, draws=est.draws, n_inputs=len(plan.index),
+    result = run.result(estimate=mean, lower=lower, upper=upper, draws=est.draws, n_inputs=len(est.per_input),
                         perturbation=repr(plan.perturbation), healthy=not est.problems,
-                        details=_details(plan, est, cost, float(q_inf.mean()), q_inf_name, se))
+                        details=_details(plan, est, cost, float(q_inf.mean()), q_inf_name, se, looks))
     result.details["per_input_q_infinity"] = q_inf.tolist()
     if result.verdict == "inconclusive":
         result.details["inconclusive_reason"] = _inconclusive_reason(est, threshold, lower, upper)
-    result.note = _note(plan, est, result.details["inconclusive_reason"], float(est.mc.mean()),
-                        float(q_inf.mean()), q_inf_name)
+    result.note = _note(plan, est, float(q_inf.mean()), q_inf_name, looks)
     return result
 
 
-def _details(plan: _Plan, est: _Estimate, cost: dict, q_inf: float, q_inf_name: str, se: float) -> dict:
-    n = len(plan.index)
+def _details(plan: _Plan, est: _Estimate, cost: dict, q_inf: float, q_inf_name: str, se: float,
+             looks: list) -> dict:
+    n = len(est.per_input)
     return {
         "q": est.q,
         "estimator": est.estimator,
@@ -589,10 +664,14 @@ def _details(plan: _Plan, est: _Estimate, cost: dict, q_inf: float, q_inf_name: 
         "diagnostics": est.diagnostics,
         "bound": (
             f"one-sided Student-t bound on the mean over inputs, two-stage variance "
-            f"(inputs sampled {n}/{plan.n_total}, chains per input {plan.config.chains}), se={se:.4g}"
+            f"(inputs sampled {n}/{plan.n_total}, chains per input {plan.config.chains}), se={se:.4g}, "
+            f"at level {looks[-1]['alpha']:.3g} of look {len(looks)} (error probability split over the looks "
+            f"{[look['inputs'] for look in looks]}{' ...' if n < len(plan.index) else ''} by a union bound)"
         ),
+        "looks": looks,
         "inputs_total": plan.n_total,
-        "input_index": plan.index.tolist(),
+        "inputs_planned": len(plan.index),
+        "input_index": plan.index[:n].tolist(),
         "per_input_estimate": est.per_input.tolist(),
         "per_input_monte_carlo": est.mc.tolist(),
         "evaluations_per_input": cost["per_input"],
@@ -609,12 +688,12 @@ def _inconclusive_reason(est: _Estimate, threshold: float, lower: float, upper: 
     )
 
 
-def _note(plan, est, reason, mc_mean, q_inf, q_inf_name) -> str:
+def _note(plan: _Plan, est: _Estimate, q_inf: float, q_inf_name: str, looks: list) -> str:
     parts = []
     parts.append(f"q={est.q:g}, {_describe(plan.config)}, loss {plan.loss!r}")
     parts.append("an estimate with MCMC diagnostics, not a guarantee" if est.estimator != "mc"
                  else "a Monte Carlo estimate (biased low for large q), not a guarantee")
-    context = f"Monte Carlo {mc_mean:.3g}" if est.estimator != "mc" else ""
+    context = f"Monte Carlo {float(est.mc.mean()):.3g}" if est.estimator != "mc" else ""
     parts.append(", ".join(p for p in (context, f"{q_inf_name} {q_inf:.3g} (q=inf)") if p))
     d = est.diagnostics
     if est.estimator != "mc":
@@ -622,9 +701,11 @@ def _note(plan, est, reason, mc_mean, q_inf, q_inf_name) -> str:
             f"acceptance {d['acceptance']:.2f}, split R-hat median {d['rhat_median']:.2f} (above "
             f"{RHAT_LIMIT:g} on {d['rhat_share_over']:.0%} of inputs), median ESS {d['ess_median']:.0f}"
         )
-    n = len(plan.index)
-    if n < plan.n_total:
-        parts.append(f"on a random subset of {n} of {plan.n_total} inputs (budget {plan.run.args.budget} evaluations)")
+    n, planned = len(est.per_input), len(plan.index)
+    if n < planned:
+        parts.append(f"stopped after {n} of {planned} inputs: look {len(looks)} decided")
+    if planned < plan.n_total:
+        parts.append(f"on a random subset of {planned} of {plan.n_total} inputs (budget {plan.run.args.budget} evaluations)")
     return "; ".join(parts)
 
 
@@ -653,8 +734,9 @@ def q_curve(
              seed=seed, batch_size=batch_size, device=device, direction="<=", perturbation=perturbation) as run:
         plan, cost = _prepare(run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
                               target_accept, loss, pgd_steps, pgd_restarts, inputs, len(qs), full_context)
-        estimates = [_estimate(plan, q) for q in qs]
-        adversarial = _run_pgd(plan)
+        every = list(range(len(plan.blocks)))
+        estimates = [_estimate(plan.config, q, _draw(plan, q, every)) for q in qs]
+        adversarial = _run_pgd(plan, every)
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
     q_inf = float((adversarial if adversarial is not None else np.max([e.max_visited for e in estimates], axis=0)).mean())
     table = [_curve_row(est, plan.n_total, run.args.confidence) for est in estimates]
