@@ -121,7 +121,7 @@ def defaults_table(device, data, qs) -> str:
     line = header(device, "model=standard", f"perturbation=UniformLinf(eps={EPS})", f"inputs={BAR_INPUTS}",
                   "confidence=0.95", f"seed={SEED}", "other settings: defaults",
                   title="(C) Defaults: where the q-loss budget goes")
-    rows = []
+    rows, bar = [], {}
     for q in qs:
         truth, _ = timed(lambda: intermediate_q(model, (x, y), UniformLinf(eps=EPS), q, budget=10**9, seed=1,
                                                 device=device))
@@ -136,9 +136,13 @@ def defaults_table(device, data, qs) -> str:
                              f"{truth.estimate:.3f}", f"{gap:+.0%}",
                              f"{r.n_inputs}/{r.details['inputs_planned']}/{BAR_INPUTS}",
                              f"{r.forward_passes:,}", f"{r.verdict} [{r.lower:.3f}, {r.upper:.3f}]"])
+                if abs(gap) <= 0.15:
+                    bar.setdefault(f"{context}, budget {r.budget:,}", []).append(r.verdict != "inconclusive")
     cols = ["q", "setting", "evaluations/input", "loss (seed 1, all inputs)", "threshold - loss",
             "inputs evaluated/planned/total", "evaluations spent", "verdict [lower, upper]"]
-    return line + "\n" + markdown_table(cols, rows, "llrrrrrl")
+    counts = "; ".join(f"{k}: {sum(v)}/{len(v)}" for k, v in bar.items())
+    return (line + "\n" + markdown_table(cols, rows, "llrrrrrl")
+            + f"\n\nDecided on the bar (q in {{{', '.join(f'{q:g}' for q in qs)}}}, threshold 10% either side): {counts}")
 
 
 def main(argv=None) -> None:
