@@ -3,7 +3,7 @@ fixed-size CERTIFY, and throughput against a bare model loop.
 
 Run from the repository root:
 
-    python benchmarks/bench_smoothing.py [--quick] [--device cpu|cuda] [--threads N] [--sections abcd]
+    python benchmarks/bench_smoothing.py [--quick] [--device cpu|cuda] [--threads N] [--sections abcd] [--first K]
 
 Model: the CNN trained with Gaussian noise sigma = 0.25 (examples/digits/checkpoints/gaussian_0.25.pt);
 data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 and sigma 0.25 in
@@ -20,7 +20,8 @@ data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 
     and caps 10 000 and 2 000.
 
 (c) Gate vs RS_conf_seq (Voráček, NeurIPS 2024; reimplemented in ``rs_conf_seq.py``). On the
-    first 100 test digits (--quick: 20), at L2 radii 0.25, 0.5 and 0.75 (sigma 0.25), both methods
+    first 100 test digits (--quick: 20; ``--first 100``: digits 100 to 199, which the gate's
+    mixture weight and chunk cap were not tuned on), at L2 radii 0.25, 0.5 and 0.75 (sigma 0.25), both methods
     read the same draws (draw t of input i is row t of input i's noise stream) at the same level
     alpha = 0.001 per side and the same cap of 131 100 draws per input. RS_conf_seq's evaluations
     replay its batch loop (100 rows per batch); the gate's are its forward passes in estimate mode.
@@ -34,7 +35,8 @@ data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 
     class counts -- with ``np.bincount`` instead of its Python loop over predictions, which only
     makes the yardstick faster) against ``certify`` (n0 = 100, n = 10 000) and ``predict``
     (n = 10 000) on 8 inputs, batch 1024. Process CPU seconds, runs interleaved, medians; ratio =
-    reference / ours (>= 1: ours at least as fast).
+    reference / ours (>= 1: ours at least as fast). A last row repeats PREDICT with a near-free
+    model (one linear layer), so that it times the sampling around the model alone.
 
 (b) Throughput. Forward passes per second of one whole ``certify`` call (noise, forward passes,
     counting, bounds) and of one whole gate call, each against a bare loop
@@ -78,7 +80,7 @@ RS_RADII = (0.25, 0.5, 0.75)
 def facts(inputs: int, n: int) -> list[str]:
     """The settings in the line above each table, after device, torch version and threads."""
     return [f"seed={SEED}", f"sigma={SIGMA}", f"radius={RADIUS} (L2, pixel units)", f"alpha={ALPHA}", f"n0={N0}",
-            f"n={n:,}", f"inputs={inputs} (first of the 359 test digits)", f"batch size={BATCH}"]
+            f"n={n:,}", f"inputs={inputs} (test digits {first} to {first + inputs - 1} of 359)", f"batch size={BATCH}"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,13 +180,15 @@ def rs_conf_seq_run(outcomes: Outcomes, radius: float) -> tuple[list, list]:
     return decisions, draws
 
 
-def rs_conf_seq_table(model, data, device, cfg) -> str:
+def rs_conf_seq_table(model, data, device, cfg, first: int = 0) -> str:
     inputs = cfg["rs_inputs"]
-    data = (data[0][:inputs], data[1][:inputs])
+    data = (data[0][first : first + inputs], data[1][first : first + inputs])
+    if len(data[0]) < inputs:
+        raise SystemExit(f"--first {first}: the test set has {len(data[0]) + first} digits, {inputs} are needed from there")
     outcomes = Outcomes(model, data, device)
     cap = rs_conf_seq.HORIZON
     line = header(device, f"seed={SEED}", f"sigma={SIGMA}", f"alpha={ALPHA} per side (both methods)",
-                  f"inputs={inputs} (first of the 359 test digits)", f"max draws per input={cap:,}",
+                  f"inputs={inputs} (test digits {first} to {first + inputs - 1} of 359)", f"max draws per input={cap:,}",
                   "RS_conf_seq batch=100", f"gate batch size={BATCH}",
                   title="(c) Sequential gate vs RS_conf_seq (model evaluations per radius)")
     rows, notes = [], []
@@ -350,7 +354,10 @@ def reference_table(model, data, device, cfg) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(__doc__, quick="20 inputs, n = 10 000 (a minute or two on 2 CPU cores)", argv=argv,
-                      extra={"--sections": dict(default="abcd", help="which sections to run, e.g. 'c' (default: abcd)")})
+                      extra={"--sections": dict(default="abcd", help="which sections to run, e.g. 'c' (default: abcd)"),
+                             "--first": dict(type=int, default=0,
+                                             help="section (c): first test digit (default 0; 100 gives inputs the "
+                                                  "gate's mixture weight was not tuned on)")})
     cfg = QUICK if args.quick else FULL
     model = load("gaussian_0.25", args.device)
     x, y = digits()[1]
@@ -358,7 +365,7 @@ def main(argv=None) -> None:
     sections = {
         "a": lambda: comparison_table(model, data, args.device, cfg),
         "b": lambda: throughput_table(model, (x, y), args.device, cfg),
-        "c": lambda: rs_conf_seq_table(model, (x, y), args.device, cfg),
+        "c": lambda: rs_conf_seq_table(model, (x, y), args.device, cfg, args.first),
         "d": lambda: reference_table(model, (x, y), args.device, cfg),
     }
     report(f"Randomized-smoothing benchmarks ({args.mode} run), digits example, gaussian_0.25 model",

@@ -502,7 +502,7 @@ def _sequential(looks: list[int], estimate_at, n_total: int, threshold: float | 
     return est, bound, record
 
 
-def _gate(plan: _Plan, q: float, threshold: float | None) -> tuple[_Estimate, tuple, list]:
+def _gate(plan: _Plan, q: float, looks: list[int], threshold: float | None) -> tuple[_Estimate, tuple, list]:
     """``_sequential`` over the plan's inputs: each look samples only the blocks it adds."""
     state = {"raw": None, "blocks": 0}
 
@@ -512,7 +512,6 @@ def _gate(plan: _Plan, q: float, threshold: float | None) -> tuple[_Estimate, tu
         state["blocks"] = upto
         return _estimate(plan.config, q, state["raw"])
 
-    looks = _looks(len(plan.index), threshold is not None)
     return _sequential(looks, estimate_at, plan.n_total, threshold, 1.0 - plan.run.args.confidence)
 
 
@@ -632,13 +631,14 @@ def intermediate_q(
              batch_size=batch_size, device=device, direction="<=", perturbation=perturbation) as run:
         plan, cost = _prepare(run, perturbation, estimator, chains, steps, leapfrog, mh_steps, warmup, path_len,
                               target_accept, loss, pgd_steps, pgd_restarts, inputs, 1, full_context)
-        est, (mean, lower, upper, se), looks = _gate(plan, q, threshold)
+        planned = _looks(len(plan.index), threshold is not None)
+        est, (mean, lower, upper, se), looks = _gate(plan, q, planned, threshold)
         adversarial = _run_pgd(plan, list(range(-(-len(est.per_input) // BLOCK_INPUTS))))
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
     q_inf = adversarial if adversarial is not None else est.max_visited
     result = run.result(estimate=mean, lower=lower, upper=upper, draws=est.draws, n_inputs=len(est.per_input),
                         perturbation=repr(plan.perturbation), healthy=not est.problems,
-                        details=_details(plan, est, cost, float(q_inf.mean()), q_inf_name, se, looks))
+                        details=_details(plan, est, cost, float(q_inf.mean()), q_inf_name, se, planned, looks))
     result.details["per_input_q_infinity"] = q_inf.tolist()
     if result.verdict == "inconclusive":
         result.details["inconclusive_reason"] = _inconclusive_reason(est, threshold, lower, upper)
@@ -647,7 +647,7 @@ def intermediate_q(
 
 
 def _details(plan: _Plan, est: _Estimate, cost: dict, q_inf: float, q_inf_name: str, se: float,
-             looks: list) -> dict:
+             planned: list[int], looks: list[dict]) -> dict:
     n = len(est.per_input)
     return {
         "q": est.q,
@@ -666,7 +666,7 @@ def _details(plan: _Plan, est: _Estimate, cost: dict, q_inf: float, q_inf_name: 
             f"one-sided Student-t bound on the mean over inputs, two-stage variance "
             f"(inputs sampled {n}/{plan.n_total}, chains per input {plan.config.chains}), se={se:.4g}, "
             f"at level {looks[-1]['alpha']:.3g} of look {len(looks)} (error probability split over the looks "
-            f"{[look['inputs'] for look in looks]}{' ...' if n < len(plan.index) else ''} by a union bound)"
+            f"at {planned} inputs by a union bound)"
         ),
         "looks": looks,
         "inputs_total": plan.n_total,
