@@ -80,7 +80,7 @@ RS_RADII = (0.25, 0.5, 0.75)
 def facts(inputs: int, n: int) -> list[str]:
     """The settings in the line above each table, after device, torch version and threads."""
     return [f"seed={SEED}", f"sigma={SIGMA}", f"radius={RADIUS} (L2, pixel units)", f"alpha={ALPHA}", f"n0={N0}",
-            f"n={n:,}", f"inputs={inputs} (test digits {first} to {first + inputs - 1} of 359)", f"batch size={BATCH}"]
+            f"n={n:,}", f"inputs={inputs} (first of the 359 test digits)", f"batch size={BATCH}"]
 
 
 # ----------------------------------------------------------------------------------------------
