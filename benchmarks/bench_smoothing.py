@@ -3,7 +3,7 @@ fixed-size CERTIFY, and throughput against a bare model loop.
 
 Run from the repository root:
 
-    python benchmarks/bench_smoothing.py [--quick] [--device cpu|cuda] [--threads N] [--sections abcd] [--first K]
+    python benchmarks/bench_smoothing.py [--quick] [--device cpu|cuda] [--threads N] [--sections abcde] [--first K]
 
 Model: the CNN trained with Gaussian noise sigma = 0.25 (examples/digits/checkpoints/gaussian_0.25.pt);
 data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 and sigma 0.25 in
@@ -37,6 +37,12 @@ data: the first 50 of the 359 held-out test digits (--quick: 20); L2 radius 0.5 
     (n = 10 000) on 8 inputs, batch 1024. Process CPU seconds, runs interleaved, medians; ratio =
     reference / ours (>= 1: ours at least as fast). A last row repeats PREDICT with a near-free
     model (one linear layer), so that it times the sampling around the model alone.
+
+(e) The gate with a threshold against every input decided (``--sections e``; ``--first`` as for
+    (c)). Per radius of (c), thresholds 0.10 below and above the certified accuracy of a run
+    without threshold; the gate with a threshold stops after the first round whose bounds over
+    inputs decide the check. Reported: its verdict, bounds, estimate (undecided inputs counted as
+    not certified), inputs left undecided and model evaluations, against the run without threshold.
 
 (b) Throughput. Forward passes per second of one whole ``certify`` call (noise, forward passes,
     counting, bounds) and of one whole gate call, each against a bare loop
@@ -221,6 +227,34 @@ def rs_conf_seq_table(model, data, device, cfg, first: int = 0) -> str:
     return "\n".join(out)
 
 
+def settle_table(model, data, device, cfg, first: int = 0) -> str:
+    """(e): the gate with a threshold, which stops once the bounds over inputs decide, against the
+    same inputs decided one by one (no threshold)."""
+    inputs = cfg["rs_inputs"]
+    data = (data[0][first : first + inputs], data[1][first : first + inputs])
+    cap = rs_conf_seq.HORIZON
+    line = header(device, f"seed={SEED}", f"sigma={SIGMA}", f"alpha={ALPHA}", "confidence=0.95",
+                  f"inputs={inputs} (test digits {first} to {first + inputs - 1} of 359)", f"max draws per input={cap:,}",
+                  f"budget={inputs * cap:,}", f"batch size={BATCH}",
+                  title="(e) Gate with a threshold (stops once the bounds over inputs decide) vs every input decided")
+    rows = []
+    kw = dict(sigma=SIGMA, alpha=ALPHA, max_draws=cap, budget=inputs * cap, seed=SEED, batch_size=BATCH, device=device)
+    for radius in RS_RADII:
+        full = certified_accuracy(model, data, None, radius, **kw)
+        for gap in (-0.10, 0.10):
+            threshold = round(full.estimate + gap, 2)
+            if not 0.0 < threshold < 1.0:
+                continue
+            gate = certified_accuracy(model, data, threshold, radius, **kw)
+            rows.append([f"{radius:g}", f"{threshold:.2f}", f"{full.estimate:.2f} [{full.lower:.3f}, {full.upper:.3f}]",
+                         f"{full.forward_passes:,}", f"{gate.verdict} [{gate.lower:.3f}, {gate.upper:.3f}]",
+                         f"{gate.estimate:.2f}", f"{gate.details['undecided']}", f"{gate.forward_passes:,}",
+                         f"{gate.forward_passes / full.forward_passes:.3f}"])
+    columns = ["radius", "threshold", "every input decided: estimate [lower, upper]", "its evaluations",
+               "gate: verdict [lower, upper]", "gate estimate", "left undecided", "gate evaluations", "gate / every input"]
+    return line + "\n" + markdown_table(columns, rows, "rrlrlrrrr")
+
+
 # ----------------------------------------------------------------------------------------------
 # (b) Throughput
 # ----------------------------------------------------------------------------------------------
@@ -354,9 +388,9 @@ def reference_table(model, data, device, cfg) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(__doc__, quick="20 inputs, n = 10 000 (a minute or two on 2 CPU cores)", argv=argv,
-                      extra={"--sections": dict(default="abcd", help="which sections to run, e.g. 'c' (default: abcd)"),
+                      extra={"--sections": dict(default="abcde", help="which sections to run, e.g. 'c' (default: abcde)"),
                              "--first": dict(type=int, default=0,
-                                             help="section (c): first test digit (default 0; 100 gives inputs the "
+                                             help="sections (c) and (e): first test digit (default 0; 100 gives inputs the "
                                                   "gate's mixture weight was not tuned on)")})
     cfg = QUICK if args.quick else FULL
     model = load("gaussian_0.25", args.device)
@@ -367,6 +401,7 @@ def main(argv=None) -> None:
         "b": lambda: throughput_table(model, (x, y), args.device, cfg),
         "c": lambda: rs_conf_seq_table(model, (x, y), args.device, cfg, args.first),
         "d": lambda: reference_table(model, (x, y), args.device, cfg),
+        "e": lambda: settle_table(model, (x, y), args.device, cfg, args.first),
     }
     report(f"Randomized-smoothing benchmarks ({args.mode} run), digits example, gaussian_0.25 model",
            *(sections[key] for key in args.sections))

@@ -379,7 +379,7 @@ def test_terminal_junit_results_json_and_summary_show_the_same_evaluations_and_b
         import pytest
         from pytest_robust import UniformLinf
 
-        @pytest.mark.robust(q=1, max_loss=5.0, perturbation=UniformLinf(eps=0.1, bounds=(-1, 1)), steps=8, warmup=2,
+        @pytest.mark.robust(q=1, max_loss=5.0, perturbation=UniformLinf(eps=0.1, bounds=(-1, 1)), steps=16, warmup=2,
                             pgd_steps=3, budget=20_000, inconclusive="skip")
         def test_q():
             pass

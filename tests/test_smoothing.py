@@ -282,8 +282,29 @@ def test_gate_verdicts(threshold, verdict):
             certified_accuracy(HALF_SPACE, data, threshold, radius=0.5, sigma=sigma, budget=10**6)
         return
     r = certified_accuracy(HALF_SPACE, data, threshold, radius=0.5, sigma=sigma, budget=10**6)
-    assert r.verdict == verdict and r.estimate == 0.8
-    assert "48 of 60 inputs certified, 12 proven not certifiable" in r.message()
+    full = certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=sigma, budget=10**6)
+    assert r.verdict == verdict and full.estimate == 0.8
+    assert "48 of 60 inputs certified, 12 proven not certifiable" in full.message()
+    assert r.details["settled_early"] and r.estimate <= 0.8 and "a lower estimate" in r.message()
+
+
+def test_gate_stops_once_the_bounds_over_inputs_decide_and_stays_within_the_full_runs_bounds():
+    """48 easy inputs, 12 hopeless ones and 4 just above Phi(2) that no test decides within 20 000
+    draws: with a threshold the gate stops after the round whose bounds decide, long before the
+    hard inputs spend their draws; the full run (no threshold) decides every input it can."""
+    sigma = 0.25
+    data = inputs_with_pa([0.9995] * 48 + [0.5] * 12 + [0.978] * 4, sigma)
+    kw = dict(radius=0.5, sigma=sigma, max_draws=20_000, budget=10**7)
+    full = certified_accuracy(HALF_SPACE, data, None, **kw)
+    for threshold, verdict in ((0.5, "pass"), (0.9, "fail")):
+        r = certified_accuracy(HALF_SPACE, data, threshold, **kw)
+        assert r.verdict == verdict and r.details["settled_early"]
+        assert r.forward_passes < full.forward_passes / 4
+        assert r.lower <= full.lower and r.upper >= full.upper
+        decided = [d for d in r.details["decisions"] if d != "undecided"]
+        assert decided == [d for d, mine in zip(full.details["decisions"], r.details["decisions"]) if mine != "undecided"]
+        assert "left open once the bounds over inputs decided the check" in r.note
+    assert full.details["undecided_at_max_draws"] == 4 and not full.details["settled_early"]
 
 
 def test_gate_fails_and_is_inconclusive_when_it_should():

@@ -38,7 +38,7 @@ from .. import certificates, validation
 from ..engine import Forward, correct_predictions, report_progress, stream_seed
 from ..errors import SettingError
 from ..inspection import records_warnings
-from ..results import Result
+from ..results import Result, decide
 from ..run import Run
 from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper
 
@@ -51,6 +51,9 @@ GROWTH = 16
 FIRST = 16
 #: Most draws one input contributes to a batch of the gate.
 MAX_CHUNK = 256
+#: With a threshold, round k lets an input reach at most ROUND_DRAWS * 2^(k-1) draws, so that the
+#: check looks at its bounds over inputs (and can stop) before hard inputs spend their share.
+ROUND_DRAWS = 512
 #: Prediction code of an abstention in ``certify`` and ``predict``.
 ABSTAIN = -1
 
@@ -359,6 +362,8 @@ class _GatePlan:
     budget: int
     max_draws: int
     fewest: int
+    threshold: float | None = None
+    confidence: float = 0.95
 
 
 #: Per-input verdict codes of the sequential tests.
@@ -376,6 +381,14 @@ class _GateState:
     hits: np.ndarray
     evaluated: np.ndarray
     rounds: int = 0
+    settled: bool = False  # stopped because the bounds over inputs had decided the check
+
+    def bounds(self, plan: _GatePlan) -> tuple[float, float]:
+        """The bounds over inputs now: undecided inputs count as not certified in the lower bound
+        and as certified in the upper one (``certificates.certified_accuracy_bounds``)."""
+        certified, undecided = int((self.verdict == CERTIFIED).sum()), int((self.verdict == OPEN).sum())
+        return certificates.certified_accuracy_bounds(certified, undecided, len(self.verdict), plan.alpha,
+                                                      plan.confidence)
 
 
 class _LocalTests:
@@ -473,6 +486,13 @@ def _run_gates(run: Run, plan: _GatePlan) -> _GateState:
     gathered after every round, so every rank reaches the single-process numbers. A test is fed
     its draws in stream order and stops at the exact draw where it decides; the rest of that
     chunk counts as evaluations, not as draws.
+
+    With a threshold, round k caps every input at ROUND_DRAWS * 2^(k-1) draws, and the gate stops
+    after the first round whose bounds over inputs decide the check. That stop changes no verdict
+    and keeps the bounds valid: inputs are only ever certified or refuted, never undone, so the
+    lower bound (certified count) can only rise and the upper bound (certified plus undecided) only
+    fall if the gate went on. The bounds at the stop are, input for input, on the conservative side
+    of those the full run would report.
     """
     n = len(run.ds)
     state = _GateState(*(np.zeros(n, np.int64) for _ in range(4)))
@@ -485,10 +505,15 @@ def _run_gates(run: Run, plan: _GatePlan) -> _GateState:
             return state
         state.rounds += 1
         allowance = np.minimum(state.evaluated + share, plan.max_draws)
+        if plan.threshold is not None:
+            allowance = np.minimum(allowance, ROUND_DRAWS << min(state.rounds - 1, 40))
         owned = set(mine.tolist())
         _round(run, plan, state, tests, deque(i for i in open_inputs if i in owned), allowance)
         rows = run.gather([(state.verdict[i], state.drawn[i], state.hits[i], state.evaluated[i]) for i in mine], n)
         state.verdict, state.drawn, state.hits, state.evaluated = (np.array(col, np.int64) for col in zip(*rows))
+        if plan.threshold is not None and decide(plan.threshold, *state.bounds(plan)) != "inconclusive":
+            state.settled = True
+            return state
 
 
 @records_warnings
@@ -530,29 +555,34 @@ def certified_accuracy(
              batch_size=batch_size, device=device) as run:
         fewest, fixed = _check_feasible(len(run.ds), run.args.threshold, radius, sigma, alpha, run.args.confidence,
                                         run.args.budget, max_draws)
-        plan = _GatePlan(sigma, certificates.required_pa(radius, sigma), alpha, run.args.budget, max_draws, fewest)
+        plan = _GatePlan(sigma, certificates.required_pa(radius, sigma), alpha, run.args.budget, max_draws, fewest,
+                         run.args.threshold, run.args.confidence)
         state = _run_gates(run, plan)
     n = len(state.verdict)
     certified, refuted = int((state.verdict == CERTIFIED).sum()), int((state.verdict == REFUTED).sum())
-    undecided = n - certified - refuted
-    lower, upper = certificates.certified_accuracy_bounds(certified, undecided, n, alpha, run.args.confidence)
+    lower, upper = state.bounds(plan)
     at_cap = int(((state.verdict == OPEN) & (state.drawn >= max_draws)).sum())
     return run.result(
         estimate=certified / n, lower=lower, upper=upper, draws=int(state.drawn.sum()),
         perturbation=f"Gaussian smoothing sigma={sigma:g}, L2 radius {radius:g}, alpha={alpha:g}",
-        note=_gate_note(certified, refuted, undecided, at_cap, n, max_draws, run.args.budget, alpha),
+        note=_gate_note(certified, refuted, at_cap, n, state.settled, run.args.budget, plan),
         details=_gate_details(plan, state, radius, fewest, fixed, at_cap),
     )
 
 
-def _gate_note(certified, refuted, undecided, at_cap, n, max_draws, budget, alpha) -> str:
+def _gate_note(certified, refuted, at_cap, n, settled, budget, plan: _GatePlan) -> str:
     note = f"{certified} of {n} inputs certified, {refuted} proven not certifiable"
+    undecided = n - certified - refuted
     if undecided:
+        stopped = ("left open once the bounds over inputs decided the check" if settled
+                   else f"stopped by the budget of {budget} model evaluations")
         note += (
-            f", {undecided} undecided and counted as not certified ({at_cap} reached max_draws={max_draws}, "
-            f"{undecided - at_cap} stopped by the budget of {budget} model evaluations)"
+            f", {undecided} undecided and counted as not certified ({at_cap} reached max_draws={plan.max_draws}, "
+            f"{undecided - at_cap} {stopped})"
         )
-    return note + f"; bounds: Clopper-Pearson over inputs -/+ alpha={alpha:g}"
+        if settled:
+            note += "; the estimate counts them as not certified, so it is a lower estimate"
+    return note + f"; bounds: Clopper-Pearson over inputs -/+ alpha={plan.alpha:g}"
 
 
 def _gate_details(plan: _GatePlan, state: _GateState, radius: float, fewest: int, fixed: int, at_cap: int) -> dict:
@@ -571,6 +601,7 @@ def _gate_details(plan: _GatePlan, state: _GateState, radius: float, fewest: int
         "not_certifiable": int((state.verdict == REFUTED).sum()),
         "undecided": undecided,
         "undecided_at_max_draws": at_cap,
+        "settled_early": state.settled,
         "decisions": [names[int(v)] for v in state.verdict],
         "draws_per_input": state.drawn.tolist(),
         "correct_draws_per_input": state.hits.tolist(),
