@@ -164,5 +164,6 @@ def main(argv=None) -> None:
     }
     report(f"Intermediate-q benchmarks ({args.mode} run), digits example", *(sections[k] for k in args.sections))
 
+
 if __name__ == "__main__":
     main()

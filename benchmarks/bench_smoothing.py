@@ -186,11 +186,16 @@ def rs_conf_seq_run(outcomes: Outcomes, radius: float) -> tuple[list, list]:
     return decisions, draws
 
 
+def _digits_from(data, first: int, inputs: int):
+    """(inputs, the test digits first .. first + inputs - 1), or exit naming the problem."""
+    part = (data[0][first : first + inputs], data[1][first : first + inputs])
+    if len(part[0]) < inputs:
+        raise SystemExit(f"--first {first}: the test set has {len(data[0])} digits, {inputs} are needed from there")
+    return inputs, part
+
+
 def rs_conf_seq_table(model, data, device, cfg, first: int = 0) -> str:
-    inputs = cfg["rs_inputs"]
-    data = (data[0][first : first + inputs], data[1][first : first + inputs])
-    if len(data[0]) < inputs:
-        raise SystemExit(f"--first {first}: the test set has {len(data[0]) + first} digits, {inputs} are needed from there")
+    inputs, data = _digits_from(data, first, cfg["rs_inputs"])
     outcomes = Outcomes(model, data, device)
     cap = rs_conf_seq.HORIZON
     line = header(device, f"seed={SEED}", f"sigma={SIGMA}", f"alpha={ALPHA} per side (both methods)",
@@ -230,8 +235,7 @@ def rs_conf_seq_table(model, data, device, cfg, first: int = 0) -> str:
 def settle_table(model, data, device, cfg, first: int = 0) -> str:
     """(e): the gate with a threshold, which stops once the bounds over inputs decide, against the
     same inputs decided one by one (no threshold)."""
-    inputs = cfg["rs_inputs"]
-    data = (data[0][first : first + inputs], data[1][first : first + inputs])
+    inputs, data = _digits_from(data, first, cfg["rs_inputs"])
     cap = rs_conf_seq.HORIZON
     line = header(device, f"seed={SEED}", f"sigma={SIGMA}", f"alpha={ALPHA}", "confidence=0.95",
                   f"inputs={inputs} (test digits {first} to {first + inputs - 1} of 359)", f"max draws per input={cap:,}",

@@ -23,13 +23,18 @@ How it is decided (``intermediate_q``):
    bound on the mean over your inputs that accounts for MCMC noise only; with a random subset it
    also accounts for which inputs were drawn.
    Inputs are evaluated in a seeded random order, in looks (``_looks``): 16, 32, 64, ... inputs,
-   then all that the budget allows. The gate stops at the first look whose bound decides (healthy
-   diagnostics and the threshold outside the bounds). Look k's bound is taken at level
-   alpha_k = alpha n_k / sum_j n_j (alpha = 1 - confidence); each holds with probability
-   >= 1 - alpha_k, so by the union bound all looks' bounds hold together with probability
-   >= 1 - alpha and the bound where the rule stops is valid however the data made it stop. The
-   looks are fixed by the number of inputs and the budget before any is evaluated. A check
-   without a threshold makes one look at the full level. Why t rather than a bootstrap: both rest on the
+   then all that the budget allows (the last look). Only a "fail" can come early: a look before
+   the last stops the gate when its lower bound ``_early_lower`` exceeds max_loss with healthy
+   diagnostics. That bound counts every input not yet evaluated as loss 0 (losses are >= 0), so it
+   holds whatever those inputs are, up to the MCMC noise of the evaluated ones. No such bound
+   exists for a pass (an unevaluated input's loss has no upper limit, and a t bound on a few
+   right-skewed per-input losses misses the rare large ones), so a pass is decided at the last
+   look only. Look k takes its bound at level alpha_k = alpha n_k / sum_j n_j (alpha =
+   1 - confidence); each holds with probability >= 1 - alpha_k, so by the union bound all looks'
+   bounds hold together with probability >= 1 - alpha, and the bound where the rule stops is valid
+   however the data made it stop. The looks are fixed by the number of inputs and the budget
+   before any is evaluated. A check without a threshold makes one look at the full level. Why t
+   rather than a bootstrap: both rest on the
    normal approximation of a mean of independent per-input estimates, the t bound is exact for
    normal data and cheap, and neither can see the bias that matters most here (MCMC bias),
    which the diagnostics watch instead. Per-input losses are right-skewed (a few misclassified
@@ -311,26 +316,28 @@ def _run_paths(plan: _Plan, q: float, ids: list[int]) -> dict:
             for k in per_block[0]}
 
 
-def _mc_block(plan: _Plan, q: float, b: int) -> np.ndarray:
-    """Log losses of ``mc_draws`` independent draws from the perturbation per input of block b."""
-    draws, block = plan.config.mc_draws, plan.blocks[b]
-    x, y = plan.x[block], plan.y[block]
-    parts = []
+def _mc_group(plan: _Plan, q: float, group: list[int]) -> list[np.ndarray]:
+    """Log losses of ``mc_draws`` independent draws from the perturbation per input of each block
+    in ``group`` (one array per block); draws DRAW_CHUNK at a time per input, every block from its
+    own streams, the blocks of the group in one model call."""
+    draws, parts = plan.config.mc_draws, []
     for k, start in enumerate(range(0, draws, DRAW_CHUNK)):
         d = min(DRAW_CHUNK, draws - start)
-        xs = plan.perturbation(
-            x.repeat_interleave(d, dim=0), stream_generator(plan.seed, "q-mc", b, k, device=plan.run.device)
-        )
-        logits = plan.run.forward.logits(xs)
-        parts.append(plan.loss.log_values(logits, y.repeat_interleave(d)).reshape(len(x), d))
+        xs = torch.cat([plan.perturbation(plan.x[plan.blocks[b]].repeat_interleave(d, dim=0),
+                                          stream_generator(plan.seed, "q-mc", b, k, device=plan.run.device))
+                        for b in group])
+        y = torch.cat([plan.y[plan.blocks[b]] for b in group])
+        parts.append(plan.loss.log_values(plan.run.forward.logits(xs), y.repeat_interleave(d)).reshape(len(y), d))
     report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo", forward_passes=plan.run.forward.passes)
-    return torch.cat(parts, dim=1).double().cpu().numpy()
+    logs = torch.cat(parts, dim=1).double().cpu().numpy()
+    return np.split(logs, np.cumsum([plan.blocks[b].stop - plan.blocks[b].start for b in group])[:-1])
 
 
 def _run_mc(plan: _Plan, q: float, ids: list[int]) -> np.ndarray:
     """Log losses of ``mc_draws`` draws per input of blocks ``ids``: (inputs, draws), sharded over
-    ranks by block."""
-    return np.concatenate(plan.sharded(ids, lambda group: [_mc_block(plan, q, group[0])]))
+    ranks by block, as many blocks per model call as fill ``batch_size`` rows."""
+    per_call = max(1, plan.run.args.batch_size // (BLOCK_INPUTS * min(DRAW_CHUNK, plan.config.mc_draws)))
+    return np.concatenate(plan.sharded(ids, lambda group: _mc_group(plan, q, group), per_call))
 
 
 def _run_pgd(plan: _Plan, ids: list[int]) -> np.ndarray | None:
@@ -468,8 +475,8 @@ def _estimate(cfg: Config, q: float, raw: dict) -> _Estimate:
 
 def _looks(n: int, sequential: bool) -> list[int]:
     """Inputs evaluated by each look of the gate: FIRST_LOOK, doubling (16, 32, 64, ...) while a
-    look stays below two thirds of n, then all n; just n when the check has no threshold to stop
-    at. Fixed before any input is evaluated."""
+    look is at most two thirds of n, then all n; just n when the check has no threshold to stop
+    at. Fixed before any input is evaluated; every look but the last is a whole number of blocks."""
     looks, k = [], FIRST_LOOK
     while sequential and 3 * k <= 2 * n:
         looks.append(k)
@@ -483,23 +490,44 @@ def _spending(looks: list[int], alpha: float) -> list[float]:
     return [alpha * n / sum(looks) for n in looks]
 
 
-def _sequential(looks: list[int], estimate_at, n_total: int, threshold: float | None, alpha: float):
-    """Evaluate look after look and stop at the first whose bound decides.
+def _early_lower(est: _Estimate, n_total: int, confidence: float) -> float:
+    """A lower bound on the mean of Z_q over all n_total inputs from the n evaluated so far, at
+    ``confidence``, that holds whatever the unevaluated inputs are: they count as loss 0 (every
+    Z_q >= 0), so the mean is at least sum_i Z_i / n_total, less t * sqrt(sum_i v_i) / n_total for
+    the MCMC noise of the evaluated estimates (v_i: their between-chain variances)."""
+    t = t_quantile(confidence, len(est.per_input) - 1)
+    return max(0.0, (est.per_input.sum() - t * math.sqrt(est.between_chain_var.sum())) / n_total)
 
-    ``estimate_at(n)`` gives the ``_Estimate`` of the first n inputs of the random order. Look k
-    bounds the mean at level alpha_k (``_spending``); each bound holds with probability >= 1 -
-    alpha_k, so by the union bound all of them hold at once with probability >= 1 - alpha, and the
-    bound of whichever look the rule stops at holds at the check's confidence whatever the data
-    made it stop. Returns (the last estimate, its ``_bound``, one record per look made).
+
+def _sequential(looks: list[int], estimate_at, n_total: int, threshold: float | None, alpha: float):
+    """Evaluate look after look; stop early only for a fail (module docstring, step 2).
+
+    ``estimate_at(n)`` gives the ``_Estimate`` of the first n inputs of the random order. A look
+    before the last stops when ``_early_lower`` at level alpha_k exceeds the threshold with healthy
+    diagnostics; the last look is ``_bound`` at its level alpha_k (``_spending``). Each bound holds
+    with probability >= 1 - alpha_k, so by the union bound all of them hold at once with
+    probability >= 1 - alpha, whatever made the rule stop. Returns (the last estimate, its bound
+    (mean, lower, upper, standard error), one record per look made). At an early stop the upper
+    bound is the two-stage t bound of the inputs evaluated, an approximation (the stop rests on
+    the lower bound alone).
     """
     record = []
-    for n, a in zip(looks, _spending(looks, alpha)):
+    for k, (n, a) in enumerate(zip(looks, _spending(looks, alpha))):
         est = estimate_at(n)
         bound = _bound(est, n_total, 1.0 - a)
-        record.append({"inputs": n, "alpha": a, "lower": bound[1], "upper": bound[2], "healthy": not est.problems})
-        if decide(threshold, bound[1], bound[2], "<=", not est.problems) in ("pass", "fail"):
+        if k < len(looks) - 1:
+            lower = _early_lower(est, n_total, 1.0 - a)
+            bound = (bound[0], lower, max(bound[2], lower), bound[3])
+        record.append({"inputs": len(est.per_input), "alpha": a, "lower": bound[1], "upper": bound[2],
+                       "healthy": not est.problems})
+        if k < len(looks) - 1 and decide(threshold, bound[1], bound[2], "<=", not est.problems) == "fail":
             break
     return est, bound, record
+
+
+def _blocks_for(n: int) -> int:
+    """Blocks that hold the first n inputs of the evaluation order."""
+    return -(-n // BLOCK_INPUTS)
 
 
 def _gate(plan: _Plan, q: float, looks: list[int], threshold: float | None) -> tuple[_Estimate, tuple, list]:
@@ -507,7 +535,7 @@ def _gate(plan: _Plan, q: float, looks: list[int], threshold: float | None) -> t
     state = {"raw": None, "blocks": 0}
 
     def estimate_at(n: int) -> _Estimate:
-        upto = -(-n // BLOCK_INPUTS)
+        upto = _blocks_for(n)
         state["raw"] = _extend(state["raw"], _draw(plan, q, list(range(state["blocks"], upto))))
         state["blocks"] = upto
         return _estimate(plan.config, q, state["raw"])
@@ -595,7 +623,8 @@ def intermediate_q(
     """Estimate the mean over inputs of Z_q = (E_mu loss^q)^(1/q) and gate it against ``threshold``.
 
     Returns a ``Result`` (metric "q", direction "<="): ``estimate`` is the mean of the per-input
-    estimates, ``lower``/``upper`` the one-sided t bounds at ``confidence`` (module docstring),
+    estimates, ``lower``/``upper`` the bounds of the look where the gate stopped, at that look's
+    share of 1 - ``confidence`` (module docstring, step 2),
     ``verdict`` "pass" (upper <= threshold, diagnostics healthy), "fail" (lower >= threshold,
     diagnostics healthy), "inconclusive" (otherwise; ``note`` says why and what to change) or
     "estimate" (no threshold). It is an estimate with MCMC diagnostics, not a guarantee.
@@ -633,7 +662,7 @@ def intermediate_q(
                               target_accept, loss, pgd_steps, pgd_restarts, inputs, 1, full_context)
         planned = _looks(len(plan.index), threshold is not None)
         est, (mean, lower, upper, se), looks = _gate(plan, q, planned, threshold)
-        adversarial = _run_pgd(plan, list(range(-(-len(est.per_input) // BLOCK_INPUTS))))
+        adversarial = _run_pgd(plan, list(range(_blocks_for(len(est.per_input)))))
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
     q_inf = adversarial if adversarial is not None else est.max_visited
     result = run.result(estimate=mean, lower=lower, upper=upper, draws=est.draws, n_inputs=len(est.per_input),
@@ -663,10 +692,13 @@ def _details(plan: _Plan, est: _Estimate, cost: dict, q_inf: float, q_inf_name: 
         "problems": [f"{what}; fix: {fix}" for what, fix in est.problems],
         "diagnostics": est.diagnostics,
         "bound": (
-            f"one-sided Student-t bound on the mean over inputs, two-stage variance "
-            f"(inputs sampled {n}/{plan.n_total}, chains per input {plan.config.chains}), se={se:.4g}, "
-            f"at level {looks[-1]['alpha']:.3g} of look {len(looks)} (error probability split over the looks "
-            f"at {planned} inputs by a union bound)"
+            (f"early fail at look {len(looks)}: lower bound counts the {plan.n_total - n} inputs not evaluated as "
+             f"loss 0 (minus MCMC noise); upper bound: two-stage Student-t over the {n} evaluated (approximate)"
+             if len(looks) < len(planned) else
+             f"one-sided Student-t bound on the mean over inputs, two-stage variance (inputs sampled "
+             f"{n}/{plan.n_total}, chains per input {plan.config.chains}), se={se:.4g}")
+            + f"; at level {looks[-1]['alpha']:.3g} of look {len(looks)} (error probability split over the looks "
+            f"at {planned} inputs by a union bound; inputs in a seeded random order, which input_index lists)"
         ),
         "looks": looks,
         "inputs_total": plan.n_total,

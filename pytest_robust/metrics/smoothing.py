@@ -362,8 +362,8 @@ class _GatePlan:
     budget: int
     max_draws: int
     fewest: int
-    threshold: float | None = None
-    confidence: float = 0.95
+    threshold: float | None
+    confidence: float
 
 
 #: Per-input verdict codes of the sequential tests.
