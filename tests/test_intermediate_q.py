@@ -342,6 +342,9 @@ def test_the_gate_stops_early_only_to_fail_and_spends_no_more():
     assert easy_pass.verdict == "pass" and easy_pass.n_inputs == 40 and len(easy_pass.details["looks"]) == 2
     assert full.n_inputs == 40 and [look["inputs"] for look in full.details["looks"]] == [40]
     assert full.details["per_input_estimate"][:16] == far.details["per_input_estimate"]
+    # plain Python numbers: pytest-xdist (execnet) cannot send numpy scalars from a worker
+    assert {type(v) for look in far.details["looks"] + easy_pass.details["looks"] for v in look.values()} <= {
+        int, float, bool}
 
 
 def test_monte_carlo_context_is_cheap_unless_full_context_is_asked_for():

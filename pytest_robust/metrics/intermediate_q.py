@@ -496,7 +496,7 @@ def _early_lower(est: _Estimate, n_total: int, confidence: float) -> float:
     Z_q >= 0), so the mean is at least sum_i Z_i / n_total, less t * sqrt(sum_i v_i) / n_total for
     the MCMC noise of the evaluated estimates (v_i: their between-chain variances)."""
     t = t_quantile(confidence, len(est.per_input) - 1)
-    return max(0.0, (est.per_input.sum() - t * math.sqrt(est.between_chain_var.sum())) / n_total)
+    return max(0.0, float(est.per_input.sum() - t * math.sqrt(est.between_chain_var.sum())) / n_total)
 
 
 def _sequential(looks: list[int], estimate_at, n_total: int, threshold: float | None, alpha: float):
