@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import validation
+from . import collective, validation
 from .errors import ArgumentError, RobustDataError, RobustError, RobustModelError, RobustWarning
 
 def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.device:
     """``auto`` -> CUDA when available else CPU; ``None`` -> the model's device; else as given.
 
-    Asking for CUDA where none exists is an error, never a silent fallback.
+    ``cuda`` without an index means the model's GPU when the model is on one, else the current
+    CUDA device (under torchrun: the rank's own GPU, LOCAL_RANK). Asking for CUDA where none
+    exists is an error, never a silent fallback.
     """
     if spec is None:
         if model is not None:
@@ -41,9 +43,13 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
     spec = validation.device("device", spec)
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec == "cuda" and world()[1] > 1 and "LOCAL_RANK" in os.environ:
+    if spec == "cuda" and collective.world()[1] > 1 and "LOCAL_RANK" in os.environ:
         spec = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun: one GPU per local rank
     device = torch.device(spec)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        param = next(iter(model.parameters()), None) if model is not None else None
+        on_gpu = param is not None and param.device.type == "cuda"
+        device = param.device if on_gpu else torch.device("cuda", torch.cuda.current_device())
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ArgumentError(f"device {spec!r} requested but torch sees no CUDA device on this machine")
@@ -54,40 +60,6 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ArgumentError("device 'mps' requested but MPS is not available on this machine")
     return device
-
-
-def world() -> tuple[int, int]:
-    """(rank, world size) of torch.distributed when it is initialised, else (0, 1)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def gather_blocks(local: torch.Tensor) -> torch.Tensor:
-    """Interleave per-rank block stacks into block order.
-
-    Rank r holds blocks r, r + W, r + 2W, ... of a step as ``local`` of shape (k, ...); the
-    result has shape (k * W, ...) with block j at row j, the same on every rank. With one
-    process it is ``local`` itself, so a check's stream does not depend on the world size.
-    """
-    rank, size = world()
-    if size == 1:
-        return local
-    dist = torch.distributed
-    on = local.device if dist.get_backend() == "nccl" else torch.device("cpu")
-    parts = [torch.empty_like(local, device=on) for _ in range(size)]
-    dist.all_gather(parts, local.to(on))
-    return torch.stack(parts, dim=1).reshape(-1, *local.shape[1:]).to(local.device)
-
-
-def sum_over_ranks(value: int) -> int:
-    """Sum an integer count over all ranks (itself with one process)."""
-    if world()[1] == 1:
-        return value
-    total = torch.tensor([value], dtype=torch.int64)
-    torch.distributed.all_reduce(total)
-    return int(total.item())
 
 
 _PROGRESS: contextvars.ContextVar = contextvars.ContextVar("robust_progress", default=None)
@@ -109,6 +81,18 @@ def report_progress(**fields) -> None:
     callback = _PROGRESS.get()
     if callback is not None:
         callback(fields)
+
+
+@contextlib.contextmanager
+def host_rng(seed: int):
+    """Run the block with the global CPU generator seeded with ``seed``, restoring its state after.
+
+    Only the CPU generator is touched (``torch.manual_seed`` would also reseed every CUDA device,
+    and ``fork_rng(devices=[])`` would not restore them): a user's CUDA RNG is never changed.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        yield
 
 
 def stream_seed(seed: int, *keys) -> int:
@@ -156,8 +140,7 @@ def load_data(data) -> TensorData:
             loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False)
         check_reads_repeat(loader.dataset)
         xs, ys = [], []
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+        with host_rng(0):
             for batch in loader:
                 if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
                     raise RobustDataError(
@@ -288,6 +271,22 @@ class NotDifferentiable(RobustModelError):
     """A gradient was asked of an objective (a loss) that does not carry one."""
 
 
+#: ``precision`` settings: the autocast dtype each runs the model under (None: no autocast).
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The dtype ``precision`` runs the model under on ``device`` (None: the model's own dtype).
+
+    ``auto`` is bf16 on a CUDA device that supports it (compute capability 8.0 and newer) and
+    fp32 everywhere else; ``fp32`` never autocasts.
+    """
+    if precision == "auto":
+        cuda = device.type == "cuda" and torch.cuda.is_available()
+        return torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else None
+    return PRECISIONS[precision]
+
+
 @dataclass
 class Forward:
     """The one way a check calls its model: batched, validated, counted, capped, OOM-safe.
@@ -298,6 +297,13 @@ class Forward:
     that would take ``passes`` past ``budget`` raises ``BudgetError`` before the model runs. A CUDA
     (or host) out-of-memory error halves the batch and retries the same rows: none lost, none
     repeated, and the counts include only the rows that completed.
+
+    Precision: inputs arrive in the check's working dtype (float32, or float64 for a float64
+    model) and are cast to ``input_dtype`` (the model's own dtype) at the model's input; the
+    model runs under ``torch.autocast(autocast)`` when that is set (and gets 4-D inputs in
+    channels-last layout with ``channels_last``); logits come back in the working dtype. So perturbation iterates, gradients with respect to the input and every
+    statistic stay in float32 or wider, whatever precision the model computes in. ``ties``
+    counts rows whose two largest logits are equal (a device tensor, read once at the end).
     """
 
     model: torch.nn.Module
@@ -305,9 +311,13 @@ class Forward:
     max_label: int | None = None  # largest label of the data: checked against the class count
     n_classes: int | None = None
     budget: int | None = None
+    input_dtype: torch.dtype | None = None
+    autocast: torch.dtype | None = None
+    channels_last: bool = False
     passes: int = 0
     backward_passes: int = 0
     halvings: int = 0
+    ties: torch.Tensor | int = 0
     by_phase: dict = field(default_factory=dict)
     current: str = "gate"
 
@@ -343,7 +353,7 @@ class Forward:
         """``run(start, stop)`` over consecutive row ranges of [0, n), each at most ``batch_size``
         rows; an out-of-memory error (CUDA, or a failed host-memory allocation) halves the batch
         and retries the same rows (none lost, none repeated). Charges every row to the
-        current phase; returns the list of ``run``'s outputs."""
+        current phase; returns the list of ``run``'s outputs (empty when n is 0)."""
         out, start = [], 0
         while start < n:
             stop = min(n, start + self.batch_size)
@@ -366,18 +376,26 @@ class Forward:
             start = stop
         return out
 
+    def _empty(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of no rows: a rank whose share is empty still returns a (0, classes) tensor."""
+        return x.new_empty((0, self.n_classes or 0))
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for every row of x (inference mode), computed in chunks of at most ``batch_size``."""
+        """Logits for every row of x (no gradients), computed in chunks of at most ``batch_size``.
+
+        ``no_grad`` rather than ``inference_mode``: a model that builds a cache on its first call
+        would otherwise hold inference tensors that a later gradient pass cannot use."""
 
         def run(start: int, stop: int) -> torch.Tensor:
-            with torch.inference_mode():
-                return self.validated(self.called(x[start:stop]), stop - start)
+            with torch.no_grad():
+                return self.validated(self.called(x[start:stop]), stop - start).to(x.dtype)
 
-        return torch.cat(self.chunked(len(x), run))
+        parts = self.chunked(len(x), run)
+        return torch.cat(parts) if parts else self._empty(x)
 
     def grad(self, x: torch.Tensor, y: torch.Tensor, objective, with_logits: bool = False):
         """(objective(logits, y) per row, its gradient with respect to x[, the logits]), chunked
-        like ``logits``.
+        like ``logits``; the logits reach ``objective`` in x's dtype.
 
         The model's parameters stay frozen (``guarded`` turned their requires_grad off); only the
         input carries a gradient. Each row counts as one evaluation and one backward pass.
@@ -386,7 +404,7 @@ class Forward:
         def run(start: int, stop: int):
             chunk = x[start:stop].detach().requires_grad_(True)
             with torch.enable_grad():
-                z = self.validated(self.called(chunk), stop - start)
+                z = self.validated(self.called(chunk), stop - start).to(x.dtype)
                 value = objective(z, y[start:stop])
                 if not value.requires_grad:
                     raise NotDifferentiable(
@@ -397,16 +415,26 @@ class Forward:
                 (g,) = torch.autograd.grad(value.sum(), chunk)
             return value.detach(), g, z.detach()
 
-        values, grads, logits = zip(*self.chunked(len(x), run))
+        parts = self.chunked(len(x), run)
         self.backward_passes += len(x)
+        if not parts:
+            out = x.new_empty((0,)), x.new_empty(x.shape)
+            return out + (self._empty(x),) if with_logits else out
+        values, grads, logits = zip(*parts)
         out = torch.cat(values), torch.cat(grads)
         return out + (torch.cat(logits),) if with_logits else out
 
     def called(self, x: torch.Tensor):
-        """``model(x)``; a failure on the first batch is explained when the inputs' layout is the
-        likely cause (``inspection.explain_model_error``)."""
+        """``model(x)``, x cast to the model's dtype, under autocast when asked; a failure on the
+        first batch is explained when the inputs' layout is the likely cause
+        (``inspection.explain_model_error``)."""
+        if self.input_dtype is not None:
+            x = x.to(self.input_dtype)
+        if self.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
         try:
-            return self.model(x)
+            with torch.autocast(x.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                return self.model(x)
         except (RuntimeError, ValueError) as err:
             if self.n_classes is None and not is_oom(err):
                 from .inspection import explain_model_error
@@ -415,7 +443,8 @@ class Forward:
             raise
 
     def validated(self, z, n: int) -> torch.Tensor:
-        """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches."""
+        """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches
+        (one host read per batch: the finiteness check); counts its tied rows in ``ties``."""
         if not isinstance(z, torch.Tensor):
             raise RobustModelError(f"the model must return a logits tensor, got {type(z).__name__}")
         if z.ndim != 2 or z.shape[0] != n or z.shape[1] < 2:
@@ -440,14 +469,16 @@ class Forward:
                 "the model returned NaN or infinite logits; check the model on perturbed inputs "
                 "(e.g. inputs outside its training range) and its numerical stability"
             )
+        top = z.detach().topk(2, dim=1).values
+        self.ties = self.ties + (top[:, 0] == top[:, 1]).sum()
         return z
 
 
 def correct_predictions(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Boolean per row: the true class has the strictly largest logit (a tie is an error)."""
-    if int(y.max()) >= logits.shape[1]:
-        raise RobustDataError(
-            f"label {int(y.max())} is out of range for a model with {logits.shape[1]} classes"
-        )
+    """Boolean per row: the true class has the strictly largest logit (a tie is an error).
+
+    No host read: labels are checked against the class count once per check (``Forward``)."""
+    if len(y) == 0:
+        return torch.zeros(0, dtype=torch.bool, device=logits.device)
     top = logits.topk(2, dim=1)
     return (top.indices[:, 0] == y) & (top.values[:, 0] > top.values[:, 1])

@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from .engine import RobustDataError, RobustModelError, RobustWarning
+from .engine import RobustDataError, RobustModelError, RobustWarning, host_rng
 
 #: Relative slack of the box check: data this close outside the box is float noise, not a mistake.
 BOX_SLACK = 1e-5
@@ -94,10 +94,9 @@ def check_reads_repeat(dataset) -> None:
             return
     except TypeError:
         return
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with host_rng(0):
         first = dataset[0]
-        torch.manual_seed(1)
+    with host_rng(1):
         second = dataset[0]
     a, b = (torch.as_tensor(item[0]) for item in (first, second))
     if a.shape != b.shape or not torch.equal(a, b):
@@ -166,9 +165,13 @@ def check_uses_generator(perturbation, x: torch.Tensor) -> None:
     draws from another source (the global RNG, numpy, random), so runs do not repeat."""
     probe = x[:PROBE_ROWS]
     outputs = []
-    with torch.random.fork_rng(devices=[probe.device] if probe.device.type == "cuda" else []):
+    cuda = probe.device.type == "cuda"
+    with torch.random.fork_rng(devices=[probe.device] if cuda else []):
         for global_seed in (1, 2):
-            torch.manual_seed(global_seed)
+            torch.default_generator.manual_seed(global_seed)
+            if cuda:  # the probe device's global generator only: other GPUs are left alone
+                with torch.cuda.device(probe.device):
+                    torch.cuda.manual_seed(global_seed)
             gen = torch.Generator(device=probe.device)
             gen.manual_seed(12345)
             outputs.append(perturbation(probe.clone(), gen))

@@ -140,15 +140,14 @@ def _pin_xdist_worker_gpu(config: pytest.Config, device: str) -> None:
 
 def _join_torchrun(config: pytest.Config, device: str) -> None:
     """Under torchrun (WORLD_SIZE > 1) join the process group so checks shard their draws over
-    ranks; only rank 0 writes pytest's JUnit file (and the robust reports, see ResultCollector)."""
+    ranks (``collective.join``: the rank's own GPU, then a group carrying CPU and CUDA tensors);
+    only rank 0 writes pytest's JUnit file (and the robust reports, see ResultCollector)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
-    import torch.distributed as dist
+    from . import collective
 
-    if not dist.is_initialized():
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend=backend)
-    if dist.get_rank() != 0:
+    collective.join(device)
+    if collective.world()[0] != 0:
         config.option.xmlpath = None
 
 
@@ -277,6 +276,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
+def _wait_for_ranks() -> None:
+    """Under torchrun, a collective every rank joins at the end of the session."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from . import collective
+
+        collective.barrier()
+
+
 class ResultCollector:
     """Gathers results from test reports (local or from xdist workers). On the controller (and
     rank 0 under torchrun) it writes the report files, saves/compares baselines and prints the
@@ -297,8 +304,13 @@ class ResultCollector:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if not self._writes() or not self.results:
-            return
+        try:
+            if self._writes() and self.results:
+                self._finish(session)
+        finally:  # under torchrun no rank leaves before rank 0 has written its files
+            _wait_for_ranks()
+
+    def _finish(self, session: pytest.Session) -> None:
         env = environment(self.config.rootpath)
         self.config.hook.pytest_robust_environment(env=env)
         options, settings = self.config.option, self.config.stash[SETTINGS]
@@ -369,6 +381,8 @@ class ResultCollector:
         self.lines += [f"robust report: {p}" for p in written]
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self._writes():  # torchrun: rank 0 alone prints the table and the report lines
+            return
         if self.results:
             terminalreporter.section("robustness checks")
             for line in summary_lines(self.results, terminalreporter._tw.fullwidth):

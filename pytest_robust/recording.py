@@ -83,9 +83,12 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     ``RobustError`` (model, data or argument problem) fails the test with its message, not a
     traceback from inside the engine; anything else is a bug and is re-raised with its traceback."""
     from .engine import progress_sink
+    from .execution import execution
 
+    how = settings or item.config.stash[SETTINGS]
     try:
-        with progress_sink(_progress(item)):
+        with progress_sink(_progress(item)), execution(how.precision, how.channels_last, how.compile,
+                                                       how.deterministic):
             result = call()
     except RobustError as err:
         not_run(item, spec, "error", str(err), model_name, settings)

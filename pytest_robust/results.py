@@ -30,6 +30,7 @@ PROPERTY_FIELDS = (
     "perturbation",
     "draws",
     "budget",
+    "precision",
 )
 
 METRIC_NAMES = {
@@ -83,6 +84,8 @@ class Result:
     ``draws`` counts the random perturbations the verdict rests on; ``forward_passes`` counts every
     input the model evaluated. ``note`` is appended to the message (e.g. diagnostics, caveats).
     ``model`` names the model (its fixture name in pytest) and ``test_id`` the test that ran it.
+    ``precision`` says what computed the logits: the model's dtype ("float32", "bfloat16") or
+    "autocast bfloat16" under ``--robust-precision``; the message names it unless it is float32.
     """
 
     metric: str
@@ -106,6 +109,7 @@ class Result:
     model: str = ""
     test_id: str = ""
     outcome: str = ""
+    precision: str = ""
 
     @classmethod
     def not_run(cls, metric: str, threshold: float | None, direction: str, perturbation: str, verdict: str,
@@ -145,6 +149,7 @@ class Result:
         cond = (
             f"under {self.perturbation}, {self.draws} draws on {self.n_inputs} inputs, seed {self.seed}, "
             f"{self.forward_passes} of {self.budget} model evaluations"
+            + (f", model in {self.precision}" if self.precision not in ("", "float32") else "")
         )
         note = f"; {self.note}" if self.note else ""
         word = "required" if self.direction == ">=" else "allowed"

@@ -3,16 +3,23 @@
 A metric module writes only its plan, its evaluation and its statistics; a ``Run`` owns the rest:
 
 - the common arguments (threshold, confidence, budget, seed, batch size), validated once;
-- the data (``engine.load_data``: finite, in a seed-independent order), the device
-  (``engine.resolve_device``) and the working dtype: the model's floating dtype; data of another
-  float dtype is converted, with a note in details; with the check's perturbation, the inputs are
-  checked against its box, its size and its use of the generator (``inspection.inspect_inputs``);
+- the data (``engine.load_data``: finite, in a seed-independent order), moved to the device once
+  (``place``), the device (``engine.resolve_device``) and the working dtype (``working_dtype``):
+  float32, or float64 for a float64 model; a float16 or bfloat16 model still gets float32
+  perturbations, iterates and statistics, cast to its dtype at its input. Data of another float
+  dtype is converted, with a note in details. With the check's perturbation, the inputs are
+  checked against its box, its size and its use of the generator, on the check's device
+  (``inspection.inspect_inputs``);
+- the execution settings (``execution.current()``: precision/autocast, channels-last, compile,
+  deterministic kernels), stated in the Result (``precision``, ``details["execution"]``);
 - the guarded model (``engine.guarded``: eval mode, no parameter gradients, state and global RNG
   restored, in-place changes detected) and the one forward wrapper (``engine.Forward``) through
   which every model call goes: it counts model evaluations per phase, caps them at the budget and
-  halves the batch on out-of-memory;
-- distribution over torch.distributed ranks (``shard`` / ``gather`` for per-input work; per-draw
-  work shards blocks with ``engine.gather_blocks``);
+  halves the batch on out-of-memory; the rate of tied top logits (counted as errors) is reported
+  and warned about above ``TIE_WARNING``;
+- distribution over torch.distributed ranks, all through ``collective`` (``shard`` / ``gather``
+  for per-input work, ``span`` / ``gather_rows`` for rows; per-draw work shards blocks with
+  ``collective.gather_blocks`` and agrees its batch size with ``agreed_batch_size``);
 - timing and the ``Result``, with the verdict from ``results.decide``.
 
 Budget unit, for every check: model evaluations (one input row through the model, with or
@@ -36,10 +43,19 @@ import time
 import numpy as np
 import torch
 
-from .engine import Forward, guarded, load_data, resolve_device, sum_over_ranks, world
+import warnings
+
+from . import collective, execution
+from .engine import Forward, TensorData, autocast_dtype, guarded, load_data, resolve_device
+from .errors import RobustWarning
 from .inspection import check_model, inspect_inputs
 from .results import Result, decide
 from .validation import check_run_args
+
+#: Share of evaluated rows with tied top logits above which a check warns (ties count as errors).
+TIE_WARNING = 1e-3
+#: Share of the device's free memory the data may take to be moved there whole.
+DEVICE_SHARE = 0.25
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype | None:
@@ -48,6 +64,32 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype | None:
         if t.dtype.is_floating_point:
             return t.dtype
     return None
+
+
+def working_dtype(model: torch.dtype | None, data: torch.dtype) -> torch.dtype:
+    """The dtype of inputs, perturbations and statistics: float64 for a float64 model, else at
+    least float32 (a float16/bfloat16 model computes in its dtype; the check does not)."""
+    wanted = model if model is not None else data
+    return torch.float64 if wanted == torch.float64 else torch.float32
+
+
+def place(ds: TensorData, device: torch.device) -> TensorData:
+    """The data on ``device``, moved once per check. On CUDA, inputs larger than ``DEVICE_SHARE``
+    of the free memory stay on the host in pinned memory (blocks are then copied without
+    blocking); labels always move."""
+    if device.type != "cuda":
+        return TensorData(ds.x.to(device), ds.y.to(device))
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = ds.x.element_size() * ds.x.numel() <= DEVICE_SHARE * free
+    x = ds.x.to(device, non_blocking=True) if fits else ds.x.pin_memory()
+    return TensorData(x, ds.y.to(device, non_blocking=True))
+
+
+def describe_precision(model: torch.dtype | None, autocast: torch.dtype | None) -> str:
+    """What computed the logits: "float32", "bfloat16" (a bfloat16 model) or "autocast bfloat16"."""
+    if autocast is not None:
+        return f"autocast {str(autocast).removeprefix('torch.')}"
+    return str(model or torch.float32).removeprefix("torch.")
 
 
 class Run:
@@ -61,16 +103,22 @@ class Run:
                                    batch_size=batch_size, direction=direction)
         self.device = resolve_device(device, model)
         self.ds = load_data(data)
+        self.details: dict = {}
+        self.model_dtype = model_dtype(model)
+        self.dtype = working_dtype(self.model_dtype, self.ds.x.dtype)
+        if self.ds.x.dtype != self.dtype:
+            whose = "the model's dtype" if self.dtype == self.model_dtype else "the working dtype"
+            self.details["dtype_note"] = f"the data ({self.ds.x.dtype}) was converted to {whose} {self.dtype}"
+            self.ds = TensorData(self.ds.x.to(self.dtype), self.ds.y)
+        self.ds = place(self.ds, self.device)
         if perturbation is not None:
             inspect_inputs(self.ds, perturbation)
-        self.details: dict = {}
-        self.dtype = model_dtype(model) or self.ds.x.dtype
-        if self.ds.x.dtype != self.dtype:
-            self.details["dtype_note"] = (
-                f"the data ({self.ds.x.dtype}) was converted to the model's dtype {self.dtype}"
-            )
-            self.ds = type(self.ds)(self.ds.x.to(self.dtype), self.ds.y)
-        self.forward = Forward(model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget)
+        self.execution = execution.current()
+        autocast = autocast_dtype(self.execution.precision, self.device)
+        self.precision = describe_precision(self.model_dtype, autocast)
+        self.forward = Forward(model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
+                               input_dtype=self.model_dtype if self.model_dtype != self.dtype else None,
+                               autocast=autocast, channels_last=self.execution.channels_last)
         self.started = time.perf_counter()
         self._stack = contextlib.ExitStack()
         self.info: dict = {}
@@ -79,6 +127,9 @@ class Run:
 
     def __enter__(self) -> "Run":
         self.info = self._stack.enter_context(guarded(self.model, self.device))
+        self._stack.enter_context(execution.deterministic_algorithms(self.execution.deterministic))
+        self._stack.enter_context(execution.channels_last_weights(self.model, self.execution.channels_last))
+        self.forward.model = execution.compiled(self.model, self.execution.compile)
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -94,14 +145,14 @@ class Run:
 
     def remaining(self) -> int:
         """Model evaluations left under the budget, counting every rank's spending."""
-        return self.args.budget - sum_over_ranks(self.forward.passes)
+        return self.args.budget - collective.sum_int(self.forward.passes)
 
     # -- ranks ------------------------------------------------------------------------------------
 
     @staticmethod
     def shard(n: int) -> np.ndarray:
         """The items of [0, n) this rank evaluates: r, r + W, r + 2W, ... (all of them in one process)."""
-        rank, size = world()
+        rank, size = collective.world()
         return np.arange(rank, n, size)
 
     @staticmethod
@@ -109,57 +160,54 @@ class Run:
         """Per-item results computed for ``shard(n)`` on every rank (a list in shard order),
         reassembled as the list of all n items in item order, the same on every rank. With one
         process it is ``local`` itself. Items can be any picklable object (arrays, dicts)."""
-        rank, size = world()
-        if size == 1:
-            return list(local)
-        parts = [None] * size
-        torch.distributed.all_gather_object(parts, list(local))
-        out = [None] * n
-        for r, part in enumerate(parts):
-            out[r::size] = part
-        return out
+        return collective.interleave(local, n)
 
     @staticmethod
     def span(n: int) -> slice:
         """The contiguous rows of [0, n) this rank evaluates when work is split by rows (a rank's
-        share differs from the others' by at most one row)."""
-        rank, size = world()
+        share differs from the others' by at most one row, and may be empty)."""
+        rank, size = collective.world()
         return slice(rank * n // size, (rank + 1) * n // size)
 
     @staticmethod
     def gather_rows(local: torch.Tensor) -> torch.Tensor:
         """The rows each rank computed for its ``span``, concatenated in rank order (so in row
         order), on every rank; ``local`` itself with one process."""
-        rank, size = world()
-        if size == 1:
-            return local
-        parts = [None] * size
-        torch.distributed.all_gather_object(parts, local.cpu())
-        return torch.cat(parts).to(local.device)
+        return collective.gather_rows(local)
+
+    def agreed_batch_size(self) -> int:
+        """The batch size every rank uses for its next step: the smallest of the ranks' (an
+        out-of-memory error that halved one rank's batch halves everyone's)."""
+        self.forward.batch_size = collective.agree_min(self.forward.batch_size)
+        return self.forward.batch_size
 
     # -- the result -------------------------------------------------------------------------------
 
     def spent(self) -> dict:
         """Model evaluations by phase, summed over ranks."""
-        return {phase: sum_over_ranks(self.forward.by_phase.get(phase, 0)) for phase in self._phases()}
-
-    def _phases(self) -> list[str]:
-        """The phases any rank spent evaluations in (a rank may have had no work in one)."""
-        phases = sorted(self.forward.by_phase)
-        if world()[1] == 1:
-            return phases
-        everyone = [None] * world()[1]
-        torch.distributed.all_gather_object(everyone, phases)
-        return sorted({p for ranks in everyone for p in ranks})
+        phases = sorted({p for ranks in collective.gather_objects(sorted(self.forward.by_phase)) for p in ranks})
+        return {phase: collective.sum_int(self.forward.by_phase.get(phase, 0)) for phase in phases}
 
     def per_rank(self) -> list[int]:
         """Model evaluations of each rank (one entry with one process)."""
-        rank, size = world()
-        if size == 1:
-            return [self.forward.passes]
-        counts = [None] * size
-        torch.distributed.all_gather_object(counts, self.forward.passes)
-        return counts
+        return collective.gather_objects(self.forward.passes)
+
+    def _tie_rate(self, evaluated: int) -> float:
+        """Share of evaluated rows whose two largest logits were equal (counted as errors); a
+        RobustWarning above ``TIE_WARNING``."""
+        ties = collective.sum_int(int(self.forward.ties))
+        rate = ties / evaluated if evaluated else 0.0
+        if rate > TIE_WARNING:
+            why = ("low precision makes ties common: run the model in float32 (--robust-precision fp32, "
+                   "model.float())" if self.precision != "float32" else
+                   "check the model for constant or saturated outputs")
+            warnings.warn(
+                f"{rate:.2%} of the model's outputs ({ties} of {evaluated}) had tied top logits in "
+                f"{self.precision}; ties count as errors (the conservative side), which lowers "
+                f"accuracies; {why}",
+                RobustWarning, stacklevel=3,
+            )
+        return rate
 
     def result(self, *, estimate: float, lower: float, upper: float, draws: int, perturbation: str,
                details: dict | None = None, note: str = "", healthy: bool = True, estimate_only: bool = False,
@@ -168,6 +216,7 @@ class Run:
         ``estimate_only`` or no threshold), spending and common facts filled in."""
         threshold = None if estimate_only else self.args.threshold
         evaluations = self.spent()
+        evaluated = sum(evaluations.values())
         return Result(
             metric=metric or self.metric,
             estimate=float(estimate),
@@ -178,13 +227,14 @@ class Run:
             verdict=decide(threshold, lower, upper, self.direction, healthy),
             n_inputs=len(self.ds) if n_inputs is None else n_inputs,
             draws=int(draws),
-            forward_passes=sum(evaluations.values()),
+            forward_passes=evaluated,
             seconds=time.perf_counter() - self.started,
             device=str(self.device),
             seed=self.args.seed,
             perturbation=perturbation,
-            budget=sum(evaluations.values()) if self.args.budget is None else self.args.budget,
+            budget=evaluated if self.args.budget is None else self.args.budget,
             direction=self.direction,
+            precision=self.precision,
             note=note,
             details={
                 **(details or {}),
@@ -192,10 +242,12 @@ class Run:
                 "budget_unit": "model evaluations",
                 "evaluations": evaluations,
                 "evaluations_per_rank": self.per_rank(),
-                "backward_passes": sum_over_ranks(self.forward.backward_passes),
+                "backward_passes": collective.sum_int(self.forward.backward_passes),
                 "batch_size": self.forward.batch_size,
                 "oom_halvings": self.forward.halvings,
                 "dtype": str(self.dtype).removeprefix("torch."),
+                "tie_rate": self._tie_rate(evaluated),
+                "execution": {**self.execution.__dict__, "precision_ran": self.precision},
                 "model_was_training": self.info.get("model_was_training", False),
             },
         )

@@ -33,6 +33,10 @@ class Settings:
     cache_dir: str = ".robust_cache"
     refit: bool = False
     profile: str | None = None
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    deterministic: bool = False
 
     def replace(self, values: dict, source: str) -> "Settings":
         """A copy with ``values`` (raw, validated here) applied; ``source`` names their origin."""
@@ -84,6 +88,16 @@ KEYS = (
         "ignore cached fitted artefacts and fit again", flag=True),
     Key("profile", validation.name,
         "profile of YAML suites (robust_*.yaml) to run, e.g. smoke, ci or nightly; scales budgets"),
+    Key("precision", validation.choice("auto", "fp32", "bf16", "fp16"),
+        "precision the model runs in: fp32 (its own dtype), bf16 or fp16 (torch.autocast), auto (bf16 on "
+        "CUDA devices that support it, else fp32); perturbations and statistics stay in float32"),
+    Key("channels_last", validation.boolean,
+        "run 4-D image inputs and the model's 4-D weights in channels-last layout", flag=True),
+    Key("compile", validation.boolean,
+        "wrap the model with torch.compile for each check (pays a compilation per check)", flag=True),
+    Key("deterministic", validation.boolean,
+        "deterministic kernels and no TF32 (bit-exact repeats on CUDA; the CPU is deterministic anyway)",
+        flag=True),
 )
 KEY_NAMES = tuple(k.name for k in KEYS)
 assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine import TensorData, correct_predictions, gather_blocks, report_progress, stream_generator, world
+from .. import collective
+from ..engine import TensorData, correct_predictions, report_progress, stream_generator
 from ..inspection import records_warnings
 from ..perturbations import Perturbation, as_perturbation
 from ..results import Result
@@ -47,9 +48,11 @@ class Stream:
         return self.decision.at if self.decision is not None else len(self.outcomes)
 
 
-def _indices(n_inputs: int, seed: int, name: str, index: int) -> torch.Tensor:
-    """Input indices of block ``index`` of the draw stream (uniform, with replacement)."""
-    return torch.randint(n_inputs, (BLOCK,), generator=stream_generator(seed, f"{name}-index", index))
+def _indices(n_inputs: int, seed: int, name: str, index: int, device) -> torch.Tensor:
+    """Input indices of block ``index`` of the draw stream (uniform, with replacement), drawn on
+    ``device`` (on the CPU they are the same numbers on any host)."""
+    return torch.randint(n_inputs, (BLOCK,), generator=stream_generator(seed, f"{name}-index", index, device=device),
+                         device=device)
 
 
 def noise_generator(seed: int, name: str, block: int, device) -> torch.Generator:
@@ -65,31 +68,31 @@ def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first
     (``limit``) need fewer or when ``most`` (blocks in all) is smaller; under torch.distributed rank r
     evaluates blocks first + r, first + r + W, ... and the outcomes are gathered in block order,
     so every rank sees the same stream as a single process would. Only the first ``limit`` draws
-    of the step are evaluated, by a single process or across the ranks.
+    of the step are evaluated, by a single process or across the ranks; a rank whose blocks all
+    lie past the limit evaluates nothing and still joins the gather. The batch size is the ranks'
+    smallest (``Run.agreed_batch_size``), so an out-of-memory error on one rank shrinks every
+    rank's step alike. One host read per step: outcomes and indices come back together.
     """
-    rank, size = world()
-    per_rank = max(1, min(-(-run.forward.batch_size // BLOCK), -(-limit // (BLOCK * size)), -(-most // size)))
+    rank, size = collective.world()
+    batch = run.agreed_batch_size()
+    per_rank = max(1, min(-(-batch // BLOCK), -(-limit // (BLOCK * size)), -(-most // size)))
     mine = range(first + rank, first + per_rank * size, size)
-    drawn = {b: _indices(len(ds), run.seed, name, b) for b in mine}
-    idx = list(drawn.values())
+    dev = run.device
+    needed = [min(max(limit - (b - first) * BLOCK, 0), BLOCK) for b in mine]  # rows of each block within the limit
+    idx = [_indices(len(ds), run.seed, name, b, dev) for b in mine]
     x = torch.cat([
-        perturbation.draw(ds.x[i.to(ds.x.device)].to(run.device),
-                          noise_generator(run.seed, name, b, run.device),
-                          i, ds.y[i.to(ds.y.device)].to(run.device))
-        for b, i in zip(mine, idx)
+        perturbation.draw(ds.x[i].to(dev), noise_generator(run.seed, name, b, dev), i, ds.y[i])[:k]
+        for b, i, k in zip(mine, idx, needed)
     ])
-    y = ds.y[torch.cat(idx).to(ds.y.device)].to(run.device)
-    if size == 1:
-        hits = correct_predictions(run.forward.logits(x[:limit]), y[:limit])
-    else:  # evaluate only the rows of my blocks that fall within the limit; the rest are dropped
-        needed = torch.tensor([min(max(limit - (b - first) * BLOCK, 0), BLOCK) for b in mine])
-        keep = (torch.arange(BLOCK)[None, :] < needed[:, None]).reshape(-1).to(run.device)
-        mine_hits = torch.zeros(len(x), dtype=torch.bool, device=run.device)
-        mine_hits[keep] = correct_predictions(run.forward.logits(x[keep]), y[keep])
-        hits = gather_blocks(mine_hits.reshape(per_rank, BLOCK)).reshape(-1)
+    hits = correct_predictions(run.forward.logits(x), ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])])
+    local = torch.zeros((per_rank, BLOCK), dtype=torch.long, device=dev)
+    for j, part in enumerate(hits.split(needed)):
+        local[j, : len(part)] = part
     blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
-    indices = torch.cat([drawn[b] if b in drawn else _indices(len(ds), run.seed, name, b) for b in blocks])
-    return hits[:limit].cpu().numpy(), indices[:limit].numpy(), per_rank * size
+    indices = torch.cat([_indices(len(ds), run.seed, name, b, dev) if (b - first) % size != rank
+                         else idx[(b - first) // size] for b in blocks])
+    host = torch.stack([collective.gather_blocks(local).reshape(-1), indices]).cpu().numpy()
+    return host[0, :limit].astype(bool), host[1, :limit], per_rank * size
 
 
 def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold: float | None = None,
