@@ -18,6 +18,7 @@ from scipy.stats import beta, binom, binomtest, norm
 
 from pytest_robust import certificates as smoothing
 from pytest_robust.engine import RobustDataError
+from pytest_robust.host_syncs import count_host_syncs
 from pytest_robust.metrics.smoothing import (
     ABSTAIN,
     ACR_WARNING,
@@ -481,3 +482,37 @@ def test_long_runs_report_progress():
     assert gate and gate[-1]["inputs_done"]() == 2 and gate[-1]["draws"] <= gate[-1]["budget"]
     fixed = [f for f in seen if f["metric"] == "CERTIFY"]
     assert fixed[-1]["draws"] == fixed[-1]["budget"] == 2 * 3010
+
+
+# ----------------------------------------------------------------------------------------------
+# Host reads (a GPU stalls at each)
+# ----------------------------------------------------------------------------------------------
+
+# batch_size 256 (the largest chunk) keeps the gate near one model call per batch, where two reads
+# per batch would exceed one per call.
+GATE = dict(radius=0.25, sigma=0.5, max_draws=2000, budget=10**6, batch_size=256)
+HOST_READ_CHECKS = {  # check -> (most host reads of the smoothing module per model call, the check)
+    "gate": (1, lambda data: certified_accuracy(HALF_SPACE, data, None, **GATE)),
+    "gate with threshold": (1, lambda data: certified_accuracy(HALF_SPACE, data, 0.05, **GATE)),
+    "certify": (0, lambda data: certify(HALF_SPACE, data, 0.5, n0=16, n=200, batch_size=32)),
+    "predict": (0, lambda data: predict(HALF_SPACE, data, 0.5, n=200, batch_size=32)),
+}
+
+
+@pytest.mark.parametrize("check", HOST_READ_CHECKS)
+def test_host_reads_per_model_call(check):
+    """Host reads made by the smoothing module (the CPU stand-in of ``count_host_syncs``) per extra
+    model call when the inputs double, so one-off reads cancel: the gate reads each batch's outcomes
+    once (its sequential tests run on the host), CERTIFY and PREDICT count on the device and read
+    nothing per batch."""
+    most, run = HOST_READ_CHECKS[check]
+    counts = []
+    for copies in (1, 2):
+        data = inputs_with_pa([0.999, 0.9, 0.7, 0.6, 0.55, 0.3] * 4 * copies, 0.5)
+        with count_host_syncs(HALF_SPACE) as count:
+            run(data)
+        mine = sum(n for where, n in count.where.items() if where.startswith("metrics/smoothing.py"))
+        counts.append((mine, count.calls))
+    (reads_1, calls_1), (reads_2, calls_2) = counts
+    assert calls_2 > calls_1 + 10
+    assert reads_2 - reads_1 <= most * (calls_2 - calls_1)

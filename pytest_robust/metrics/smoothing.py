@@ -13,6 +13,13 @@ here reads draws from these streams in order, so per-input numbers depend on (se
 on batch size, packing or the other inputs. Batches mix draws of many inputs; there is no Python
 loop per draw.
 
+Host reads. On a GPU every read of a device value by the host stalls the stream, and so does
+every copy from pageable host memory to the device. Each rank's inputs and labels are copied to
+the device once (``_Shard``) and the noise is drawn there, so no batch uploads anything. The
+fixed-size procedures count classes on the device and read the counts once, at the end; the gate
+reads one boolean per draw of each batch, once per batch, because its sequential tests run on the
+host and the next batch depends on their decisions.
+
 Base classifier. f(x) is the unique argmax of the logits; a tie counts as no class (never as the
 true class), as everywhere in pytest-robust. This only lowers p_A, so certificates stay valid.
 
@@ -89,6 +96,28 @@ def _noisy(x_i: torch.Tensor, sigma: float, seed: int, index: int, start: int, s
     return scaled.add_(x_i)  # sigma * eps + x_i: the same rounding as x_i + sigma * eps
 
 
+@dataclass(frozen=True)
+class _Shard:
+    """This rank's inputs (``Run.shard``) on the device: ``index`` their positions in the data,
+    ``x`` and ``y`` their rows and labels (row k is input ``index[k]``), copied from the host once."""
+
+    index: np.ndarray
+    x: torch.Tensor
+    y: torch.Tensor
+
+    @classmethod
+    def of(cls, run: Run) -> "_Shard":
+        """This rank's share of ``run``'s data, on ``run.device``."""
+        index = run.shard(len(run.ds))
+        rows = torch.as_tensor(index)
+        return cls(index, run.ds.x[rows].to(run.device), run.ds.y[rows].to(run.device))
+
+    @functools.cached_property
+    def row(self) -> dict[int, int]:
+        """Input (position in the data) -> its row in ``x`` and ``y``."""
+        return {int(i): k for k, i in enumerate(self.index)}
+
+
 # ----------------------------------------------------------------------------------------------
 # Fixed sample sizes: class counts per input (CERTIFY, PREDICT, the pA report)
 # ----------------------------------------------------------------------------------------------
@@ -126,29 +155,34 @@ def _class_counts(run: Run, sigma: float, phases, metric: str) -> np.ndarray:
     procedure in progress reports. Under torch.distributed each rank counts its share of the
     inputs (``Run.shard``) and the counts are gathered, identical to one process.
     """
-    mine = run.shard(len(run.ds))
-    local = _counts(run.forward, run.ds.x[torch.as_tensor(mine)].to(run.device), mine, sigma, phases, run.seed,
-                    run.device, metric)
+    shard = _Shard.of(run)
+    local = _counts(run.forward, shard.x, shard.index, sigma, phases, run.seed, run.device, metric)
     return np.stack(run.gather(list(local), len(run.ds)))
 
 
 def _counts(forward: Forward, x: torch.Tensor, index, sigma: float, phases, seed: int, device,
             metric: str) -> np.ndarray:
-    """``_class_counts`` for the rows x, which are inputs ``index`` of the data."""
+    """``_class_counts`` for the rows x (on the device), which are inputs ``index`` of the data.
+
+    The counts stay on the device, flat: cell tag * (classes + 1) + class, where class = classes
+    stands for a tie. ``index_add_`` asserts its indices on the device, where
+    ``index_put_(accumulate=True)`` reads their range to the host in some PyTorch releases; so the
+    only host read is the final one.
+    """
     counts = None
     total = len(x) * sum(stop - start for start, stop in phases)
     for rows, tags in _batches(x, index, sigma, phases, seed, device, forward.batch_size):
         logits = forward.logits(rows)
-        n_classes = logits.shape[1]
+        width = logits.shape[1] + 1
         top = logits.topk(2, dim=1).values
-        pred = torch.where(top[:, 0] > top[:, 1], logits.argmax(dim=1), n_classes)
+        pred = torch.where(top[:, 0] > top[:, 1], logits.argmax(dim=1), width - 1)
         if counts is None:
-            counts = torch.zeros(len(x) * len(phases), n_classes + 1, dtype=torch.long, device=device)
-        counts.index_put_((tags, pred), torch.ones_like(pred), accumulate=True)
+            counts = torch.zeros(len(x) * len(phases) * width, dtype=torch.long, device=device)
+        counts.index_add_(0, tags * width + pred, torch.ones_like(pred))
         report_progress(metric=metric, draws=forward.passes, budget=total)
     if counts is None:  # no inputs on this rank
         return np.zeros((0, len(phases), 0), dtype=np.int64)
-    return counts[:, :-1].reshape(len(x), len(phases), -1).cpu().numpy()
+    return counts.view(len(x), len(phases), width)[:, :, :-1].numpy(force=True)
 
 
 def _validate_fixed(sigma, alpha, **sizes) -> tuple[float, float]:
@@ -246,7 +280,8 @@ def certify(
     alpha=0.001). Certified accuracy at any radius: ``result.certified_accuracy(r)``.
     """
     sigma, alpha = _validate_fixed(sigma, alpha, n0=n0, n=n)
-    with Run("certify", model, data, budget=None, seed=seed, batch_size=batch_size, device=device) as run:
+    with Run("certify", model, data, budget=None, seed=seed, batch_size=batch_size, device=device,
+             certificate=True) as run:
         counts = _class_counts(run, sigma, [(0, n0), (n0, n0 + n)], "CERTIFY")
     choice = counts[:, 0].argmax(axis=1)
     k = counts[np.arange(len(choice)), 1, choice]
@@ -284,7 +319,8 @@ def predict(
     p-value > alpha (then abstain). The returned class differs from the smoothed classifier's with
     probability <= alpha. ``sigma`` is in the units of the model's inputs."""
     sigma, alpha = _validate_fixed(sigma, alpha, n=n)
-    with Run("predict", model, data, budget=None, seed=seed, batch_size=batch_size, device=device) as run:
+    with Run("predict", model, data, budget=None, seed=seed, batch_size=batch_size, device=device,
+             certificate=True) as run:
         counts = _class_counts(run, sigma, [(0, n)], "PREDICT")[:, 0]
     order = np.argsort(-counts, axis=1, kind="stable")
     rows = np.arange(len(counts))
@@ -436,10 +472,24 @@ def _chunk_end(start: int, allowance: int, fewest: int, clean: bool) -> int:
     return int(min(allowance, end))
 
 
-def _round(run: Run, plan: _GatePlan, state: _GateState, tests: _LocalTests, queue: deque, allowance: np.ndarray):
+def _outcomes(run: Run, plan: _GatePlan, shard: _Shard, spans: list) -> np.ndarray:
+    """One batch of the gate: whether the model is right on draws a..b-1 of input i, for each span
+    (i, a, b) in turn, as one boolean host array. Noise and labels are assembled on the device;
+    the outcomes are the batch's one host read."""
+    rows = [shard.row[i] for i, _, _ in spans]
+    noisy = torch.cat([_noisy(shard.x[k], plan.sigma, run.seed, i, a, b, run.device)
+                       for k, (i, a, b) in zip(rows, spans)])
+    labels = torch.cat([shard.y[k].expand(b - a) for k, (_, a, b) in zip(rows, spans)])
+    return correct_predictions(run.forward.logits(noisy), labels).numpy(force=True)
+
+
+def _round(run: Run, plan: _GatePlan, state: _GateState, tests: _LocalTests, shard: _Shard, queue: deque,
+           allowance: np.ndarray):
     """Evaluate this rank's open inputs of one round, packed into batches of about ``batch_size``
-    draws, until each is decided or reaches its allowance; updates ``state`` for those inputs."""
-    x, y, active = run.ds.x, run.ds.y, []
+    draws, until each is decided or reaches its allowance; updates ``state`` for those inputs.
+    Each batch reads its outcomes to the host once (``_outcomes``); nothing else here touches the
+    device."""
+    active = []
 
     def end(i: int) -> int:
         drawn = int(state.drawn[i])
@@ -454,9 +504,7 @@ def _round(run: Run, plan: _GatePlan, state: _GateState, tests: _LocalTests, que
             active.append(queue.popleft())
             rows += size(active[-1])
         spans = [(i, int(state.drawn[i]), end(i)) for i in active]
-        noisy = torch.cat([_noisy(x[i].to(run.device), plan.sigma, run.seed, i, a, b, run.device) for i, a, b in spans])
-        labels = torch.cat([y[i].to(run.device).expand(b - a) for i, a, b in spans])
-        hit = correct_predictions(run.forward.logits(noisy), labels).cpu().numpy()
+        hit = _outcomes(run, plan, shard, spans)
         active, offset = [], 0
         for i, a, b in spans:
             chunk = hit[offset : offset + b - a]
@@ -496,8 +544,8 @@ def _run_gates(run: Run, plan: _GatePlan) -> _GateState:
     """
     n = len(run.ds)
     state = _GateState(*(np.zeros(n, np.int64) for _ in range(4)))
-    mine = run.shard(n)
-    tests = _LocalTests(plan, mine.tolist())
+    shard = _Shard.of(run)
+    tests = _LocalTests(plan, shard.index.tolist())
     while True:
         open_inputs = [i for i in range(n) if state.verdict[i] == OPEN and state.drawn[i] < plan.max_draws]
         share = (plan.budget - int(state.evaluated.sum())) // len(open_inputs) if open_inputs else 0
@@ -507,9 +555,9 @@ def _run_gates(run: Run, plan: _GatePlan) -> _GateState:
         allowance = np.minimum(state.evaluated + share, plan.max_draws)
         if plan.threshold is not None:
             allowance = np.minimum(allowance, ROUND_DRAWS << min(state.rounds - 1, 40))
-        owned = set(mine.tolist())
-        _round(run, plan, state, tests, deque(i for i in open_inputs if i in owned), allowance)
-        rows = run.gather([(state.verdict[i], state.drawn[i], state.hits[i], state.evaluated[i]) for i in mine], n)
+        _round(run, plan, state, tests, shard, deque(i for i in open_inputs if i in shard.row), allowance)
+        rows = run.gather([(state.verdict[i], state.drawn[i], state.hits[i], state.evaluated[i])
+                           for i in shard.index], n)
         state.verdict, state.drawn, state.hits, state.evaluated = (np.array(col, np.int64) for col in zip(*rows))
         if plan.threshold is not None and decide(plan.threshold, *state.bounds(plan)) != "inconclusive":
             state.settled = True
@@ -552,7 +600,7 @@ def certified_accuracy(
     alpha = validation.open_unit("alpha", alpha)
     max_draws = validation.positive_int("max_draws", max_draws)
     with Run("certified_accuracy", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
-             batch_size=batch_size, device=device) as run:
+             batch_size=batch_size, device=device, certificate=True) as run:
         fewest, fixed = _check_feasible(len(run.ds), run.args.threshold, radius, sigma, alpha, run.args.confidence,
                                         run.args.budget, max_draws)
         plan = _GatePlan(sigma, certificates.required_pa(radius, sigma), alpha, run.args.budget, max_draws, fewest,
@@ -658,7 +706,7 @@ def pa_report(
         radii = np.round(np.linspace(0.0, largest, 21), 4).tolist()
     radii = [validation.non_negative_float("radius", r) for r in radii]
     with Run("pa_report", model, data, confidence=confidence, budget=None, seed=seed, batch_size=batch_size,
-             device=device) as run:
+             device=device, certificate=True) as run:
         counts = _class_counts(run, sigma, [(0, n)], "pA report")[:, 0]
     k = counts[np.arange(len(counts)), run.ds.y.cpu().numpy()]
     pa, total, level = k / n, int(k.sum()), run.alpha
