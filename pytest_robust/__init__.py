@@ -38,7 +38,7 @@ _EXPORTS = {
     "Corruption": "pytest_robust.corruptions",
     "corruption_names": "pytest_robust.corruptions",
     "Result": "pytest_robust.results",
-    "execution": "pytest_robust.execution",
+    "execution": "pytest_robust.model_execution",
     "count_host_syncs": "pytest_robust.host_syncs",
     "RobustError": "pytest_robust.errors",
     "RobustDataError": "pytest_robust.errors",

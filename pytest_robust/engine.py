@@ -108,6 +108,14 @@ def stream_generator(seed: int, *keys, device: torch.device | str = "cpu") -> to
     return gen
 
 
+def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without making the host wait: on CUDA it is copied from pinned
+    memory with ``non_blocking``; elsewhere ``t.to(device)``."""
+    if torch.device(device).type != "cuda" or t.is_cuda:
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class TensorData:
     """Inputs and integer labels held as two tensors, x of shape (n, ...) and y of shape (n,)."""
@@ -388,7 +396,7 @@ class Forward:
 
         def run(start: int, stop: int) -> torch.Tensor:
             with torch.no_grad():
-                return self.validated(self.called(x[start:stop]), stop - start).to(x.dtype)
+                return self.validated(self.called(x[start:stop]), stop - start, x[start:stop]).to(x.dtype)
 
         parts = self.chunked(len(x), run)
         return torch.cat(parts) if parts else self._empty(x)
@@ -404,7 +412,7 @@ class Forward:
         def run(start: int, stop: int):
             chunk = x[start:stop].detach().requires_grad_(True)
             with torch.enable_grad():
-                z = self.validated(self.called(chunk), stop - start).to(x.dtype)
+                z = self.validated(self.called(chunk), stop - start, chunk).to(x.dtype)
                 value = objective(z, y[start:stop])
                 if not value.requires_grad:
                     raise NotDifferentiable(
@@ -424,17 +432,18 @@ class Forward:
         out = torch.cat(values), torch.cat(grads)
         return out + (torch.cat(logits),) if with_logits else out
 
-    def called(self, x: torch.Tensor):
-        """``model(x)``, x cast to the model's dtype, under autocast when asked; a failure on the
-        first batch is explained when the inputs' layout is the likely cause
-        (``inspection.explain_model_error``)."""
+    def called(self, x: torch.Tensor, model=None):
+        """``model(x)`` (default: the check's model), x cast to the model's dtype, under autocast
+        when asked; a failure on the first batch is explained when the inputs' layout is the
+        likely cause (``inspection.explain_model_error``)."""
+        model = self.model if model is None else model
         if self.input_dtype is not None:
             x = x.to(self.input_dtype)
         if self.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         try:
             with torch.autocast(x.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                return self.model(x)
+                return model(x)
         except (RuntimeError, ValueError) as err:
             if self.n_classes is None and not is_oom(err):
                 from .inspection import explain_model_error
@@ -442,9 +451,11 @@ class Forward:
                 explain_model_error(x, err)
             raise
 
-    def validated(self, z, n: int) -> torch.Tensor:
+    def validated(self, z, n: int, x: torch.Tensor | None = None) -> torch.Tensor:
         """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches
-        (one host read per batch: the finiteness check); counts its tied rows in ``ties``."""
+        (one host read per batch: the finiteness check); counts its tied rows in ``ties``. When
+        the logits are not finite because the inputs ``x`` were not, the check is blamed, not the
+        model."""
         if not isinstance(z, torch.Tensor):
             raise RobustModelError(f"the model must return a logits tensor, got {type(z).__name__}")
         if z.ndim != 2 or z.shape[0] != n or z.shape[1] < 2:
@@ -465,6 +476,12 @@ class Forward:
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
         if not torch.isfinite(z).all():
+            if x is not None and not torch.isfinite(x).all():
+                raise RobustError(
+                    "the check fed the model non-finite inputs (a perturbation or fit that diverged): "
+                    "lower the fit's learning rate (fit_lr=) or the perturbation's size, and report it "
+                    "if the settings are the defaults"
+                )
             raise RobustModelError(
                 "the model returned NaN or infinite logits; check the model on perturbed inputs "
                 "(e.g. inputs outside its training range) and its numerical stability"

@@ -16,7 +16,9 @@ leaves the GPU idle between batches.
 
 Either way the model's own forward passes are excluded (a user's model may sync; that is not the
 tool's doing) and the model's calls are counted, so ``syncs / calls`` is the figure per model
-batch. ``where`` lists the source lines of pytest_robust that synced, most frequent first.
+batch. ``where`` counts the source lines of pytest_robust that synced, with the op's name. A
+read of a tensor that ``.cpu()`` already brought to the host is not counted again, nor are the
+reads ``torch.optim`` makes of its step counters (host tensors on a GPU too).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import contextlib
 import os
 import sys
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -34,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 #: Tensor methods and functions that make the host wait for a device value.
 HOST_READS = frozenset({
     "item", "__bool__", "__int__", "__float__", "__index__", "tolist", "numpy", "cpu",
-    "nonzero", "unique", "unique_consecutive", "masked_select", "argwhere", "repeat_interleave",
+    "nonzero", "unique", "unique_consecutive", "masked_select", "argwhere",
 })
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
@@ -65,6 +68,21 @@ def _caller() -> str:
     return "other"
 
 
+def _in_optimizer() -> bool:
+    """Whether the read comes from ``torch.optim``: its step counters live on the host on a GPU
+    too (unless capturable), so reading them waits for nothing."""
+    frame = sys._getframe(3)
+    return os.sep + os.path.join("torch", "optim") + os.sep in frame.f_code.co_filename
+
+
+def _sized_by_data(func, args, kwargs) -> bool:
+    """``repeat_interleave`` with a tensor of repeats and no ``output_size``: its size is read."""
+    if getattr(func, "__name__", "") != "repeat_interleave":
+        return False
+    repeats = args[1] if len(args) > 1 else (kwargs or {}).get("repeats")
+    return isinstance(repeats, torch.Tensor) and repeats.numel() > 1 and "output_size" not in (kwargs or {})
+
+
 def _is_mask_index(func, args) -> bool:
     """``x[mask]`` with a boolean tensor index: its size depends on the data."""
     if getattr(func, "__name__", "") != "__getitem__" or len(args) < 2:
@@ -79,13 +97,20 @@ class _HostReads(TorchFunctionMode):
     def __init__(self, count: SyncCount):
         super().__init__()
         self.count, self.active = count, True
+        self.host_copies: dict[int, weakref.ref] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if self.active and (name in HOST_READS or _is_mask_index(func, args)):
+        first = args[0] if args else None
+        copied = isinstance(first, torch.Tensor) and self.host_copies.get(id(first), lambda: None)() is first
+        syncs = name in HOST_READS or _is_mask_index(func, args) or _sized_by_data(func, args, kwargs)
+        if self.active and syncs and not copied and not _in_optimizer():
             self.count.syncs += 1
-            self.count.where[_caller()] += 1
-        return func(*args, **(kwargs or {}))
+            self.count.where[f"{_caller()} {name}"] += 1
+        out = func(*args, **(kwargs or {}))
+        if name == "cpu" and isinstance(out, torch.Tensor):
+            self.host_copies[id(out)] = weakref.ref(out)  # reading a host copy again waits for nothing
+        return out
 
 
 @contextlib.contextmanager

@@ -83,7 +83,7 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     ``RobustError`` (model, data or argument problem) fails the test with its message, not a
     traceback from inside the engine; anything else is a bug and is re-raised with its traceback."""
     from .engine import progress_sink
-    from .execution import execution
+    from .model_execution import execution
 
     how = settings or item.config.stash[SETTINGS]
     try:

@@ -10,8 +10,9 @@ A metric module writes only its plan, its evaluation and its statistics; a ``Run
   dtype is converted, with a note in details. With the check's perturbation, the inputs are
   checked against its box, its size and its use of the generator, on the check's device
   (``inspection.inspect_inputs``);
-- the execution settings (``execution.current()``: precision/autocast, channels-last, compile,
-  deterministic kernels), stated in the Result (``precision``, ``details["execution"]``);
+- the execution settings (``model_execution.current()``: precision/autocast, channels-last, compile,
+  deterministic kernels), stated in the Result (``precision``, ``details["execution"]``); a run
+  with ``certificate=True`` (randomized smoothing) warns when the logits are not float32;
 - the guarded model (``engine.guarded``: eval mode, no parameter gradients, state and global RNG
   restored, in-place changes detected) and the one forward wrapper (``engine.Forward``) through
   which every model call goes: it counts model evaluations per phase, caps them at the budget and
@@ -45,7 +46,7 @@ import torch
 
 import warnings
 
-from . import collective, execution
+from . import collective, model_execution
 from .engine import Forward, TensorData, autocast_dtype, guarded, load_data, resolve_device
 from .errors import RobustWarning
 from .inspection import check_model, inspect_inputs
@@ -54,6 +55,12 @@ from .validation import check_run_args
 
 #: Share of evaluated rows with tied top logits above which a check warns (ties count as errors).
 TIE_WARNING = 1e-3
+#: What a certificate computed from reduced-precision logits carries (``certificate=True``).
+REDUCED_PRECISION_CERTIFICATE = (
+    "the certificate was computed from model outputs in {}: floating-point effects can make "
+    "randomized-smoothing certificates unsound (published attacks exploit rounding), so treat it as an "
+    "estimate; certify in float32 (--robust-precision fp32 and a float32 model) for a guarantee"
+)
 #: Share of the device's free memory the data may take to be moved there whole.
 DEVICE_SHARE = 0.25
 
@@ -96,7 +103,8 @@ class Run:
     """One check's evaluation context (see the module docstring). Use as a context manager."""
 
     def __init__(self, metric: str, model, data, *, threshold=None, confidence=0.95, budget=100_000,
-                 seed=0, batch_size=1024, device=None, direction: str = ">=", perturbation=None):
+                 seed=0, batch_size=1024, device=None, direction: str = ">=", perturbation=None,
+                 certificate: bool = False):
         check_model(model)
         self.metric, self.model, self.direction = metric, model, direction
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
@@ -113,12 +121,15 @@ class Run:
         self.ds = place(self.ds, self.device)
         if perturbation is not None:
             inspect_inputs(self.ds, perturbation)
-        self.execution = execution.current()
+        self.execution = model_execution.current()
         autocast = autocast_dtype(self.execution.precision, self.device)
         self.precision = describe_precision(self.model_dtype, autocast)
         self.forward = Forward(model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
                                input_dtype=self.model_dtype if self.model_dtype != self.dtype else None,
                                autocast=autocast, channels_last=self.execution.channels_last)
+        if certificate and self.precision not in ("float32", "float64"):
+            self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
+            warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)
         self.started = time.perf_counter()
         self._stack = contextlib.ExitStack()
         self.info: dict = {}
@@ -127,9 +138,9 @@ class Run:
 
     def __enter__(self) -> "Run":
         self.info = self._stack.enter_context(guarded(self.model, self.device))
-        self._stack.enter_context(execution.deterministic_algorithms(self.execution.deterministic))
-        self._stack.enter_context(execution.channels_last_weights(self.model, self.execution.channels_last))
-        self.forward.model = execution.compiled(self.model, self.execution.compile)
+        self._stack.enter_context(model_execution.deterministic_algorithms(self.execution.deterministic))
+        self._stack.enter_context(model_execution.channels_last_weights(self.model, self.execution.channels_last))
+        self.forward.model = model_execution.compiled(self.model, self.execution.compile)
         return self
 
     def __exit__(self, *exc) -> bool:

@@ -70,7 +70,7 @@ import torch.nn.functional as F
 
 from .. import cache, validation
 from ..attacks import pgd
-from ..engine import TensorData, correct_predictions, load_data, stream_generator
+from ..engine import TensorData, correct_predictions, host_rng, load_data, stream_generator, upload
 from ..errors import ArgumentError, RobustDataError, RobustModelError, RobustWarning, SettingError
 from ..gmm import COVARIANCES, DEPENDENCIES, NORMS, GMMConfig, GMMPerturbation, default_grid_size
 from ..inspection import check_in_box, records_warnings
@@ -160,7 +160,7 @@ def nppr(
             fit_logits, fit_features = _clean_pass(run, fit_ds, layer)
             eval_logits, eval_features = _clean_pass(run, eval_ds, layer)
         cfg = _mixture_config(options, eval_ds, fit_logits, fit_features)
-        key = _fit_key(model, cfg, fit, None if layer is None else layer[1], bounds, run.seed, fit_ds)
+        key = _fit_key(run, cfg, fit, None if layer is None else layer[1], bounds, fit_ds)
         fitted = _fitted(run, cfg, fit, fit_ds, fit_features, bounds, key, options)
         frozen = FrozenGMM(fitted.gmm.eval(), eval_features, bounds)
         gate, context, per_input, floor = _evaluate(run, frozen, eval_ds, options, bounds)
@@ -386,8 +386,8 @@ def _clean_pass(run: Run, ds: TensorData, layer):
     wrapped = _WithFeatures(run.model, module, use_input)
 
     def part(start: int, stop: int):
-        with torch.inference_mode():
-            out = wrapped(x[start:stop])
+        with torch.no_grad():
+            out = run.forward.called(x[start:stop], wrapped).to(x.dtype)
         return run.forward.validated(out[:, : wrapped.classes], stop - start), out[:, wrapped.classes :]
 
     logits, features = zip(*run.forward.chunked(len(x), part))
@@ -397,25 +397,28 @@ def _clean_pass(run: Run, ds: TensorData, layer):
 # -- fitting ----------------------------------------------------------------------------------------
 
 
-def _fit_key(model, cfg: GMMConfig, fit: FitSettings, layer_name, bounds, seed: int, fit_ds: TensorData) -> str:
-    """Cache key: model weights, mixture architecture, fit settings, feature layer, box, seed, fit data."""
+def _fit_key(run: Run, cfg: GMMConfig, fit: FitSettings, layer_name, bounds, fit_ds: TensorData) -> str:
+    """Cache key: model weights, mixture architecture, fit settings, feature layer, box, seed, fit
+    data, and what the fit's numbers depend on beyond them: the device kind (CUDA kernels and
+    random streams differ from the CPU's) and the precision the model ran in."""
     box = None if bounds is None else [cache.tensor_fingerprint(torch.as_tensor(b)) for b in bounds]
     settings = {
         "mixture": cfg.to_dict(),
         "fit": dataclasses.asdict(fit),
         "feature_layer": layer_name,
         "bounds": box,
-        "seed": seed,
+        "seed": run.seed,
         "fit_data": cache.tensor_fingerprint(fit_ds.x, fit_ds.y),
+        "device_kind": run.device.type,
+        "precision": run.precision,
     }
-    return cache.cache_key("nppr", cache.model_fingerprint(model), settings)
+    return cache.cache_key("nppr", cache.model_fingerprint(run.model), settings)
 
 
 def _new_gmm(cfg: GMMConfig, seed: int, device, dtype) -> GMMPerturbation:
-    """A freshly initialised mixture in the model's dtype, its initial parameters drawn from a
-    seeded, forked global RNG."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(stream_generator(seed, "nppr-init").initial_seed())
+    """A freshly initialised mixture in the working dtype (float32 or wider, whatever the model's),
+    its initial parameters drawn from the seeded global CPU generator, restored afterwards."""
+    with host_rng(stream_generator(seed, "nppr-init").initial_seed()):
         return GMMPerturbation(cfg).to(device=device, dtype=dtype)
 
 
@@ -496,6 +499,7 @@ def _fit(run: Run, gmm: GMMPerturbation, fit: FitSettings, fit_ds, fit_features,
         losses.append(_fit_step(run, gmm, fit, step, x_all, y_all, fit_features, bounds, pick, noise))
         torch.nn.utils.clip_grad_norm_(gmm.parameters(), fit.clip_norm)
         optimizer.step()
+    losses = torch.stack(losses).tolist() if losses else []
     return {
         "loss": losses,
         "final_loss": float(np.mean(losses[-max(1, fit.steps // 10):])),
@@ -506,9 +510,10 @@ def _fit(run: Run, gmm: GMMPerturbation, fit: FitSettings, fit_ds, fit_features,
     }
 
 
-def _fit_step(run: Run, gmm, fit: FitSettings, step: int, x_all, y_all, fit_features, bounds, pick, noise) -> float:
+def _fit_step(run: Run, gmm, fit: FitSettings, step: int, x_all, y_all, fit_features, bounds, pick, noise) -> torch.Tensor:
     """One batch of fit inputs with ``fit.draws`` relaxed draws each: accumulates the gradient of
-    the mean margin loss in the mixture's parameters and returns the loss.
+    the mean margin loss in the mixture's parameters and returns the loss (a device scalar: no
+    host read per step; the forward wrapper's finiteness check stops a diverging fit).
 
     The classifier is evaluated through the run's forward wrapper (``Forward.grad``: chunked,
     counted, OOM-safe), which gives dloss/dx'; it is then backpropagated through the mixture.
@@ -516,7 +521,7 @@ def _fit_step(run: Run, gmm, fit: FitSettings, step: int, x_all, y_all, fit_feat
     classifier on its ``Run.span`` of the rows, and receives every row's dloss/dx', so every rank
     takes the same Adam step.
     """
-    idx = torch.randint(len(x_all), (fit.batch_size,), generator=pick).to(x_all.device)
+    idx = upload(torch.randint(len(x_all), (fit.batch_size,), generator=pick), x_all.device)
     x, y = x_all[idx], y_all[idx]
     with torch.enable_grad():
         mix = gmm.mixture(None if fit_features is None else fit_features[idx], y)
@@ -526,14 +531,8 @@ def _fit_step(run: Run, gmm, fit: FitSettings, step: int, x_all, y_all, fit_feat
         values, grad = run.forward.grad(x_prime[mine].detach(), y.repeat_interleave(fit.draws)[mine],
                                         lambda logits, labels: margin_loss(logits, labels, fit.kappa))
         values, grad = run.gather_rows(values), run.gather_rows(grad)
-        loss = values.mean()
-        if not torch.isfinite(loss):
-            raise RobustModelError(
-                f"the NPPR fit loss became {loss.item()} at step {step}: the model returned non-finite "
-                "logits on perturbed inputs"
-            )
         x_prime.backward(grad / len(values))
-    return loss.item()
+    return values.detach().mean()
 
 
 def _loss_curve(losses: list[float], fit: FitSettings) -> dict:
