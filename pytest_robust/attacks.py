@@ -6,6 +6,11 @@ input box [lo, hi]: from a uniform random start, ``steps`` signed-gradient ascen
 [max(x - eps, lo), min(x + eps, hi)]. With ``restarts`` > 1 the highest final loss per example is
 kept. Randomness (the starts) comes from the given generator only. The model is called only through
 the forward wrapper ``engine.Forward`` of a guarded run (counted, capped, OOM-safe).
+
+Precision and device: iterates, steps and the box are kept in float32 or wider whatever the dtype
+of the inputs or of the model (the default step 2.5 eps / steps is often below half a bfloat16 ulp
+on [0.5, 1), where a bfloat16 iterate would never move). Per step nothing is read back to the
+host: which rows were misclassified and the best restart so far stay on the device.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import torch.nn.functional as F
 
 from .engine import Forward, correct_predictions
 from .errors import ArgumentError
-from .mcmc import RowStreams
+from .mcmc import RowStreams, per_row, working_dtype
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -39,13 +44,28 @@ def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, tor
 
 @dataclass
 class Attack:
-    """PGD's outcome per input: the adversarial point (x's shape) with the highest final loss, that
-    loss (n,), and ``fooled`` (n,): whether any iterate of any restart was misclassified (a tie
-    counts as misclassified, as everywhere in pytest-robust)."""
+    """PGD's outcome per input: the adversarial point (x's shape, float32 or wider) with the highest
+    final loss, that loss (n,), and ``fooled`` (n,): whether any iterate of any restart was
+    misclassified (a tie counts as misclassified, as everywhere in pytest-robust)."""
 
     x: torch.Tensor
     loss: torch.Tensor
     fooled: torch.Tensor
+
+
+def _ascend(forward: Forward, x_adv: torch.Tensor, y: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+            steps: int, step_size: float, loss: Loss) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``steps`` signed-gradient steps x <- min(max(x + step_size sign(grad loss), lo), hi) from
+    ``x_adv``: returns the last iterate, its loss (n,) and per row whether any iterate (the start
+    and the last included) was misclassified, a device tensor. steps + 1 model evaluations per row."""
+    hit = torch.zeros(len(y), dtype=torch.bool, device=x_adv.device)
+    for _ in range(steps):
+        _, grad, logits = forward.grad(x_adv, y, loss, with_logits=True)
+        hit |= ~correct_predictions(logits, y)
+        x_adv = torch.minimum(torch.maximum(x_adv + step_size * grad.sign(), lo), hi)
+    logits = forward.logits(x_adv)
+    hit |= ~correct_predictions(logits, y)
+    return x_adv, loss(logits, y).detach(), hit
 
 
 def pgd(
@@ -65,16 +85,18 @@ def pgd(
     """PGD on every row of x through the forward wrapper (counted, capped, OOM-safe).
 
     Costs restarts x (steps + 1) model evaluations per input (steps of them with a backward pass);
-    with ``stop_when_fooled`` a restart runs only on the inputs no earlier restart fooled. The random
-    starts come from ``generator``: one torch.Generator for all rows, or ``mcmc.RowStreams`` (one
-    generator per block of rows, so that a block's starts do not depend on the blocks attacked
-    with it). Every returned point lies in the feasible box; the returned loss is the loss there.
+    with ``stop_when_fooled`` a restart runs only on the inputs no earlier restart fooled (finding
+    them is the one host read of a restart). The random starts come from ``generator``: one
+    torch.Generator for all rows, or ``mcmc.RowStreams`` (one generator per block of rows, so that a
+    block's starts do not depend on the blocks attacked with it). Every returned point lies in the
+    feasible box; the returned loss is the loss there.
     """
     if not eps > 0:
         raise ArgumentError(f"eps must be > 0, got {eps!r}")
     if steps < 1 or restarts < 1:
         raise ArgumentError(f"steps and restarts must be >= 1, got steps={steps}, restarts={restarts}")
     step_size = 2.5 * eps / steps if step_size is None else step_size
+    x = x.to(working_dtype(x.dtype))
     lo, hi = feasible_box(x, eps, bounds)
     best_x, best_loss = x.clone(), None
     fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
@@ -86,18 +108,12 @@ def pgd(
             u = generator.rand(*x.shape[1:])[rows]
         else:
             u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)[rows]
-        x_adv, y_r, lo_r, hi_r = lo[rows] + u * (hi[rows] - lo[rows]), y[rows], lo[rows], hi[rows]
-        hit = torch.zeros(len(rows), dtype=torch.bool, device=x.device)
-        for _ in range(steps):
-            _, grad, logits = forward.grad(x_adv, y_r, loss, with_logits=True)
-            hit |= ~correct_predictions(logits, y_r)
-            x_adv = torch.minimum(torch.maximum(x_adv + step_size * grad.sign(), lo_r), hi_r)
-        logits = forward.logits(x_adv)
-        hit |= ~correct_predictions(logits, y_r)
-        final = loss(logits, y_r).detach()
+        lo_r, hi_r = lo[rows], hi[rows]
+        x_adv, final, hit = _ascend(forward, lo_r + u * (hi_r - lo_r), y[rows], lo_r, hi_r, steps, step_size, loss)
         if best_loss is None:
             best_loss = torch.full((len(x),), -float("inf"), device=x.device, dtype=final.dtype)
         better = final > best_loss[rows]
-        best_x[rows[better]], best_loss[rows[better]] = x_adv[better], final[better]
+        best_loss[rows] = torch.where(better, final, best_loss[rows])
+        best_x[rows] = torch.where(per_row(better, x_adv), x_adv, best_x[rows])
         fooled[rows] |= hit
     return Attack(best_x, best_loss, fooled)

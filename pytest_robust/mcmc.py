@@ -21,6 +21,12 @@ per-row step size; nothing here knows about models or pytest.
 
 Randomness comes from ``RowStreams``: one generator per fixed block of rows, so the numbers a row
 receives do not depend on which other blocks share its batch.
+
+Device and precision: a transition reads nothing back to the host (per-row decisions are
+``torch.where`` masks, draws come from device generators), so a chain's only host reads are its
+model calls'. Momenta and energies are kept in float32 or wider (``working_dtype``) whatever the
+dtype of theta or of the model: in float16, |p|^2 / 2 of a 224 x 224 x 3 image (about 75,000)
+overflows.
 """
 
 from __future__ import annotations
@@ -91,9 +97,27 @@ def reflect(theta: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[to
     return inside, odd & (width > 0)
 
 
-def _rows(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def per_row(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """View a per-row vector (R,) so that it broadcasts against ``like`` of shape (R, ...)."""
     return v.reshape((-1,) + (1,) * (like.ndim - 1))
+
+
+def repeat_rows(t: torch.Tensor, k: int) -> torch.Tensor:
+    """Every row of ``t`` k times in a row (row i -> rows i k, ..., i k + k - 1): the values of
+    ``t.repeat_interleave(k, dim=0)``, built as a broadcast view and one copy, so no device computes
+    an output size from data (no host read)."""
+    return t.unsqueeze(1).expand(-1, k, *t.shape[1:]).reshape(-1, *t.shape[1:])
+
+
+def working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of momenta and energies for iterates of ``dtype``: at least float32 (float16 and
+    bfloat16 lack the range and the precision for sums over an image), float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def kinetic_energy(p: torch.Tensor) -> torch.Tensor:
+    """|p|^2 / 2 per row (R,) of unit-mass momenta p (R, ...), summed in at least float32."""
+    return 0.5 * p.flatten(1).to(working_dtype(p.dtype)).pow(2).sum(1)
 
 
 @dataclass
@@ -140,9 +164,9 @@ def hmc_transition(
     def log_p(theta, log_loss):
         return t * log_loss + space.log_prior(theta)
 
-    p = streams.randn(*theta0.shape[1:]).to(theta0.dtype)
-    kinetic0 = 0.5 * p.flatten(1).pow(2).sum(1)
-    h = _rows(step, theta0)
+    p = streams.randn(*theta0.shape[1:]).to(working_dtype(theta0.dtype))
+    kinetic0 = kinetic_energy(p)
+    h = per_row(step, theta0)
     theta = theta0
     p = p + 0.5 * h * s * grad_log_p(theta0, point.grad)
     for i in range(leapfrog):
@@ -152,10 +176,10 @@ def hmc_transition(
             p = torch.where(odd, -p, p)
         log_loss, grad = evaluate(theta, True)
         p = p + (0.5 if i == leapfrog - 1 else 1.0) * h * s * grad_log_p(theta, grad)
-    kinetic1 = 0.5 * p.flatten(1).pow(2).sum(1)
+    kinetic1 = kinetic_energy(p)
     log_ratio = (log_p(theta, log_loss) - kinetic1) - (log_p(theta0, point.log_loss) - kinetic0)
     prob, take = _accept(log_ratio, streams.rand())
-    mask = _rows(take, theta)
+    mask = per_row(take, theta)
     new = Point(
         torch.where(mask, theta, theta0),
         torch.where(take, log_loss, point.log_loss),
@@ -186,7 +210,7 @@ def mh_transition(
         log_ratio = t * (log_loss - point.log_loss) + space.log_prior(proposal) - space.log_prior(point.theta)
         prob, take = _accept(log_ratio, streams.rand())
         point = Point(
-            torch.where(_rows(take, proposal), proposal, point.theta),
+            torch.where(per_row(take, proposal), proposal, point.theta),
             torch.where(take, log_loss, point.log_loss),
         )
         probs.append(prob)

@@ -30,6 +30,7 @@ which by Minkowski's inequality exceeds that of l by at most LOSS_FLOOR.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 
 from .attacks import cross_entropy
 from .engine import Forward
-from .mcmc import Point, RowStreams, adapt_log_step, hmc_transition, mh_transition
+from .mcmc import Point, RowStreams, adapt_log_step, hmc_transition, mh_transition, repeat_rows
 from .validation import SettingError
 
 #: Losses below this are taken as this in log space (see the module docstring).
@@ -52,6 +53,10 @@ _LOG_CE_SWITCH = -15.0
 
 #: Robbins-Monro gain of the warm-up's step-size adaptation (per transition, on log step size).
 ADAPT_GAIN = 1.0
+
+#: dtype of the per-row step sizes h (a tuning parameter: any fixed h leaves the target invariant),
+#: whatever the dtype of the data or of the model; it promotes into the iterates' dtype where used.
+STEP_DTYPE = torch.float32
 
 
 def log_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -68,12 +73,19 @@ def log_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 class Loss:
-    """The loss of a check: its per-example values and their logarithm (see the module docstring)."""
+    """The loss of a check: its per-example values and their logarithm (see the module docstring).
+
+    A custom loss's values must be finite and >= 0. Checking that per call would read a flag back
+    to the host at every model call, so a copy of the values stays on the device (n numbers per
+    call) until the end of the block of work that ``checked`` encloses, which checks them all with
+    one host read. Work that calls a custom loss runs inside ``checked``.
+    """
 
     def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         if fn is not None and not callable(fn):
             raise SettingError("loss", fn, "a callable loss(logits, y) -> per-example losses >= 0 of shape (n,)")
         self.fn = fn
+        self._unchecked: list[torch.Tensor] = []
 
     def __repr__(self) -> str:
         if self.fn is None:
@@ -81,13 +93,22 @@ class Loss:
         return getattr(self.fn, "__qualname__", None) or repr(self.fn)
 
     def values(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Per-example losses (n,), checked: finite and non-negative."""
+        """Per-example losses (n,); a custom loss's shape is checked here, its values by ``checked``."""
         if self.fn is None:
             return cross_entropy(logits, y)
         out = self.fn(logits, y)
         if not isinstance(out, torch.Tensor) or out.shape != (len(y),):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise SettingError("loss", self.fn, f"per-example losses of shape ({len(y)},), got {got}")
+        self._unchecked.append(out.detach().clone())  # a copy: out may view all the logits
+        return out
+
+    def _raise_if_invalid(self) -> None:
+        """SettingError naming the first negative or non-finite value the custom loss returned since
+        the last check (in call order); one host read."""
+        if not self._unchecked:
+            return
+        out, self._unchecked = torch.cat(self._unchecked), []
         bad = ~torch.isfinite(out) | (out < 0)
         if bad.any():
             worst = out[bad][0].item()
@@ -95,7 +116,18 @@ class Loss:
                 "loss", self.fn,
                 f"a non-negative, finite loss (the q-norm of a loss needs l >= 0); it returned {worst!r}",
             )
-        return out
+
+    @contextlib.contextmanager
+    def checked(self):
+        """Check the values the loss returns inside the block when the block ends. If the block
+        raises, an invalid loss value is reported in its place (a NaN loss makes NaN gradients, then
+        NaN inputs, which the model wrapper would otherwise blame on the model)."""
+        try:
+            yield
+        except Exception:
+            self._raise_if_invalid()
+            raise
+        self._raise_if_invalid()
 
     def log_values(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """log l per example (n,), exact for the default cross-entropy, floored at LOSS_FLOOR otherwise."""
@@ -224,7 +256,8 @@ def _warmup_schedule(sampler: Sampler, space, evaluate, q: float, chains: int,
     input) and the acceptances."""
     lo, hi = sampler.log_step_range(space)
     point = _start(space, evaluate, streams, sampler.kind == "hmc")
-    log_step = torch.full((len(point.theta),), sampler.initial_log_step(space), device=point.theta.device)
+    log_step = torch.full((len(point.theta),), sampler.initial_log_step(space), device=point.theta.device,
+                          dtype=STEP_DTYPE)
     ts = temperatures(q, sampler.warmup + 1)[1:]
     steps, accepts = [], []
     for t in ts:
@@ -233,7 +266,7 @@ def _warmup_schedule(sampler: Sampler, space, evaluate, q: float, chains: int,
         steps.append(log_step)
         accepts.append(prob)
     per_row = torch.stack(steps, dim=1)
-    pooled = per_row.reshape(-1, chains, len(ts)).mean(dim=1).repeat_interleave(chains, dim=0)
+    pooled = repeat_rows(per_row.reshape(-1, chains, len(ts)).mean(dim=1), chains)
     return ts, pooled, torch.stack(accepts, dim=1)
 
 
@@ -261,7 +294,8 @@ def path_sampling(space, evaluate, q: float, steps: int, sampler: Sampler, chain
         log_steps = _interpolate(pilot_ts, pilot_steps, ts[1:])
     else:
         warmup_accept = None
-        log_steps = torch.full((streams.rows, steps - 1), sampler.initial_log_step(space), device=space.x.device)
+        log_steps = torch.full((streams.rows, steps - 1), sampler.initial_log_step(space), device=space.x.device,
+                               dtype=STEP_DTYPE)
     point = _start(space, evaluate, streams, sampler.kind == "hmc")
     recorded, accepts = [point.log_loss], []
     for i, t in enumerate(ts[1:]):

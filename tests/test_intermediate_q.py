@@ -21,7 +21,10 @@ import scipy.integrate
 import scipy.stats
 import torch
 
-from pytest_robust.engine import RobustDataError
+from pytest_robust import adversarial_accuracy
+from pytest_robust.attacks import pgd
+from pytest_robust.engine import Forward, RobustDataError, RobustModelError
+from pytest_robust.host_syncs import count_host_syncs
 from pytest_robust.mcmc import (
     Point,
     RowStreams,
@@ -30,6 +33,7 @@ from pytest_robust.mcmc import (
     hmc_transition,
     mh_transition,
     reflect,
+    repeat_rows,
     split_rhat,
 )
 from pytest_robust.metrics import intermediate_q as iq
@@ -46,7 +50,7 @@ from pytest_robust.perturbations import (
     Spatial,
     UniformLinf,
 )
-from pytest_robust.qnorm import LOSS_FLOOR, log_cross_entropy, temperatures, trapezoid_weights
+from pytest_robust.qnorm import LOSS_FLOOR, Loss, log_cross_entropy, temperatures, trapezoid_weights
 from pytest_robust.validation import SettingError
 from toy_models import SmallNet, image_data
 
@@ -700,3 +704,111 @@ def test_spatial_defaults_to_metropolis_and_reports_largest_loss_visited():
     assert r.details["q_infinity_method"] == "largest loss visited"
     assert r.details["monte_carlo"] <= r.details["q_infinity"]
     assert "Metropolis" in r.details["method"]
+
+
+# ---------------------------------------------------------------------------------------------
+# device and precision: no host reads per model call, iterates and energies in float32
+# ---------------------------------------------------------------------------------------------
+
+#: Source files of the q check and of PGD (``count_host_syncs`` names lines as "file.py:line").
+OWN_FILES = ("mcmc.py", "qnorm.py", "attacks.py", "metrics/intermediate_q.py", "metrics/adversarial.py")
+
+
+def _growing_reads(run, short: int, long: int) -> tuple[float, list]:
+    """Host reads per extra model call when ``run(size)`` grows from ``short`` to ``long``, and the
+    source lines whose reads grew."""
+    model = ExpModel(A)
+    counts = []
+    for size in (short, long):
+        with count_host_syncs(model) as count:
+            run(model, size)
+        counts.append(count)
+    grew = counts[1].where.copy()
+    grew.subtract(counts[0].where)
+    return ((counts[1].syncs - counts[0].syncs) / (counts[1].calls - counts[0].calls),
+            [line for line, n in grew.items() if n > 0])
+
+
+@pytest.mark.parametrize("estimator", ["hmc", "mh", "mc", "pgd"])
+def test_chain_and_attack_steps_read_nothing_back_to_the_host(estimator):
+    """More steps, more model calls, no more host reads from the q check or PGD: a custom loss is
+    checked per block of work, acceptances and best-so-far stay on the device. Only the model
+    wrapper's own check of the logits may remain (at most 1 per call)."""
+    data, box = centre_data(n=8, d=3), UniformLinf(EPS)
+    if estimator == "pgd":
+        def run(model, steps):
+            adversarial_accuracy(model, data, eps=EPS, steps=steps, restarts=2)
+        short, long = 4, 12
+    else:
+        def run(model, steps):
+            intermediate_q(model, data, box, 10, estimator=estimator, loss=first_logit, steps=steps, warmup=2,
+                           pgd_steps=2)
+        short, long = (8, 16) if estimator != "mc" else (64, 640)
+    per_call, lines = _growing_reads(run, short, long)
+    assert per_call <= 1.0
+    assert not [line for line in lines if line.startswith(OWN_FILES)], lines
+
+
+def test_a_custom_loss_is_checked_per_block_and_blamed_for_what_it_caused():
+    """Invalid values do not raise at the call (that would read a flag per model call) but when the
+    block ends, also in place of an error they caused downstream (NaN gradients -> NaN inputs)."""
+    loss, y = Loss(first_logit), torch.zeros(2, dtype=torch.long)
+    with loss.checked():
+        loss.values(torch.tensor([[1.0, 0.0], [2.0, 0.0]]), y)
+    with pytest.raises(SettingError, match=r"non-negative, finite loss.*returned nan") as caught:
+        with loss.checked():
+            loss.values(torch.tensor([[1.0, 0.0], [float("nan"), 0.0]]), y)
+            raise RobustModelError("the model returned NaN or infinite logits")
+    assert isinstance(caught.value.__context__, RobustModelError)
+    with loss.checked():  # the invalid values were reported once, not again
+        loss.values(torch.tensor([[1.0, 0.0], [2.0, 0.0]]), y)
+
+
+def test_repeat_rows_is_repeat_interleave():
+    t = torch.arange(24.0).reshape(4, 3, 2)
+    assert torch.equal(repeat_rows(t, 3), t.repeat_interleave(3, dim=0))
+    assert torch.equal(repeat_rows(torch.tensor([2, 0]), 2), torch.tensor([2, 2, 0, 0]))
+
+
+def test_hmc_energies_stay_finite_for_float16_images():
+    """|p|^2 / 2 of an ImageNet-sized momentum is about 75,000, past float16's largest number
+    (65,504): kept in float16 it is inf, and the accept ratio then says "always accept". Momenta
+    and energies in float32 make a float16 state's transition that of its float32 copy."""
+    x = torch.full((2, 3, 224, 224), 0.5)
+
+    def bowl(theta, with_grad):  # log l = -50 |theta - 1/2|^2 (float32, as the model wrapper returns)
+        d = theta.float() - 0.5
+        return -50 * d.flatten(1).pow(2).sum(1), -100 * d
+
+    def accept_prob(dtype):
+        theta = x.to(dtype)
+        space = BoxSpace(theta, 0.5, (0.0, 1.0))  # the box [0, 1], exact in float16 too
+        streams = RowStreams.single(torch.Generator().manual_seed(0), 2)
+        return hmc_transition(Point(theta, *bowl(theta, True)), 1.0, torch.full((2,), 0.01), 3, space, bowl,
+                              streams)[1]
+
+    single = accept_prob(torch.float32)
+    assert bool(((single > 0.2) & (single < 0.5)).all())  # a real accept/reject decision
+    assert torch.equal(accept_prob(torch.float16), single)
+
+
+def test_pgd_moves_in_float32_on_bfloat16_inputs_and_model():
+    """The default step 2.5 eps / steps = 0.0005 is below half a bfloat16 ulp at 0.75 (2^-9): a
+    bfloat16 iterate would never leave its start. In float32 the attack on a linear model (fed in
+    bfloat16, as the model wrapper feeds a bfloat16 model) reaches the loss-maximising corner."""
+
+    class Bfloat16Linear(torch.nn.Module):
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = torch.nn.Parameter(weight.to(torch.bfloat16))
+
+        def forward(self, x):
+            return (x.to(torch.bfloat16) @ self.weight.t()).float()
+
+    w = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
+    x = torch.full((4, 8), 0.75, dtype=torch.bfloat16)
+    y = torch.zeros(4, dtype=torch.long)
+    attack = pgd(Forward(Bfloat16Linear(w), 4), x, y, 0.01, steps=50, generator=torch.Generator().manual_seed(1))
+    up = (w[1] - w[0] > 0).expand(4, 8)  # d CE / dx has the sign of w_1 - w_0 for label 0
+    assert attack.x.dtype == torch.float32
+    assert torch.equal(attack.x, torch.where(up, x.float() + 0.01, x.float() - 0.01))

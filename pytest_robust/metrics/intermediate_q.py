@@ -77,7 +77,7 @@ from .. import validation
 from ..attacks import pgd
 from ..engine import NotDifferentiable, report_progress, stream_generator
 from ..errors import RobustDataError, SettingError
-from ..mcmc import RowStreams, detrend, effective_sample_size, split_rhat
+from ..mcmc import RowStreams, detrend, effective_sample_size, repeat_rows, split_rhat
 from ..inspection import records_warnings
 from ..perturbations import Perturbation, UniformLinf, as_perturbation
 from ..qnorm import (
@@ -235,8 +235,10 @@ class _Plan:
         return [slice(s, min(s + BLOCK_INPUTS, n)) for s in range(0, n, BLOCK_INPUTS)]
 
     def rows(self, block_ids: list[int]) -> torch.Tensor:
-        """Positions (in x) of the inputs of the given blocks, block after block."""
-        return torch.cat([torch.arange(self.blocks[b].start, self.blocks[b].stop) for b in block_ids])
+        """Positions (in x) of the inputs of the given blocks, block after block, on x's device
+        (indexing x with them uploads nothing)."""
+        blocks = self.blocks
+        return torch.cat([torch.arange(blocks[b].start, blocks[b].stop, device=self.x.device) for b in block_ids])
 
     def streams(self, purpose: str, block_ids: list[int], rows_per_input: int) -> RowStreams:
         blocks = self.blocks
@@ -247,11 +249,13 @@ class _Plan:
     def sharded(self, ids: list[int], per_group, group_size: int = 1) -> list:
         """``per_group(block ids)`` -> one result per block, over this rank's share of the blocks
         ``ids`` (``Run.shard``), in groups of ``group_size``; returns every block's result in the
-        order of ``ids``, the same on every rank (``Run.gather``)."""
+        order of ``ids``, the same on every rank (``Run.gather``). A custom loss's values are
+        checked once per group (``Loss.checked``), not per model call."""
         mine = [ids[i] for i in self.run.shard(len(ids))]
         out = []
         for i in range(0, len(mine), group_size):
-            out += per_group(mine[i : i + group_size])
+            with self.loss.checked():
+                out += per_group(mine[i : i + group_size])
         return self.run.gather(out, len(ids))
 
 
@@ -291,8 +295,7 @@ def _path_group(plan: _Plan, q: float, group: list[int]) -> list[dict]:
     recorded log losses, acceptances, step sizes (and warm-up acceptances), (inputs, chains, ...)."""
     cfg = plan.config
     rows = plan.rows(group)
-    x = plan.x[rows].repeat_interleave(cfg.chains, dim=0)
-    y = plan.y[rows].repeat_interleave(cfg.chains, dim=0)
+    x, y = repeat_rows(plan.x[rows], cfg.chains), repeat_rows(plan.y[rows], cfg.chains)
     space = plan.perturbation.parameter_space(x)
     evaluate = evaluator(space, y, plan.run.forward, plan.loss)
     trace = path_sampling(
@@ -303,10 +306,19 @@ def _path_group(plan: _Plan, q: float, group: list[int]) -> list[dict]:
     sizes = [(plan.blocks[b].stop - plan.blocks[b].start) * cfg.chains for b in group]
     fields = {"log_losses": trace.log_losses, "accept": trace.accept, "log_step": trace.log_step,
               "warmup_accept": trace.warmup_accept}
-    split = {k: None if v is None else v.double().cpu().numpy().reshape(len(rows), cfg.chains, -1)
-             for k, v in fields.items()}
+    split = _to_host(fields, len(rows), cfg.chains)
     starts = np.cumsum([0] + [n // cfg.chains for n in sizes])
     return [{k: None if v is None else v[a:b] for k, v in split.items()} for a, b in zip(starts, starts[1:])]
+
+
+def _to_host(fields: dict, inputs: int, chains: int) -> dict:
+    """Per-row device tensors (inputs x chains rows, input-major; k_i columns each; None: absent)
+    as float64 numpy arrays (inputs, chains, k_i), copied to the host together: one host read."""
+    present = {k: v for k, v in fields.items() if v is not None}
+    host = torch.cat(list(present.values()), dim=1).double().cpu().numpy()
+    cuts = np.cumsum([v.shape[1] for v in present.values()])[:-1]
+    arrays = {k: a.reshape(inputs, chains, -1) for k, a in zip(present, np.split(host, cuts, axis=1))}
+    return {k: arrays.get(k) for k in fields}
 
 
 def _run_paths(plan: _Plan, q: float, ids: list[int]) -> dict:
@@ -323,11 +335,11 @@ def _mc_group(plan: _Plan, q: float, group: list[int]) -> list[np.ndarray]:
     draws, parts = plan.config.mc_draws, []
     for k, start in enumerate(range(0, draws, DRAW_CHUNK)):
         d = min(DRAW_CHUNK, draws - start)
-        xs = torch.cat([plan.perturbation(plan.x[plan.blocks[b]].repeat_interleave(d, dim=0),
+        xs = torch.cat([plan.perturbation(repeat_rows(plan.x[plan.blocks[b]], d),
                                           stream_generator(plan.seed, "q-mc", b, k, device=plan.run.device))
                         for b in group])
         y = torch.cat([plan.y[plan.blocks[b]] for b in group])
-        parts.append(plan.loss.log_values(plan.run.forward.logits(xs), y.repeat_interleave(d)).reshape(len(y), d))
+        parts.append(plan.loss.log_values(plan.run.forward.logits(xs), repeat_rows(y, d)).reshape(len(y), d))
     report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo", forward_passes=plan.run.forward.passes)
     logs = torch.cat(parts, dim=1).double().cpu().numpy()
     return np.split(logs, np.cumsum([plan.blocks[b].stop - plan.blocks[b].start for b in group])[:-1])
