@@ -109,6 +109,25 @@ def _mixture(name):
     return corrupt
 
 
+def test_corruption_code_reads_the_host_once_per_batch():
+    """Host reads per model batch made by the corruption code (host_syncs' CPU stand-in; marginal
+    over two budgets, so setup does not count): one, of the cells and seeds drawn from a host
+    generator (host memory on a GPU too: no wait there), and one more when the grid holds JPEG,
+    whose codec runs on the host; never one per cell or per image."""
+    from pytest_robust.host_syncs import count_host_syncs
+
+    def reads(names, budget):
+        model = MeanBelow()
+        with count_host_syncs(model) as count:
+            corruption_accuracy(model, grey_images(), corruptions=names, budget=budget, batch_size=256)
+        return sum(n for where, n in count.where.items() if where.startswith("corruptions")), count.calls
+
+    for names, per_batch in ((["brightness", "contrast", "zoom_blur", "elastic_transform"], 1),
+                             (["brightness", "jpeg_compression"], 2)):
+        (reads_1, calls_1), (reads_2, calls_2) = reads(names, 16 + 512), reads(names, 16 + 1536)
+        assert (reads_2 - reads_1) / (calls_2 - calls_1) == per_batch, names
+
+
 def test_bad_grid_arguments_name_the_problem():
     with pytest.raises(ValueError, match="did you mean 'contrast'"):
         corruption_accuracy(MeanBelow(), grey_images(), corruptions=["contrst"])

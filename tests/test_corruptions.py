@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import sys
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import torch.nn.functional as F
 
 from pytest_robust import Corruption, corruption_names
 from pytest_robust.corruptions import NEEDS_COLOUR, NEEDS_MIN_SIDE, CorruptionGrid
+from pytest_robust.corruptions.digital import jpeg_compression
 from pytest_robust.corruptions.tables import TABLES
+from pytest_robust.host_syncs import count_host_syncs
 
 ALL = corruption_names()
 
@@ -223,6 +226,76 @@ def test_grid_cells_are_uniform_and_recomputable():
         if member.name == "contrast":
             torch.testing.assert_close(out[rows], member(x[rows], gen(0)))
     assert repr(grid) == "CorruptionGrid(corruptions=[fog, contrast], severities=[1, 3])"
+
+
+def test_grid_draw_is_a_call_without_the_box_check():
+    """The engine's draw gives a call's images; it checks shapes for every corruption of the grid
+    (whichever cells are drawn) but not the values, which the engine checked once per check.
+    JPEG's cells, coded together over severities, match each severity's own call."""
+    x = torch.rand(64, 3, 32, 32, generator=gen(6))
+    grid = CorruptionGrid(["fog", "jpeg_compression", "contrast"], [1, 5])
+    out = grid(x, gen(9))
+    assert torch.equal(grid.draw(x, gen(9), None, None), out)
+    cells = grid.cells(64, gen(9))
+    for k, member in enumerate(grid.members):
+        if member.name != "fog":
+            assert torch.equal(out[cells == k], member(x[cells == k], gen(0))), member
+    snow = Corruption("snow", 2)
+    assert torch.equal(snow.draw(x, gen(1), None, None), snow(x, gen(1)))
+    with pytest.raises(ValueError, match="must lie in the box"):
+        grid(x * 2, gen(0))
+    assert grid.draw(x * 2, gen(0), None, None).max() <= 1
+    with pytest.raises(ValueError, match="saturate .* needs RGB"):
+        CorruptionGrid(["contrast", "saturate"]).draw(x[:1, :1], gen(0), None, None)
+
+
+def pillow_jpeg(x: torch.Tensor, qualities) -> torch.Tensor:
+    """The CPU path of JPEG written out: each image rounded to 8 bits, coded by Pillow at its
+    quality (grey as one luma component, RGB with Pillow's default 4:2:0 chroma), decoded, / 255."""
+    from PIL import Image
+
+    out = []
+    for image, quality in zip(x, qualities):
+        levels = (image.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+        buffer = io.BytesIO()
+        Image.fromarray(levels[..., 0] if len(image) == 1 else levels).save(buffer, format="JPEG", quality=quality)
+        decoded = np.array(Image.open(buffer)).reshape(levels.shape)
+        out.append(torch.from_numpy(decoded).permute(2, 0, 1).float() / 255)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 8, 8), (2, 1, 13, 21), (3, 3, 32, 32), (2, 3, 37, 41)])
+def test_jpeg_is_pillows_codec_bit_for_bit(shape):
+    """Grey and RGB images, any size, one quality or one per image: Pillow's result exactly."""
+    x = torch.rand(shape, generator=gen(0))
+    for severity in (1, 5):
+        c = Corruption("jpeg_compression", severity)
+        quality = TABLES["jpeg_compression"][c.preset_for(x)][severity - 1]
+        assert torch.equal(c(x, gen(0)), pillow_jpeg(x, [quality] * len(x)))
+    qualities = [90, 40, 7][: len(x)]
+    assert torch.equal(jpeg_compression(x, qualities, None, "cifar"), pillow_jpeg(x, qualities))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_jpeg_is_the_cpus_and_the_grid_waits_only_for_it():
+    """On CUDA, JPEG of grey and RGB images gives the CPU's numbers exactly (Pillow's codec on the
+    host), and a grid's draw waits for the device only for JPEG: once per batch (cells and seeds
+    come from a host generator; constant tables are uploaded on first use)."""
+    for channels in (1, 3):
+        x = torch.rand(5, channels, 32, 32, generator=gen(0))
+        c = Corruption("jpeg_compression", 3)
+        assert torch.equal(c(x.cuda(), gen(0, "cuda")).cpu(), c(x, gen(0)))
+    x = torch.rand(256, 3, 32, 32, device="cuda", generator=gen(0, "cuda"))
+    for names, waits in ((["fog", "zoom_blur", "elastic_transform", "snow", "frost", "spatter"], 0), (ALL, 1)):
+        grid = CorruptionGrid(names)
+        for member in grid.members:  # first uses: constant tables, page-locked buffers
+            member.corrupt(x[:2], gen(0, "cuda"))
+        grid.draw(x, gen(0, "cuda"), None, None)
+        with count_host_syncs(torch.nn.Identity(), device="cuda") as count:
+            out = grid.draw(x, gen(1, "cuda"), None, None)
+        assert count.syncs == waits, count.where
+        g = gen(1, "cuda")
+        assert torch.equal(grid(x, g), out) and not torch.equal(grid(x, g), out)  # the generator advances
 
 
 # ---------------------------------------------------------------------------------------------

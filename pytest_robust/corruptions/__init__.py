@@ -9,6 +9,11 @@ generator, in a fixed order per call: the same generator state and the same batc
 output on the same device. (The evaluation engine draws perturbations in fixed blocks of inputs,
 each with its own generator, so a check's numbers do not depend on the batch size.)
 
+On a GPU the corruptions do not wait for the device: no value is read back to the host, except
+by JPEG, whose codec runs on the host (one transfer per call, one per batch in a grid). The box
+check of ``Corruption.sample`` reads the batch's extremes; the engine's ``draw`` skips it, as the
+check's data were checked once.
+
 The severity tables are those of ImageNet-C for images larger than 64 px and of CIFAR-10-C for
 64 px or less (``preset=`` forces one); see ``tables``. The families live in ``noise``, ``blur``,
 ``weather`` and ``digital``; each function there documents its math.
@@ -17,12 +22,15 @@ The severity tables are those of ImageNet-C for images larger than 64 px and of 
 from __future__ import annotations
 
 import difflib
+import itertools
 import numbers
 
 import torch
 
+from ..engine import stream_generator
 from ..perturbations import Perturbation, _bounds_repr, _check_bounds
 from . import blur, digital, noise, weather
+from ._ops import upload
 from .tables import BENCHMARK, EXTRA, PRESETS, TABLES, default_preset
 
 ALL = BENCHMARK + EXTRA
@@ -44,6 +52,10 @@ ANY_MIN_SIDE = 4
 NEEDS_COLOUR = ("saturate",)
 #: Slack when checking that images lie in the box (rounding of normalised data).
 BOX_SLACK = 1e-5
+#: Corruptions that draw nothing and whose function also takes a list of one parameter per image:
+#: a grid corrupts the images of all their cells in one call. (JPEG's codec runs on the host: one
+#: round trip to the host per batch instead of one per severity.)
+PER_IMAGE = ("jpeg_compression",)
 
 
 def corruption_names(subset: str = "all") -> list[str]:
@@ -106,7 +118,14 @@ class Corruption(Perturbation):
         return TABLES[self.name][self.preset_for(x)][self.severity - 1]
 
     def check_images(self, x: torch.Tensor, generator: torch.Generator | None = None) -> None:
-        """Raise ValueError naming the problem if this corruption cannot apply to x."""
+        """Raise ValueError naming the problem if this corruption cannot apply to x: its shape,
+        dtype and size (``check_shape``) and its values (``check_box``)."""
+        self.check_shape(x, generator)
+        self.check_box(x)
+
+    def check_shape(self, x: torch.Tensor, generator: torch.Generator | None = None) -> None:
+        """Raise ValueError if x is not a batch of images this corruption applies to, or the
+        generator is on another device type; reads no value of x (no host synchronisation)."""
         if not isinstance(x, torch.Tensor) or x.ndim != 4:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(
@@ -134,6 +153,15 @@ class Corruption(Perturbation):
                 f"size: {', '.join(n for n in ALL if n not in NEEDS_MIN_SIDE + NEEDS_COLOUR)})"
                 if need == MIN_SIDE else f"{self.name} needs images of at least {need}x{need} px, got {h}x{w}"
             )
+        if generator is not None and torch.device(generator.device).type != x.device.type:
+            raise ValueError(
+                f"the generator is on {generator.device} but the images are on {x.device}: "
+                f"use torch.Generator(device={str(x.device)!r})"
+            )
+
+    def check_box(self, x: torch.Tensor) -> None:
+        """Raise ValueError if x has values outside the box (beyond ``BOX_SLACK``): reads the
+        extremes of x back to the host, so it runs once per call of ``sample``, not per ``draw``."""
         lo, hi = self.bounds
         if isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
             smallest, largest = (float(v) for v in torch.aminmax(x))  # one pass over the batch
@@ -148,18 +176,28 @@ class Corruption(Perturbation):
                 f"ToTensor()), got values from {smallest:.4g} to {largest:.4g}. Normalise inside the model, "
                 "or pass bounds=(lo, hi) for the data's range"
             )
-        if generator is not None and torch.device(generator.device).type != x.device.type:
-            raise ValueError(
-                f"the generator is on {generator.device} but the images are on {x.device}: "
-                f"use torch.Generator(device={str(x.device)!r})"
-            )
 
     def _box(self, x):
-        return tuple(torch.as_tensor(b, device=x.device, dtype=x.dtype) for b in self.bounds)
+        """(lo, hi) as tensors on x's device in x's dtype; numbers are filled in on the device
+        (``torch.full``), tensors converted (a host tensor is copied there)."""
+        return tuple(torch.full((), b, device=x.device, dtype=x.dtype) if isinstance(b, numbers.Real)
+                     else torch.as_tensor(b, device=x.device, dtype=x.dtype) for b in self.bounds)
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """The corrupted batch, already in the box (so ``__call__`` adds no clipping pass)."""
         self.check_images(x, generator)
+        return self.corrupt(x, generator)
+
+    def draw(self, x: torch.Tensor, generator: torch.Generator, index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The engine's draw: rows of the check's data, whose box ``inspection.check_in_box``
+        checked once per check, so only ``check_shape`` runs here (no host synchronisation)."""
+        self.check_shape(x, generator)
+        return self.corrupt(x, generator)
+
+    def corrupt(self, x: torch.Tensor, generator: torch.Generator | None, parameters=None) -> torch.Tensor:
+        """``sample`` without the checks: x mapped from the box to [0, 1], corrupted in float32
+        (or float64) with ``parameters`` (default: this severity's table row, ``parameters(x)``),
+        clamped to [0, 1], mapped back to the box, in x's dtype."""
         work = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
         unit_box = all(isinstance(b, numbers.Real) for b in self.bounds) and tuple(self.bounds) == (0, 1)
         if unit_box:
@@ -167,7 +205,8 @@ class Corruption(Perturbation):
         else:
             lo, hi = (b.to(work) for b in self._box(x))
             unit = ((x.to(work) - lo) / (hi - lo)).clamp_(0, 1)
-        out = _FUNCTIONS[self.name](unit, self.parameters(x), generator, self.preset_for(x)).clamp_(0, 1)
+        c = self.parameters(x) if parameters is None else parameters
+        out = _FUNCTIONS[self.name](unit, c, generator, self.preset_for(x)).clamp_(0, 1)
         if not unit_box:
             out = out.mul_(hi - lo).add_(lo)
         return out.to(x.dtype)
@@ -180,13 +219,29 @@ class Corruption(Perturbation):
         return f"Corruption({self.name!r}, severity={self.severity}{preset}{_bounds_repr(self.bounds)})"
 
 
+def host_generator(generator: torch.Generator) -> torch.Generator:
+    """The generator a grid draws its cells and seeds from, on the host, where they are needed.
+
+    A CPU generator is used itself. A device generator's draws could only be read by waiting for
+    the device, so the grid draws from a CPU generator seeded from the device generator's state
+    (its seed and offset, which it keeps on the host: reading them does not wait) and advances
+    the device generator by one draw, so that its next state gives other cells.
+    """
+    if generator.device.type == "cpu":
+        return generator
+    state = generator.get_state().tolist()  # a host tensor
+    torch.empty(1, device=generator.device).uniform_(generator=generator)
+    return stream_generator(0, "corruption-grid", *state)
+
+
 class CorruptionGrid(Perturbation):
     """Every image gets one (corruption, severity) cell drawn uniformly from a grid, then that
     corruption: the mixture that makes "mean accuracy over the grid" one Bernoulli mean.
 
-    ``cells(n, generator)`` are the first draws from the generator: the cell index of each of
-    the n images (cell k is ``self.grid[k]``); then one seed per cell for the corruptions of that
-    cell's images. So the cells of a batch are recomputed from a copy of the generator's state.
+    ``cells(n, generator)`` are the first draws from the generator (on the host,
+    ``host_generator``): the cell index of each of the n images (cell k is ``self.grid[k]``);
+    then one seed per cell for the corruptions of that cell's images. So the cells of a batch are
+    recomputed from a copy of the generator's state.
     """
 
     def __init__(self, corruptions=None, severities=None, preset: str | None = None, bounds=(0.0, 1.0)):
@@ -204,18 +259,58 @@ class CorruptionGrid(Perturbation):
         self.grid = [(m.name, m.severity) for m in self.members]
 
     def cells(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """The cell index of each of n images (consumes the first draws of ``generator``)."""
-        return torch.randint(len(self.grid), (n,), generator=generator, device=generator.device)
+        """The cell index of each of n images, a CPU tensor (the first draws of
+        ``host_generator(generator)``)."""
+        return self._cells(n, host_generator(generator))
+
+    def _cells(self, n: int, host: torch.Generator) -> torch.Tensor:
+        """The first draws of the host generator ``host``: a cell index per image."""
+        return torch.randint(len(self.grid), (n,), generator=host)
+
+    def check_shape(self, x: torch.Tensor, generator: torch.Generator | None = None) -> None:
+        """``Corruption.check_shape`` for every corruption of the grid (whichever cells are drawn)."""
+        for member in self.members[::len(self.severities)]:
+            member.check_shape(x, generator)
 
     def sample(self, x, generator):
-        cells = self.cells(len(x), generator)
-        seeds = torch.randint(2**62, (len(self.grid),), generator=generator, device=generator.device).tolist()
+        """The corrupted batch (``_mix``), after the checks of ``Corruption.sample``."""
+        self.check_shape(x, generator)
+        self.members[0].check_box(x)
+        return self._mix(x, generator)
+
+    def draw(self, x, generator, index, y):
+        """The engine's draw: as ``Corruption.draw``, no host synchronisation."""
+        self.check_shape(x, generator)
+        return self.clip(self._mix(x, generator))
+
+    def _mix(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Each image corrupted by its cell's corruption: the images of cell k together, with the
+        generator seeded by seed k; those of a ``PER_IMAGE`` corruption together over its
+        severities, each with its own parameter. Cells and seeds are host data
+        (``host_generator``): the rows of each group, in increasing order, are found on the host
+        and go to the device in one asynchronous copy, so nothing waits for the device."""
+        n, host = len(x), host_generator(generator)
+        cells = self._cells(n, host)
+        seeds = torch.randint(2**62, (len(self.grid),), generator=host)
+        drawn = torch.cat([cells, seeds]).tolist()  # host memory: no device synchronisation
+        cells, seeds = drawn[:n], drawn[n:]
+        order = sorted(range(n), key=cells.__getitem__)  # stable: a cell's rows in increasing order
+        groups = [list(group) for _, group in itertools.groupby((cells[i] for i in order), key=self._group_of)]
+        rows = torch.split(upload(torch.tensor(order, dtype=torch.long), x.device), [len(g) for g in groups])
         out = torch.empty_like(x)
-        for k in torch.unique(cells).tolist():
-            rows = (cells == k).nonzero().flatten()
-            child = torch.Generator(device=generator.device).manual_seed(seeds[k])
-            out[rows] = self.members[k](x[rows], child)
+        for group, index in zip(groups, rows):
+            member = self.members[group[0]]
+            if member.name in PER_IMAGE:
+                out[index] = member.corrupt(x[index], None, [self.members[k].parameters(x) for k in group])
+            else:
+                child = torch.Generator(device=generator.device).manual_seed(seeds[group[0]])
+                out[index] = member.corrupt(x[index], child)
         return out
+
+    def _group_of(self, cell: int):
+        """The group of ``cell`` in ``_mix``: its corruption's name for a ``PER_IMAGE`` one, else itself."""
+        name = self.grid[cell][0]
+        return name if name in PER_IMAGE else cell
 
     def __repr__(self):
         names = "all 15" if self.corruptions == BENCHMARK else ", ".join(self.corruptions)

@@ -1,15 +1,37 @@
 """Batched image operations shared by the corruption families.
 
 Images are float tensors (n, c, h, w) with values in [0, 1]; lengths are in pixels. Every random
-number is drawn from the caller's ``torch.Generator`` on the images' device.
+number is drawn from the caller's ``torch.Generator`` on the images' device. Nothing here reads a
+device value back to the host: on CUDA the corruptions queue their kernels without waiting (a
+constant table goes to a device once, ``constant``; host data goes without a wait, ``upload``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
+
+
+@functools.lru_cache(maxsize=256)
+def constant(values: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.tensor(values)`` on ``device`` in ``dtype``, made once per (values, device, dtype):
+    copying host numbers to a CUDA device makes the host wait for the device, so a table used in
+    every call is uploaded only the first time. The tensor is shared: never modify it in place.
+    (Made outside inference mode, so that later calls under autograd can use it.)"""
+    with torch.inference_mode(False):
+        return torch.tensor(values, device=device, dtype=dtype)
+
+
+def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The host tensor ``t`` on ``device``, without making the host wait: on CUDA a copy from
+    page-locked memory, asynchronous (a copy from pageable memory waits for the device);
+    elsewhere ``t.to(device)`` (no copy on the CPU)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def uniform(g: torch.Generator, shape, like: torch.Tensor) -> torch.Tensor:
@@ -105,7 +127,8 @@ def motion_kernels(radius: int, sigma: float, angles: torch.Tensor, like: torch.
     return kernels.view(len(angles), k, k)
 
 
-def _zoom_coordinates(size: int, factor: float) -> list[float]:
+@functools.lru_cache(maxsize=256)
+def _zoom_coordinates(size: int, factor: float) -> tuple[float, ...]:
     """Source pixel positions of a ``size``-px zoom by ``factor`` (ImageNet-C's ``clipped_zoom``):
     the central ceil(size / factor) px, from index top = (size - crop) // 2, are stretched to
     round(crop factor) px by SciPy's ``zoom`` (output i at top + i (crop - 1) / (out - 1)) and
@@ -113,7 +136,7 @@ def _zoom_coordinates(size: int, factor: float) -> list[float]:
     crop = math.ceil(size / factor)
     top = (size - crop) // 2
     out = max(round(crop * factor), 2)
-    return [top + i * (crop - 1) / (out - 1) for i in range(size)]
+    return tuple(top + i * (crop - 1) / (out - 1) for i in range(size))
 
 
 def zoom(x: torch.Tensor, factors) -> torch.Tensor:
@@ -122,8 +145,8 @@ def zoom(x: torch.Tensor, factors) -> torch.Tensor:
     n, c, h, w = x.shape
     grids = []
     for f in factors:
-        ys = torch.tensor(_zoom_coordinates(h, f), device=x.device, dtype=x.dtype) * 2 / max(h - 1, 1) - 1
-        xs = torch.tensor(_zoom_coordinates(w, f), device=x.device, dtype=x.dtype) * 2 / max(w - 1, 1) - 1
+        ys = constant(_zoom_coordinates(h, f), x.device, x.dtype) * 2 / max(h - 1, 1) - 1
+        xs = constant(_zoom_coordinates(w, f), x.device, x.dtype) * 2 / max(w - 1, 1) - 1
         grids.append(torch.stack(torch.meshgrid(ys, xs, indexing="ij")[::-1], dim=-1))
     z = len(grids)
     grid = torch.stack(grids).repeat(n, 1, 1, 1)
@@ -151,7 +174,7 @@ def grey(x: torch.Tensor) -> torch.Tensor:
     """Luma (n, 1, h, w): 0.299 R + 0.587 G + 0.114 B (ITU-R 601, OpenCV's RGB2GRAY); grey stays."""
     if x.shape[1] == 1:
         return x
-    weights = torch.tensor([0.299, 0.587, 0.114], device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    weights = constant((0.299, 0.587, 0.114), x.device, x.dtype).view(1, 3, 1, 1)
     return (x * weights).sum(1, keepdim=True)
 
 

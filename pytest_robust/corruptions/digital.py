@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -11,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ._ops import blur, box_matrix, uniform, warp
+from ._ops import blur, box_matrix, constant, uniform, upload, warp
 
 
 def contrast(x, c, g, preset):
@@ -54,35 +53,36 @@ def _pil_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
     return np.asarray(Image.open(buffer))
 
 
-def jpeg_compression(x, c, g, preset):
-    """JPEG encoding at quality c and decoding of the image quantised to 8 bits (4:2:0 chroma).
-
-    On CUDA through torchvision's GPU encoder and decoder (nvJPEG), the whole batch at once (the
-    encoded bytes pass through host memory, where the decoder takes them). On
-    the CPU through Pillow's libjpeg-turbo (the codec of the reference; Pillow is a torchvision
-    dependency), images spread over ``torch.get_num_threads()`` threads (Pillow releases the GIL
-    while it codes): torchvision's CPU
-    encoder measured 10x slower than Pillow's on 224-px images (torchvision 0.29).
-    """
-    if x.device.type == "cuda":
-        from torchvision.io import decode_jpeg, encode_jpeg
-
-        with warnings.catch_warnings():  # torchvision 0.29 deprecates its codecs in favour of TorchCodec
-            warnings.simplefilter("ignore", DeprecationWarning)
-            encoded = encode_jpeg(list(torch.round(x * 255).to(torch.uint8)), quality=int(c))
-            decoded = decode_jpeg([e.cpu() for e in encoded], device=x.device)
-        return torch.stack(decoded).to(x.dtype) / 255
-    hwc = x.permute(0, 2, 3, 1).mul(255).round_().to(torch.uint8).contiguous().numpy()
-    if x.shape[1] == 1:
-        hwc = hwc[..., 0]
+def _pil_jpegs(images: np.ndarray, qualities: list) -> np.ndarray:
+    """``_pil_jpeg`` of each of the (n, h, w[, 3]) images at its quality, spread over
+    ``torch.get_num_threads()`` threads (Pillow releases the GIL while it codes)."""
     threads = max(1, torch.get_num_threads())
     if threads == 1:
-        out = np.stack([_pil_jpeg(im, int(c)) for im in hwc])
-    else:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            out = np.stack(list(pool.map(lambda im: _pil_jpeg(im, int(c)), hwc)))
-    out = torch.from_numpy(out if x.shape[1] == 3 else out[..., None]).permute(0, 3, 1, 2)
-    return out.to(x.dtype).div_(255)  # channels-last memory, (n, c, h, w) shape
+        return np.stack([_pil_jpeg(im, q) for im, q in zip(images, qualities)])
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return np.stack(list(pool.map(_pil_jpeg, images, qualities)))
+
+
+def jpeg_compression(x, c, g, preset):
+    """JPEG encoding at quality c (or at c[i] for image i, c a list) and decoding of the image
+    quantised to 8 bits (round(255 x)), by Pillow's libjpeg-turbo (the codec of the reference) on
+    the host, for images on any device: RGB images are coded as YCbCr with 4:2:0 chroma
+    subsampling (Pillow's default), grey images as one luma component. So a CUDA batch gets
+    exactly the CPU's numbers.
+
+    Host synchronisation: on CUDA the quantised batch is copied to the host in one transfer, the
+    only time a corruption waits for the device (the codec runs on the host, image by image);
+    the decoded batch, divided by 255 on the host, goes back without a wait (``_ops.upload``).
+    torchvision's GPU codec (nvJPEG) is not used: its encoder takes 3-channel images only, keeps
+    chroma at full resolution (4:4:4, fixed in torchvision 0.29's ``encode_jpegs_cuda``), so its
+    RGB images differ from the CPU's, and it waits for the device twice per image. torchvision's
+    CPU encoder measured 10x slower than Pillow's on 224-px images (torchvision 0.29).
+    """
+    qualities = [int(q) for q in (c if isinstance(c, list) else [c] * len(x))]
+    levels = x.permute(0, 2, 3, 1).mul(255).round_().to(torch.uint8).contiguous().numpy(force=True)
+    decoded = _pil_jpegs(levels if x.shape[1] == 3 else levels[..., 0], qualities)
+    out = torch.from_numpy(decoded if x.shape[1] == 3 else decoded[..., None]).permute(0, 3, 1, 2)
+    return upload(out.to(x.dtype).div_(255), x.device)  # channels-last memory, (n, c, h, w) shape
 
 
 def elastic_transform(x, c, g, preset):
@@ -102,11 +102,12 @@ def elastic_transform(x, c, g, preset):
     side = min(h, w)
     alpha, sigma, jitter = (v * side for v in c)
     cy, cx, third = float(h // 2), float(w // 2), float(side // 3)
-    src = torch.tensor([[cx + third, cy + third, 1], [cx + third, cy - third, 1], [cx - third, cy - third, 1]],
-                       device=x.device, dtype=x.dtype)
+    src = constant(((cx + third, cy + third, 1), (cx + third, cy - third, 1), (cx - third, cy - third, 1)),
+                   x.device, x.dtype)
     dst = src[:, :2] + (2 * uniform(g, (n, 3, 2), x) - 1) * jitter
-    forward = torch.linalg.solve(src.expand(n, 3, 3), dst).transpose(1, 2)  # (n, 2, 3): src -> dst
-    inverse = torch.linalg.inv(forward[:, :, :2])
+    # the _ex forms skip the singularity check, a host read on CUDA: the three points are not collinear
+    forward = torch.linalg.solve_ex(src.expand(n, 3, 3), dst).result.transpose(1, 2)  # (n, 2, 3): src -> dst
+    inverse = torch.linalg.inv_ex(forward[:, :, :2]).inverse
     matrix = torch.cat([inverse, -(inverse @ forward[:, :, 2:])], 2)
     field = blur(2 * uniform(g, (n, 2, h, w), x) - 1, sigma, truncate=3.0) * alpha
     return warp(x, field[:, 0], field[:, 1], matrix)

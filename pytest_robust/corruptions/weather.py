@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._ops import blur, filter2d, grey, motion_kernels, next_power_of_2, normal, uniform, zoom
+from ._ops import blur, constant, filter2d, grey, motion_kernels, next_power_of_2, normal, uniform, zoom
 
 
 def brightness(x, c, g, preset):
@@ -98,7 +98,7 @@ def frost_texture(n: int, h: int, w: int, g, like) -> torch.Tensor:
     texture = texture - texture.mean((2, 3), keepdim=True)
     texture = texture / texture.std((2, 3), keepdim=True).clamp(min=1e-12)
     level = 0.55 + 0.3 * uniform(g, (n, 1, 1, 1), like)
-    tint = torch.tensor(FROST_TINT, device=like.device, dtype=like.dtype).view(1, 3, 1, 1)
+    tint = constant(FROST_TINT, like.device, like.dtype).view(1, 3, 1, 1)
     return (level + tint + FROST_SD * texture).clamp(0, 1)
 
 
@@ -173,7 +173,7 @@ def spatter(x, c, g, preset):
     n, ch, h, w = x.shape
     liquid = blur(mean + sd * normal(g, (n, 1, h, w), x), sigma)
     liquid = torch.where(liquid < threshold, torch.zeros_like(liquid), liquid)
-    colour = torch.tensor(MUD if mud else WATER, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    colour = constant(MUD if mud else WATER, x.device, x.dtype).view(1, 3, 1, 1)
     colour = grey(colour) if ch == 1 else colour
     if mud:
         m = blur((liquid > threshold).to(x.dtype), strength)
