@@ -18,11 +18,13 @@ import hashlib
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from . import collective, validation
 from .errors import ArgumentError, RobustDataError, RobustError, RobustModelError, RobustWarning
+from .model_interface import logits_of
 
 def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.device:
     """``auto`` -> CUDA when available else CPU; ``None`` -> the model's device; else as given.
@@ -306,6 +308,11 @@ class Forward:
     (or host) out-of-memory error halves the batch and retries the same rows: none lost, none
     repeated, and the counts include only the rows that completed.
 
+    Model interface (``model_interface``): ``normalize`` (a ``Normalizer`` or None) maps the
+    working-dtype input to (x - mean) / std before anything else, so the model sees what
+    ``Sequential(Normalize(mean, std), model)`` would; ``logits`` (the selector, or None) picks the
+    logits out of the model's output (a tensor, ``.logits``, a ``"logits"`` key, or as chosen).
+
     Precision: inputs arrive in the check's working dtype (float32, or float64 for a float64
     model) and are cast to ``input_dtype`` (the model's own dtype) at the model's input; the
     model runs under ``torch.autocast(autocast)`` when that is set (and gets 4-D inputs in
@@ -322,6 +329,10 @@ class Forward:
     input_dtype: torch.dtype | None = None
     autocast: torch.dtype | None = None
     channels_last: bool = False
+    normalize: Callable | None = None
+    logits: object = None
+    deferred: bool = False
+    finite: torch.Tensor | bool = True
     passes: int = 0
     backward_passes: int = 0
     halvings: int = 0
@@ -433,31 +444,35 @@ class Forward:
         return out + (torch.cat(logits),) if with_logits else out
 
     def called(self, x: torch.Tensor, model=None):
-        """``model(x)`` (default: the check's model), x cast to the model's dtype, under autocast
-        when asked; a failure on the first batch is explained when the inputs' layout is the
-        likely cause (``inspection.explain_model_error``)."""
-        model = self.model if model is None else model
+        """The logits of ``model(x)`` (default: the check's model; another module, such as a
+        wrapper that also returns features, gets x the same way and its output is returned as it
+        is): x normalised when asked, cast to the model's dtype, under autocast when asked; a
+        failure on the first batch is explained when the inputs' layout is the likely cause
+        (``inspection.explain_model_error``)."""
+        own = model is None
+        model = self.model if own else model
+        if self.normalize is not None:
+            x = self.normalize(x)
         if self.input_dtype is not None:
             x = x.to(self.input_dtype)
         if self.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         try:
             with torch.autocast(x.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                return model(x)
+                out = model(x)
         except (RuntimeError, ValueError) as err:
             if self.n_classes is None and not is_oom(err):
                 from .inspection import explain_model_error
 
                 explain_model_error(x, err)
             raise
+        return logits_of(out, self.logits, len(x)) if own else out
 
     def validated(self, z, n: int, x: torch.Tensor | None = None) -> torch.Tensor:
         """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches
         (one host read per batch: the finiteness check); counts its tied rows in ``ties``. When
         the logits are not finite because the inputs ``x`` were not, the check is blamed, not the
         model."""
-        if not isinstance(z, torch.Tensor):
-            raise RobustModelError(f"the model must return a logits tensor, got {type(z).__name__}")
         if z.ndim != 2 or z.shape[0] != n or z.shape[1] < 2:
             raise RobustModelError(
                 f"the model must return logits of shape (batch, classes) with at least 2 classes; "
@@ -475,20 +490,48 @@ class Forward:
                 )
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
-        if not torch.isfinite(z).all():
-            if x is not None and not torch.isfinite(x).all():
-                raise RobustError(
-                    "the check fed the model non-finite inputs (a perturbation or fit that diverged): "
-                    "lower the fit's learning rate (fit_lr=) or the perturbation's size, and report it "
-                    "if the settings are the defaults"
-                )
-            raise RobustModelError(
-                "the model returned NaN or infinite logits; check the model on perturbed inputs "
-                "(e.g. inputs outside its training range) and its numerical stability"
-            )
+        if self.deferred:  # read later, with the caller's own host read (``finite_flag``)
+            self.finite = torch.isfinite(z).all() & self.finite
+        elif not torch.isfinite(z).all():
+            self.raise_nonfinite(x)
         top = z.detach().topk(2, dim=1).values
         self.ties = self.ties + (top[:, 0] == top[:, 1]).sum()
         return z
+
+    def raise_nonfinite(self, x: torch.Tensor | None = None):
+        """The error for non-finite logits: the check's fault when its inputs ``x`` were not
+        finite, else the model's."""
+        if x is not None and not torch.isfinite(x).all():
+            raise RobustError(
+                "the check fed the model non-finite inputs (a perturbation or fit that diverged): "
+                "lower the fit's learning rate (fit_lr=) or the perturbation's size, and report it "
+                "if the settings are the defaults"
+            )
+        raise RobustModelError(
+            "the model returned NaN or infinite logits; check the model on perturbed inputs "
+            "(e.g. inputs outside its training range) and its numerical stability"
+        )
+
+    @contextlib.contextmanager
+    def deferring(self):
+        """Inside the block the finiteness of the logits is not read per batch: it accumulates in
+        a device flag that the caller reads with its own host read (``finite_flag``) and hands to
+        ``check_flag``. A stream that reads its outcomes once per step then makes one host read
+        per step instead of two."""
+        self.deferred, self.finite = True, True
+        try:
+            yield
+        finally:
+            self.deferred = False
+
+    def finite_flag(self, device) -> torch.Tensor:
+        """1 when every logit since ``deferring`` began was finite, else 0 (a device tensor, (1,))."""
+        return torch.as_tensor(self.finite, device=device).long().reshape(1)
+
+    def check_flag(self, flag: int) -> None:
+        """Raise the non-finite-logits error unless ``flag`` (read from ``finite_flag``) is 1."""
+        if not flag:
+            self.raise_nonfinite()
 
 
 def correct_predictions(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

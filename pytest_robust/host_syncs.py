@@ -10,15 +10,14 @@ leaves the GPU idle between batches.
 
 - on CUDA (``device="cuda"``) it uses ``torch.cuda.set_sync_debug_mode("warn")``, which makes
   CUDA itself report each synchronising call: the ground truth, blocking copies included;
-- everywhere (the CPU stand-in) it intercepts the host reads above with a ``TorchFunctionMode``
-  and counts the ones the code makes. Uploads (host to device copies) are not counted there: on
-  the CPU there is nothing to upload.
+- everywhere (the CPU stand-in) it intercepts every torch call with a ``TorchFunctionMode``,
+  follows which tensors would live on the device (``_HostReads``) and counts the host reads of
+  those. Uploads (host to device copies) are not counted there: on the CPU there is nothing to
+  upload.
 
 Either way the model's own forward passes are excluded (a user's model may sync; that is not the
 tool's doing) and the model's calls are counted, so ``syncs / calls`` is the figure per model
-batch. ``where`` counts the source lines of pytest_robust that synced, with the op's name. A
-read of a tensor that ``.cpu()`` already brought to the host is not counted again, nor are the
-reads ``torch.optim`` makes of its step counters (host tensors on a GPU too).
+batch. ``where`` counts the source lines of pytest_robust that synced, with the op's name.
 """
 
 from __future__ import annotations
@@ -68,13 +67,6 @@ def _caller() -> str:
     return "other"
 
 
-def _in_optimizer() -> bool:
-    """Whether the read comes from ``torch.optim``: its step counters live on the host on a GPU
-    too (unless capturable), so reading them waits for nothing."""
-    frame = sys._getframe(3)
-    return os.sep + os.path.join("torch", "optim") + os.sep in frame.f_code.co_filename
-
-
 def _sized_by_data(func, args, kwargs) -> bool:
     """``repeat_interleave`` with a tensor of repeats and no ``output_size``: its size is read."""
     if getattr(func, "__name__", "") != "repeat_interleave":
@@ -91,25 +83,67 @@ def _is_mask_index(func, args) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
 
 
+def _tensors(values) -> list:
+    """The tensors among ``values``, looking one level into tuples, lists and dict values."""
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            out += [t for t in v if isinstance(t, torch.Tensor)]
+        elif isinstance(v, dict):
+            out += [t for t in v.values() if isinstance(t, torch.Tensor)]
+    return out
+
+
 class _HostReads(TorchFunctionMode):
-    """The CPU stand-in: counts host reads while ``active``."""
+    """The CPU stand-in: tracks which tensors would live on the device and counts the host reads
+    of those while ``active``.
+
+    On the CPU every tensor is a host tensor, so the stand-in follows where each one would be on a
+    GPU: a tensor is *on the device* when it was made with an explicit ``device=`` (the code's
+    ``run.device``; the literal string ``"cpu"`` spells out the host), moved with ``.to(device)``
+    (the data, placed once per check), returned by the model, or computed from any tensor on the
+    device; anything else (a CPU generator's draws, a ``.cpu()`` copy, the optimiser's step
+    counters) is a host tensor, and reading it waits for nothing. A read of a device tensor (``.item()``, ``bool()``, ``.cpu()``, ``nonzero``, a mask
+    index, ...) is a synchronisation.
+    """
 
     def __init__(self, count: SyncCount):
         super().__init__()
         self.count, self.active = count, True
-        self.host_copies: dict[int, weakref.ref] = {}
+        self.device_tensors: dict[int, weakref.ref] = {}
+
+    def on_device(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and self.device_tensors.get(id(t), lambda: None)() is t
+
+    def mark(self, out) -> None:
+        for t in _tensors([out]):
+            self.device_tensors[id(t)] = weakref.ref(t)
+
+    def synchronises(self, func, args, kwargs) -> bool:
+        """Whether ``func(*args, **kwargs)`` makes the host wait for a device value."""
+        if _is_mask_index(func, args):
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            return any(self.on_device(i) for i in index if isinstance(i, torch.Tensor) and i.dtype == torch.bool)
+        if _sized_by_data(func, args, kwargs):
+            return self.on_device(args[1] if len(args) > 1 else kwargs.get("repeats"))
+        return getattr(func, "__name__", "") in HOST_READS and bool(args) and self.on_device(args[0])
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        first = args[0] if args else None
-        copied = isinstance(first, torch.Tensor) and self.host_copies.get(id(first), lambda: None)() is first
-        syncs = name in HOST_READS or _is_mask_index(func, args) or _sized_by_data(func, args, kwargs)
-        if self.active and syncs and not copied and not _in_optimizer():
+        if self.active and self.synchronises(func, args, kwargs):
             self.count.syncs += 1
             self.count.where[f"{_caller()} {name}"] += 1
-        out = func(*args, **(kwargs or {}))
-        if name == "cpu" and isinstance(out, torch.Tensor):
-            self.host_copies[id(out)] = weakref.ref(out)  # reading a host copy again waits for nothing
+        out = func(*args, **kwargs)
+        if name == "cpu":  # a host copy: a new tensor object, even where the source already is one
+            return out.view(out.shape)
+        moved = name in ("to", "cuda") and (len(args) > 1 or "device" in kwargs)
+        made_there = kwargs.get("device") not in (None, "cpu")  # the string "cpu" spells out the host
+        derived = any(self.on_device(t) for t in _tensors(list(args) + list(kwargs.values())))
+        if name not in HOST_READS and (moved or made_there or derived):
+            self.mark(out)
         return out
 
 

@@ -10,6 +10,11 @@ A metric module writes only its plan, its evaluation and its statistics; a ``Run
   dtype is converted, with a note in details. With the check's perturbation, the inputs are
   checked against its box, its size and its use of the generator, on the check's device
   (``inspection.inspect_inputs``);
+- the model interface (``model_interface.current()``: ``normalize=(mean, std)`` applied inside the
+  model call, so data, perturbations and sizes stay in pixel units; the ``logits=`` selector),
+  stated in the Result (``details["model_interface"]``, and the space in ``details["space"]``,
+  which every message names); data whose transform pipeline normalises is refused
+  (``inspection.check_data_normalisation``);
 - the execution settings (``model_execution.current()``: precision/autocast, channels-last, compile,
   deterministic kernels), stated in the Result (``precision``, ``details["execution"]``); a run
   with ``certificate=True`` (randomized smoothing) warns when the logits are not float32;
@@ -46,10 +51,10 @@ import torch
 
 import warnings
 
-from . import collective, model_execution
+from . import collective, model_execution, model_interface
 from .engine import Forward, TensorData, autocast_dtype, guarded, load_data, resolve_device
 from .errors import RobustWarning
-from .inspection import check_model, inspect_inputs
+from .inspection import check_data_normalisation, check_model, inspect_inputs
 from .results import Result, decide
 from .validation import check_run_args
 
@@ -110,6 +115,8 @@ class Run:
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
                                    batch_size=batch_size, direction=direction)
         self.device = resolve_device(device, model)
+        self.interface = model_interface.current()
+        check_data_normalisation(data, perturbation, self.interface.normalize)
         self.ds = load_data(data)
         self.details: dict = {}
         self.model_dtype = model_dtype(model)
@@ -124,9 +131,13 @@ class Run:
         self.execution = model_execution.current()
         autocast = autocast_dtype(self.execution.precision, self.device)
         self.precision = describe_precision(self.model_dtype, autocast)
+        normalize = self.interface.normalize
         self.forward = Forward(model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
                                input_dtype=self.model_dtype if self.model_dtype != self.dtype else None,
-                               autocast=autocast, channels_last=self.execution.channels_last)
+                               autocast=autocast, channels_last=self.execution.channels_last,
+                               normalize=None if normalize is None else model_interface.Normalizer(
+                                   normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
+                               logits=self.interface.logits)
         if certificate and self.precision not in ("float32", "float64"):
             self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
             warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)
@@ -254,11 +265,13 @@ class Run:
                 "evaluations": evaluations,
                 "evaluations_per_rank": self.per_rank(),
                 "backward_passes": collective.sum_int(self.forward.backward_passes),
-                "batch_size": self.forward.batch_size,
+                "batch_size": self.agreed_batch_size(),
                 "oom_halvings": self.forward.halvings,
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "tie_rate": self._tie_rate(evaluated),
                 "execution": {**self.execution.__dict__, "precision_ran": self.precision},
+                "model_interface": self.interface.describe(),
+                "space": self.interface.space(),
                 "model_was_training": self.info.get("model_was_training", False),
             },
         )

@@ -70,11 +70,13 @@ def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first
     so every rank sees the same stream as a single process would. Only the first ``limit`` draws
     of the step are evaluated, by a single process or across the ranks; a rank whose blocks all
     lie past the limit evaluates nothing and still joins the gather. The batch size is the ranks'
-    smallest (``Run.agreed_batch_size``), so an out-of-memory error on one rank shrinks every
-    rank's step alike. One host read per step: outcomes and indices come back together.
+    smallest: each rank sends its batch size with its outcomes, so an out-of-memory error on one
+    rank shrinks every rank's next step alike. One collective and one host read per step: the
+    outcomes, the finiteness of the logits (``Forward.deferring``), the batch sizes and the input
+    indices come back together.
     """
     rank, size = collective.world()
-    batch = run.agreed_batch_size()
+    batch = run.forward.batch_size
     per_rank = max(1, min(-(-batch // BLOCK), -(-limit // (BLOCK * size)), -(-most // size)))
     mine = range(first + rank, first + per_rank * size, size)
     dev = run.device
@@ -84,15 +86,23 @@ def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first
         perturbation.draw(ds.x[i].to(dev), noise_generator(run.seed, name, b, dev), i, ds.y[i])[:k]
         for b, i, k in zip(mine, idx, needed)
     ])
-    hits = correct_predictions(run.forward.logits(x), ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])])
-    local = torch.zeros((per_rank, BLOCK), dtype=torch.long, device=dev)
-    for j, part in enumerate(hits.split(needed)):
-        local[j, : len(part)] = part
+    with run.forward.deferring():
+        hits = correct_predictions(run.forward.logits(x), ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])])
+        # per block: its outcomes, then this rank's finiteness flag and batch size
+        local = torch.zeros((per_rank, BLOCK + 2), dtype=torch.long, device=dev)
+        for j, part in enumerate(hits.split(needed)):
+            local[j, : len(part)] = part
+        local[:, BLOCK] = run.forward.finite_flag(dev)
+        local[:, BLOCK + 1] = run.forward.batch_size
     blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
     indices = torch.cat([_indices(len(ds), run.seed, name, b, dev) if (b - first) % size != rank
                          else idx[(b - first) // size] for b in blocks])
-    host = torch.stack([collective.gather_blocks(local).reshape(-1), indices]).cpu().numpy()
-    return host[0, :limit].astype(bool), host[1, :limit], per_rank * size
+    gathered = collective.gather_blocks(local)
+    host = torch.cat([gathered.reshape(-1), indices]).cpu().numpy()
+    table, indices = host[: gathered.numel()].reshape(gathered.shape), host[gathered.numel():]
+    run.forward.check_flag(int(table[:, BLOCK].min()))
+    run.forward.batch_size = int(table[:, BLOCK + 1].min())
+    return table[:, :BLOCK].reshape(-1)[:limit].astype(bool), indices[:limit], per_rank * size
 
 
 def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold: float | None = None,
