@@ -75,6 +75,12 @@ def join(device: str) -> None:
     if cuda:  # also when the user started the group: this rank's GPU is LOCAL_RANK
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not initialised():
+        # torch.optim's first step imports torch._dynamo; imported while a gloo group lives, it
+        # keeps references to the group that destroy_process_group does not drop, so the group's
+        # threads outlive it and interpreter teardown aborts ("terminate called without an active
+        # exception") about one run in three. Imported before the group starts, it holds none.
+        import torch._dynamo  # noqa: F401
+
         _dist().init_process_group(backend="cpu:gloo,cuda:nccl" if cuda else "gloo")
 
 
