@@ -4,8 +4,10 @@ An entry is one ``torch.save`` file ``<cache_dir>/<kind>-<key[:24]>.pt`` holding
 and plain values, with the full key inside. The key is a SHA-256 over everything the artefact
 depends on: the model's weights (every state_dict tensor's name, dtype, shape and bytes), the model
 class, and the caller's settings (any JSON-able dict). An entry is trusted only if it loads with
-``torch.load(weights_only=True)`` (no code runs while loading), is a dict of the expected format
-and carries exactly the expected key; anything else is reported as invalid, and the caller refits.
+``torch.load(weights_only=True)`` (no code runs while loading), is a dict of the expected format,
+carries exactly the expected key, and its payload still has the SHA-256 stored with it
+(``payload_checksum``: an entry altered after it was written, even one that still loads, is
+caught); anything else is reported as invalid, and the caller refits.
 Writes go to a temporary file renamed into place, so concurrent writers (xdist workers) never
 leave a half-written entry.
 """
@@ -21,7 +23,9 @@ from pathlib import Path
 import torch
 
 #: Bumped whenever the layout of stored entries changes; part of every key.
-FORMAT = 1
+FORMAT = 2
+#: Entry fields that are not payload (the checksum covers everything else).
+HEADER = ("format", "key", "checksum")
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -41,6 +45,25 @@ def tensor_fingerprint(*tensors: torch.Tensor) -> str:
         tensor = tensor.detach().cpu().contiguous()
         digest.update(f"{tensor.dtype}|{tuple(tensor.shape)}".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def payload_checksum(entry: dict) -> str:
+    """SHA-256 of an entry's payload (every field but ``HEADER``): tensors by dtype, shape and
+    bytes, nested dicts by their sorted keys, other values by their JSON text."""
+    digest = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            digest.update(tensor_fingerprint(value).encode())
+        elif isinstance(value, dict):
+            for k in sorted(value, key=str):
+                digest.update(f"<{k}>".encode())
+                feed(value[k])
+        else:
+            digest.update(json.dumps(value, sort_keys=True, default=str).encode())
+
+    feed({k: v for k, v in entry.items() if k not in HEADER})
     return digest.hexdigest()
 
 
@@ -68,6 +91,8 @@ def load(path: Path, key: str) -> tuple[dict | None, str]:
         return None, "invalid: not an entry of this format"
     if entry.get("key") != key:
         return None, "invalid: keyed to another model or other settings"
+    if entry.get("checksum") != payload_checksum(entry):
+        return None, "invalid: its payload does not match the checksum stored with it (altered after it was written)"
     return entry, "hit"
 
 
@@ -77,7 +102,7 @@ def store(path: Path, key: str, entry: dict) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({**entry, "format": FORMAT, "key": key}, f)
+            torch.save({**entry, "format": FORMAT, "key": key, "checksum": payload_checksum(entry)}, f)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
