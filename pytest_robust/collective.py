@@ -23,6 +23,7 @@ for both cases. No other module of the package calls ``torch.distributed`` (a te
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
@@ -79,8 +80,7 @@ def join(device: str) -> None:
         # keeps references to the group that destroy_process_group does not drop, so the group's
         # threads outlive it and interpreter teardown aborts ("terminate called without an active
         # exception") about one run in three. Imported before the group starts, it holds none.
-        import torch._dynamo  # noqa: F401
-
+        importlib.import_module("torch._dynamo")
         _dist().init_process_group(backend="cpu:gloo,cuda:nccl" if cuda else "gloo")
 
 
