@@ -32,14 +32,6 @@ from toy_models import ConstantLogits, RecordingModel, SmallNet, image_data
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_robust"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def float32_runs():
     x, y = image_data(n=40)
