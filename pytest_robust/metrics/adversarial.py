@@ -1,44 +1,58 @@
-"""Adversarial accuracy: accuracy under an L-inf PGD attack (the figure RobustBench reports).
+"""Adversarial accuracy: accuracy under an L-inf attack of radius eps (the figure RobustBench reports).
 
-Per input x with label y, PGD (``attacks.pgd``: ``restarts`` random starts in the feasible box
-[max(x - eps, lo), min(x + eps, hi)], ``steps`` signed-gradient steps of cross-entropy of size
-``step_size``, projected back after each) either finds a point in the ball that the model
-misclassifies (any iterate counts; a tie counts as misclassified) or it does not. The outcome per
-input, "the attack failed", is a Bernoulli variable whose mean over the data is the *attack's*
-robust accuracy, gated against the threshold with one-sided Clopper-Pearson bounds over inputs at
-the stated confidence.
+Per input x with label y, the attack of ``attacks.ensemble`` (clean check, then APGD on
+cross-entropy, APGD on the targeted DLR loss towards the best-scoring other classes, then the
+gradient-free Square search, each stage only on the inputs the earlier ones left unbroken: Croce &
+Hein 2020, Andriushchenko et al. 2020) looks for a point of the feasible box
+[max(x - eps, lo), min(x + eps, hi)] that the model misclassifies (a tie counts as misclassified).
+The outcome per input, "robust" (no stage found one), is a Bernoulli variable whose mean over the
+data is the *attack's* robust accuracy, gated against the threshold with one-sided Clopper-Pearson
+bounds over inputs at the stated confidence.
 
 What a verdict means. An attack can only show that a point is not robust, so the attack's robust
 accuracy is an *upper* estimate of the true adversarial accuracy (every misclassified point it
 found is real; robustness where it found none is not proven). A fail is conclusive (true
 adversarial accuracy <= the attack's < threshold, at the stated confidence); a pass is only as
-strong as the attack. On a linear model the attack is exact: the loss is maximised at a corner of
-the box, which the signed gradient reaches.
+strong as the attack. On a linear model the attack is exact: the targeted stage reaches the worst
+corner of the box for every other class.
 
-Cost: restarts x (steps + 1) model evaluations per input (steps of them with a backward pass);
-a restart runs only on the inputs the earlier ones did not fool. Inputs are attacked in blocks of ``BLOCK``,
-each with its own random stream and, under torch.distributed, split over ranks (per-input sharding).
+Gradient masking. When the Square search breaks inputs that both gradient stages left robust, or
+the gradient was exactly zero wherever the gradient stages looked, the gradients mislead and the
+figure may be far too high: the check warns (``RobustWarning``, also in ``details["warnings"]``
+and the message) once either count reaches ``MASKING_SHARE`` of the inputs and ``MASKING_MIN``
+inputs, and reports both in ``details["gradient_masking"]``.
+
+Budget: the attack of an input costs at most 1 + (restarts + targets) (steps + 1) + square_queries
+model evaluations (2011 at the defaults); the budget must cover that for every input, or the check
+refuses up front and says what it needs. Inputs broken early cost much less. Inputs are attacked in
+blocks of ``BLOCK`` with their own random streams, split over torch.distributed ranks
+(``attacks.over_blocks``), so no number depends on the batch size or the number of ranks.
 """
 
 from __future__ import annotations
+
+import math
+import warnings
 
 import numpy as np
 import torch
 
 from .. import validation
-from ..attacks import pgd
-from ..engine import stream_generator
+from ..attacks import over_blocks
+from ..attacks.ensemble import BROKEN, MISCLASSIFIED, OUTCOMES, ROBUST, SQUARE, STAGES, Schedule, attack
+from ..errors import RobustWarning, SettingError
 from ..inspection import records_warnings
-from ..mcmc import RowStreams
 from ..perturbations import UniformLinf
-from ..errors import SettingError
 from ..results import Result
 from ..run import Run
 from ..stats import clopper_pearson_lower, clopper_pearson_upper
 
-#: Inputs whose random starts come from one stream (results do not depend on the batch size or on
+#: Inputs whose random numbers come from one stream (results do not depend on the batch size or on
 #: the ranks); a rank attacks as many of its blocks together as fill a batch.
 BLOCK = 16
+#: Gradient masking is reported when a sign of it concerns at least this share of the inputs (half
+#: a point, the strength bar) and at least MASKING_MIN inputs (one stray input is not a pattern).
+MASKING_SHARE, MASKING_MIN = 0.005, 3
 
 HONESTY = (
     "the attack's robust accuracy is an upper estimate of the true adversarial accuracy: a fail is "
@@ -46,57 +60,119 @@ HONESTY = (
 )
 
 
-def _attack_blocks(run: Run, blocks: list[int], eps: float, steps: int, step_size, restarts: int, bounds) -> list:
-    """Per block of ``blocks`` (attacked together): per input, True when the attack failed (the
-    input survived), False when it found a misclassified point."""
-    spans = [(b * BLOCK, min(len(run.ds), (b + 1) * BLOCK)) for b in blocks]
-    index = torch.cat([torch.arange(a, z) for a, z in spans])
-    x, y = run.ds.x[index].to(run.device), run.ds.y[index].to(run.device)
-    streams = RowStreams([stream_generator(run.seed, "adversarial", b, device=run.device) for b in blocks],
-                         [z - a for a, z in spans], run.device, x.dtype)
-    attack = pgd(run.forward, x, y, eps, steps=steps, step_size=step_size, restarts=restarts, bounds=bounds,
-                 generator=streams, stop_when_fooled=True)
-    survived = (~attack.fooled).cpu().numpy()
-    return np.split(survived, np.cumsum([z - a for a, z in spans])[:-1])
+def _schedule(eps, steps, restarts, targets, square_queries, bounds) -> Schedule:
+    """The validated attack settings."""
+    return Schedule(eps=validation.positive_float("eps", eps), steps=validation.positive_int("steps", steps),
+                    restarts=validation.positive_int("restarts", restarts),
+                    targets=validation.non_negative_int("targets", targets),
+                    square_queries=validation.non_negative_int("square_queries", square_queries),
+                    bounds=bounds)
+
+
+def _box(bounds) -> list[float] | str:
+    """The input box as JSON: [lo, hi], "none", or "per-element" (tensor bounds)."""
+    if bounds is None:
+        return "none"
+    return [float(b) for b in bounds] if all(torch.as_tensor(b).numel() == 1 for b in bounds) else "per-element"
+
+
+def _check_budget(run: Run, schedule: Schedule) -> None:
+    """Refuse, before any model call, a budget that cannot attack every input in the worst case
+    (budget None: no cap)."""
+    per_input, n = schedule.worst_case(), len(run.ds)
+    if run.args.budget is not None and n * per_input > run.args.budget:
+        raise SettingError(
+            "budget", run.args.budget,
+            f"at least {n * per_input} model evaluations to attack all {n} inputs with up to {per_input} each "
+            f"(1 clean + ({schedule.restarts} restart(s) + {schedule.targets} target(s)) x ({schedule.steps} + 1) "
+            f"APGD steps + {schedule.square_queries} Square queries); or attack fewer inputs, or lower "
+            "targets= (at most classes - 1 are used) or square_queries=")
+
+
+def _masking(stage: np.ndarray, flat: np.ndarray) -> tuple[dict, str]:
+    """``details["gradient_masking"]`` and, when masking is suspected, the warning's text ('' if not)."""
+    n, by_square, zero = len(stage), int((stage == SQUARE).sum()), int(flat.sum())
+    limit = max(MASKING_MIN, math.ceil(MASKING_SHARE * n))
+    suspected = by_square >= limit or zero >= limit
+    info = {"suspected": suspected, "broken_only_by_square": by_square, "zero_gradient_inputs": zero,
+            "inputs": n, "rule": f"suspected when either count reaches {limit} (at least {MASKING_SHARE:.1%} of "
+                                 f"the inputs and {MASKING_MIN} inputs)"}
+    if not suspected:
+        return info, ""
+    signs = [f"the gradient-free Square search broke {by_square} of {n} inputs that the gradient stages left robust"
+             ] if by_square >= limit else []
+    if zero >= limit:
+        signs.append(f"the loss gradient was exactly zero at every point the gradient stages visited on {zero} of "
+                     f"{n} inputs")
+    text = (f"gradient masking suspected: {'; '.join(signs)}; gradient attacks are unreliable on this model, so "
+            "its true robust accuracy may be lower than the attack's: raise square_queries= and treat a pass with "
+            "suspicion")
+    return info, text
+
+
+def _stage_table(stage: np.ndarray, outcome: np.ndarray, spent: dict, schedule: Schedule) -> list[dict]:
+    """Per stage: inputs it attacked (unbroken when it began), inputs it broke, evaluations it spent."""
+    open_, runs = int((outcome != MISCLASSIFIED).sum()), (schedule.restarts, schedule.targets, schedule.square_queries)
+    rows = []
+    for code, (name, size) in enumerate(zip(STAGES, runs)):
+        broke = int((stage == code).sum())
+        rows.append({"name": name, "attacked": open_ if size else 0, "broken": broke,
+                     "evaluations": spent.get(name, 0)})
+        open_ -= broke
+    return rows
+
+
+def _details(run: Run, schedule: Schedule, found: dict, masking: dict) -> dict:
+    """Everything ``details`` records besides the common fields ``Run.result`` adds."""
+    outcome, stage = found["outcome"], found["stage"]
+    counts = {name: int((outcome == code).sum()) for code, name in ((ROBUST, "robust"), (BROKEN, "broken"),
+                                                                    (MISCLASSIFIED, "misclassified"))}
+    return {
+        "inconclusive_reason": "every input was attacked and the bounds still straddle the threshold: "
+                               "only more inputs can narrow them",
+        "robust_inputs": counts["robust"], "broken_inputs": counts["broken"],
+        "misclassified_inputs": counts["misclassified"], "fooled_inputs": len(outcome) - counts["robust"],
+        "clean_accuracy": 1 - counts["misclassified"] / len(outcome),
+        "per_input": {"index": list(range(len(outcome))), "outcome": [OUTCOMES[o] for o in outcome],
+                      "stage": [STAGES[s] if s >= 0 else "" for s in stage]},
+        "stages": _stage_table(stage, outcome, run.spent(), schedule),
+        "gradient_masking": masking, "semantics": HONESTY,
+        "bounds": "one-sided Clopper-Pearson over inputs, each at the stated confidence",
+        "attack": {"eps": schedule.eps, "norm": "linf", "box": _box(schedule.bounds), "steps": schedule.steps,
+                   "restarts": schedule.restarts, "targets": schedule.targets,
+                   "square_queries": schedule.square_queries, "worst_case_per_input": schedule.worst_case()},
+    }
 
 
 @records_warnings
 def adversarial_accuracy(
-    model: torch.nn.Module, data, threshold: float | None = None, *, eps: float = 8 / 255, steps: int = 50,
-    step_size: float | None = None, restarts: int = 1, bounds=(0.0, 1.0), confidence: float = 0.95,
-    budget: int = 100_000, seed: int = 0, batch_size: int = 1024, device=None,
+    model: torch.nn.Module, data, threshold: float | None = None, *, eps: float = 8 / 255, steps: int = 100,
+    restarts: int = 1, targets: int = 9, square_queries: int = 1000, bounds=(0.0, 1.0), confidence: float = 0.95,
+    budget: int = 1_000_000, seed: int = 0, batch_size: int = 1024, device=None,
 ) -> Result:
-    """Robust accuracy of ``model`` on ``data`` under an L-inf PGD attack of radius ``eps`` (input
-    units), gated >= ``threshold`` with Clopper-Pearson bounds over inputs (module docstring).
+    """Robust accuracy of ``model`` on ``data`` under an L-inf attack of radius ``eps`` (input units)
+    inside the box ``bounds``, gated >= ``threshold`` with Clopper-Pearson bounds over inputs
+    (module docstring).
 
-    Defaults: 50 steps of size 2.5 eps / steps, one restart (raise ``restarts`` for a stronger
-    attack), the box ``bounds`` = (0, 1). Every input is attacked; a budget too small for that is
-    refused up front with the budget it needs.
+    The attack (``attacks.ensemble``): APGD on cross-entropy (``restarts`` runs of ``steps`` steps),
+    APGD on the targeted DLR loss (``steps`` steps towards each of the ``targets`` best-scoring other
+    classes; 0 skips it), then ``square_queries`` queries of the Square search (0 skips it). Every
+    input gets the whole attack unless a stage breaks it; a budget too small for that is refused up
+    front with the budget it needs.
     """
-    eps = validation.positive_float("eps", eps)
-    steps, restarts = validation.positive_int("steps", steps), validation.positive_int("restarts", restarts)
-    if step_size is not None:
-        step_size = validation.positive_float("step_size", step_size)
-    ball = UniformLinf(eps=eps, bounds=bounds)  # for the inspections: data in the box, eps in its units
+    ball = UniformLinf(eps=validation.positive_float("eps", eps), bounds=bounds)  # checks the box; the inspections
+    schedule = _schedule(eps, steps, restarts, targets, square_queries, ball.bounds)
     with Run("adversarial_accuracy", model, data, threshold=threshold, confidence=confidence, budget=budget,
              seed=seed, batch_size=batch_size, device=device, perturbation=ball) as run:
-        need = len(run.ds) * restarts * (steps + 1)
-        if need > run.args.budget:
-            raise SettingError("budget", run.args.budget, f"at least {need} model evaluations to attack all "
-                               f"{len(run.ds)} inputs with {restarts} x ({steps} + 1) evaluations each")
-        n_blocks, mine = -(-len(run.ds) // BLOCK), run.shard(-(-len(run.ds) // BLOCK)).tolist()
-        group = max(1, run.args.batch_size // BLOCK)
-        per_block = [s for i in range(0, len(mine), group)
-                     for s in _attack_blocks(run, mine[i : i + group], eps, steps, step_size, restarts, bounds)]
-        survived = np.concatenate(run.gather(per_block, n_blocks))
-    n, k = len(survived), int(survived.sum())
+        _check_budget(run, schedule)
+        found = over_blocks(run, run.ds.x, run.ds.y, BLOCK, "adversarial",
+                            lambda x, y, streams: attack(run.forward, x, y, streams, schedule))
+    masking, warning = _masking(found["stage"], found["flat"])
+    if warning:
+        warnings.warn(warning, RobustWarning, stacklevel=2)
+    n, k = len(found["outcome"]), int((found["outcome"] == ROBUST).sum())
     return run.result(
         estimate=k / n, lower=clopper_pearson_lower(k, n, run.alpha), upper=clopper_pearson_upper(k, n, run.alpha),
-        draws=n, perturbation=f"PGD L-inf eps={eps:g}, {steps} steps x {restarts} restart(s)", note=HONESTY,
-        details={"inconclusive_reason": "every input was attacked and the bounds still straddle the threshold: "
-                                        "only more inputs can narrow them",
-                 "robust_inputs": k, "fooled_inputs": n - k, "semantics": HONESTY,
-                 "bounds": "one-sided Clopper-Pearson over inputs, each at the stated confidence",
-                 "attack": {"eps": eps, "steps": steps, "restarts": restarts,
-                            "step_size": 2.5 * eps / steps if step_size is None else step_size}},
+        draws=n, perturbation=f"L-inf eps={schedule.eps:g}: {schedule.describe()}",
+        note=HONESTY + (f"; {warning}" if warning else ""), details=_details(run, schedule, found, masking),
     )

@@ -1,4 +1,5 @@
-"""Projected gradient descent (Madry et al. 2018): the worst-case end of every robustness curve.
+"""Projected gradient descent (Madry et al. 2018) with a fixed step: the attack of adversarial
+training (examples/digits/train_pgd.py) and of the context figures of the q and NPPR checks.
 
 PGD maximises a per-example loss over the L-inf ball of radius eps around x intersected with the
 input box [lo, hi]: from a uniform random start, ``steps`` signed-gradient ascent steps of size
@@ -19,27 +20,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from .engine import Forward, correct_predictions
-from .errors import ArgumentError
-from .mcmc import RowStreams, per_row, working_dtype
+from ..engine import Forward, correct_predictions
+from ..errors import ArgumentError
+from ..mcmc import RowStreams, per_row, working_dtype
+from .losses import cross_entropy, feasible_box
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-example cross-entropy loss (nats), shape (n,)."""
-    return F.cross_entropy(logits, y, reduction="none")
-
-
-def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, torch.Tensor]:
-    """Coordinate-wise [max(x - eps, lo), min(x + eps, hi)] (bounds None: no box)."""
-    lo, hi = x - eps, x + eps
-    if bounds is not None:
-        box_lo, box_hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in bounds)
-        lo, hi = torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)
-    return lo, hi
 
 
 @dataclass
@@ -80,13 +67,11 @@ def pgd(
     loss: Loss = cross_entropy,
     bounds=(0.0, 1.0),
     generator: torch.Generator | RowStreams | None = None,
-    stop_when_fooled: bool = False,
 ) -> Attack:
     """PGD on every row of x through the forward wrapper (counted, capped, OOM-safe).
 
-    Costs restarts x (steps + 1) model evaluations per input (steps of them with a backward pass);
-    with ``stop_when_fooled`` a restart runs only on the inputs no earlier restart fooled (finding
-    them is the one host read of a restart). The random starts come from ``generator``: one
+    Costs restarts x (steps + 1) model evaluations per input (steps of them with a backward pass),
+    with no host read. The random starts come from ``generator``: one
     torch.Generator for all rows, or ``mcmc.RowStreams`` (one generator per block of rows, so that a
     block's starts do not depend on the blocks attacked with it). Every returned point lies in the
     feasible box; the returned loss is the loss there.
@@ -101,19 +86,15 @@ def pgd(
     best_x, best_loss = x.clone(), None
     fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
     for _ in range(restarts):
-        rows = (~fooled).nonzero().squeeze(1) if stop_when_fooled else torch.arange(len(x), device=x.device)
-        if not len(rows):
-            break
         if isinstance(generator, RowStreams):
-            u = generator.rand(*x.shape[1:])[rows]
+            u = generator.rand(*x.shape[1:])
         else:
-            u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)[rows]
-        lo_r, hi_r = lo[rows], hi[rows]
-        x_adv, final, hit = _ascend(forward, lo_r + u * (hi_r - lo_r), y[rows], lo_r, hi_r, steps, step_size, loss)
+            u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        x_adv, final, hit = _ascend(forward, lo + u * (hi - lo), y, lo, hi, steps, step_size, loss)
         if best_loss is None:
             best_loss = torch.full((len(x),), -float("inf"), device=x.device, dtype=final.dtype)
-        better = final > best_loss[rows]
-        best_loss[rows] = torch.where(better, final, best_loss[rows])
-        best_x[rows] = torch.where(per_row(better, x_adv), x_adv, best_x[rows])
-        fooled[rows] |= hit
+        better = final > best_loss
+        best_loss = torch.where(better, final, best_loss)
+        best_x = torch.where(per_row(better, x_adv), x_adv, best_x)
+        fooled |= hit
     return Attack(best_x, best_loss, fooled)

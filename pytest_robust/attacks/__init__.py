@@ -1,0 +1,21 @@
+"""Adversarial attacks, all calling the model through the forward wrapper ``engine.Forward``
+(counted, capped at the budget, OOM-safe), with iterates in float32 or wider.
+
+- ``losses``: the objectives (cross-entropy, the targeted DLR loss, the margin) and the feasible box;
+- ``pgd``: projected gradient descent with a fixed step (Madry et al. 2018), for adversarial
+  training and the context figures of the q and NPPR checks;
+- ``apgd``: APGD, PGD with an adaptive step size and momentum (Croce & Hein 2020);
+- ``square``: the Square attack, a gradient-free random search (Andriushchenko et al. 2020);
+- ``ensemble``: the stages of the adversarial-accuracy check (APGD-CE, APGD-T, Square), each on
+  the inputs the earlier stages left unbroken;
+- ``blocks``: attack every input of a data set in fixed blocks with their own random streams,
+  sharded over torch.distributed ranks (results independent of batch size and rank count): the
+  one loop over blocks that adversarial accuracy, the q check's PGD context and NPPR's
+  adversarial floor share.
+"""
+
+from .blocks import over_blocks
+from .losses import cross_entropy, feasible_box
+from .pgd import Attack, pgd
+
+__all__ = ["Attack", "cross_entropy", "feasible_box", "over_blocks", "pgd"]

@@ -1,0 +1,172 @@
+"""APGD: projected gradient ascent with an adaptive step size and momentum (Croce & Hein, "Reliable
+evaluation of adversarial robustness with an ensemble of diverse parameter-free attacks", ICML 2020,
+Algorithm 1), in the L-inf ball intersected with the input box.
+
+From x(0) (a uniform draw in the feasible box S = [max(x - eps, lo), min(x + eps, hi)]) and the
+step size eta = 2 eps, with P the projection onto S (a clamp):
+
+    x(1)   = P(x(0) + eta sign(grad f(x(0))))
+    z(k+1) = P(x(k) + eta sign(grad f(x(k))))
+    x(k+1) = P(x(k) + alpha (z(k+1) - x(k)) + (1 - alpha) (x(k) - x(k-1))),   alpha = 0.75.
+
+At the checkpoints w_j = ceil(p_j N) of an N-step run (p_0 = 0, p_1 = 0.22,
+p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06): eight checkpoints, the last at 0.99 N), the step
+size of a row halves, and the row restarts from its best point x_max (with that point's gradient
+and no momentum), when
+
+1. the loss rose in fewer than rho = 0.75 of the steps since the previous checkpoint, or
+2. its step size was not halved at the previous checkpoint and its best loss has not improved since.
+
+So the step size starts large (exploration) and shrinks only where progress stalls; there is no
+step size to tune. A row counts as broken when any iterate it visits is misclassified (a tie
+counts as misclassified).
+
+Cost and host reads: N + 1 model evaluations per row (x(0) ... x(N), each with a backward pass).
+At each checkpoint the rows already broken leave the run (their remaining steps are not spent):
+one host read per checkpoint, eight per run whatever N (a checkpoint that coincides with the
+previous one, for small N, still reads once); nothing else is read back, every per-row decision
+is a ``torch.where`` on the device. Iterates, step sizes and losses are float32 or wider whatever
+the model's dtype (the model wrapper casts at the model's input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..engine import Forward, correct_predictions
+from ..mcmc import per_row
+
+#: Weight of the new gradient step against the previous move (the paper's alpha).
+ALPHA = 0.75
+#: Share of loss-increasing steps since the last checkpoint below which the step size halves (rho).
+RHO = 0.75
+
+Objective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def checkpoints(steps: int) -> list[int]:
+    """The iterations w_j = ceil(p_j steps), j = 1..8, at which step sizes are revised (module
+    docstring); non-decreasing, the last one at most ``steps``."""
+    p = [0.0, 0.22]
+    while p[-1] + max(p[-1] - p[-2] - 0.03, 0.06) <= 1.0:
+        p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
+    return [min(steps, math.ceil(round(q * steps, 9))) for q in p[1:]]
+
+
+@dataclass
+class _Rows:
+    """The per-row state of a run, every field a device tensor with one entry (or row) per row
+    still in the run; ``index`` is each row's position among the rows the run started with."""
+
+    index: torch.Tensor
+    y: torch.Tensor  # true labels, for the misclassification check
+    labels: torch.Tensor  # what the objective gets (y, or (y, target) pairs)
+    lo: torch.Tensor
+    hi: torch.Tensor
+    x: torch.Tensor
+    x_prev: torch.Tensor
+    grad: torch.Tensor
+    loss: torch.Tensor
+    best_x: torch.Tensor
+    best_grad: torch.Tensor
+    best_loss: torch.Tensor
+    eta: torch.Tensor  # step size (input units)
+    rises: torch.Tensor  # steps since the last checkpoint whose loss rose
+    best_at_check: torch.Tensor  # best loss at the last checkpoint
+    halved_at_check: torch.Tensor  # whether the step size halved at the last checkpoint
+    fooled: torch.Tensor
+    flat: torch.Tensor  # the gradient was exactly zero at every point visited
+
+    def take(self, keep: torch.Tensor) -> "_Rows":
+        """The state of the rows ``keep`` (indices into the current rows)."""
+        return _Rows(**{f.name: getattr(self, f.name)[keep] for f in dataclasses.fields(self)})
+
+
+def _evaluate(forward: Forward, x: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, objective: Objective):
+    """(loss, gradient, misclassified, gradient exactly zero) at x, one evaluation per row."""
+    loss, grad, logits = forward.grad(x, labels, objective, with_logits=True)
+    return loss, grad, ~correct_predictions(logits, y), (grad.flatten(1) == 0).all(dim=1)
+
+
+def _start(forward, x0, y, labels, lo, hi, objective, eps) -> _Rows:
+    """The run's state at x(0): its loss and gradient; step size 2 eps."""
+    loss, grad, wrong, flat = _evaluate(forward, x0, y, labels, objective)
+    n = len(y)
+    return _Rows(torch.arange(n, device=x0.device), y, labels, lo, hi, x0, x0, grad, loss, x0, grad, loss,
+                 torch.full((n,), 2.0 * eps, dtype=x0.dtype, device=x0.device),
+                 torch.zeros(n, dtype=torch.long, device=x0.device), loss,
+                 torch.zeros(n, dtype=torch.bool, device=x0.device), wrong, flat)
+
+
+def _step(forward: Forward, s: _Rows, objective: Objective, first: bool) -> _Rows:
+    """One APGD iteration: the momentum step (a plain projected step for the first), then the new
+    point's loss and gradient; the best point so far is kept per row."""
+    z = torch.minimum(torch.maximum(s.x + per_row(s.eta, s.x) * s.grad.sign(), s.lo), s.hi)
+    if not first:
+        z = torch.minimum(torch.maximum(s.x + ALPHA * (z - s.x) + (1 - ALPHA) * (s.x - s.x_prev), s.lo), s.hi)
+    loss, grad, wrong, flat = _evaluate(forward, z, s.y, s.labels, objective)
+    better = loss > s.best_loss
+    wide = per_row(better, z)
+    return dataclasses.replace(
+        s, x=z, x_prev=s.x, grad=grad, loss=loss, rises=s.rises + (loss > s.loss),
+        best_x=torch.where(wide, z, s.best_x), best_grad=torch.where(wide, grad, s.best_grad),
+        best_loss=torch.where(better, loss, s.best_loss), fooled=s.fooled | wrong, flat=s.flat & flat)
+
+
+def _revise(s: _Rows, interval: int) -> _Rows:
+    """The checkpoint rule (module docstring, conditions 1 and 2) after ``interval`` steps: rows
+    that stalled halve their step size and restart from their best point, without momentum."""
+    halve = (s.rises < RHO * interval) | (~s.halved_at_check & (s.best_loss <= s.best_at_check))
+    wide = per_row(halve, s.x)
+    return dataclasses.replace(
+        s, eta=torch.where(halve, s.eta / 2, s.eta), x=torch.where(wide, s.best_x, s.x),
+        x_prev=torch.where(wide, s.best_x, s.x_prev), grad=torch.where(wide, s.best_grad, s.grad),
+        loss=torch.where(halve, s.best_loss, s.loss), rises=torch.zeros_like(s.rises),
+        best_at_check=s.best_loss, halved_at_check=halve)
+
+
+def _record(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor) -> None:
+    """Write every current row's outcome into ``fooled`` / ``flat``, the run's full-length masks."""
+    fooled[s.index] = s.fooled
+    flat[s.index] = s.flat
+
+
+def _retire(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor) -> _Rows:
+    """Record the current rows' outcomes and keep only the rows not yet broken (the one host read
+    of a checkpoint)."""
+    _record(s, fooled, flat)
+    return s.take((~s.fooled).nonzero().squeeze(1))
+
+
+def _advance(forward: Forward, s: _Rows, objective: Objective, done: int, until: int) -> tuple[_Rows, int]:
+    """Iterate the rows still in the run from step ``done`` to step ``until`` (none left: stop)."""
+    while done < until and len(s.index):
+        s, done = _step(forward, s, objective, first=done == 0), done + 1
+    return s, done
+
+
+def apgd(forward: Forward, x0: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, lo: torch.Tensor,
+         hi: torch.Tensor, objective: Objective, eps: float, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """APGD maximising ``objective(logits, labels)`` from x(0) = ``x0`` in the box [lo, hi] (float32 or
+    wider, x0 inside it), ``steps`` iterations (module docstring).
+
+    Returns two device masks over the rows: broken (some iterate was misclassified with respect to
+    ``y``) and flat (the objective's gradient was exactly zero at every point the row visited: a
+    sign of gradient masking). At most steps + 1 evaluations per row, fewer for rows broken early.
+    """
+    fooled = torch.zeros(len(y), dtype=torch.bool, device=x0.device)
+    flat = torch.zeros_like(fooled)
+    s, done, last = _start(forward, x0, y, labels, lo, hi, objective, eps), 0, 0
+    for w in checkpoints(steps):
+        s, done = _advance(forward, s, objective, done, w)
+        if w > last:
+            s = _revise(s, w - last)
+        s, last = _retire(s, fooled, flat), w
+    s, _ = _advance(forward, s, objective, done, steps)
+    _record(s, fooled, flat)
+    return fooled, flat

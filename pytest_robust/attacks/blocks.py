@@ -1,0 +1,69 @@
+"""Attack every input of a data set in fixed blocks: the one loop that adversarial accuracy, the q
+check's PGD context and NPPR's adversarial floor share.
+
+Inputs are cut into blocks of ``block`` consecutive rows; block b draws its random numbers from its
+own stream (``engine.stream_generator(seed, stream, b)``), so what an input receives does not
+depend on which blocks are attacked with it (the batch size) nor on which rank attacks it. Blocks
+are sharded over torch.distributed ranks (``Run.shard``: rank r takes blocks r, r + W, ...), and a
+rank attacks as many of its blocks together as fill a batch of ``batch_size`` rows. The per-row
+results come back to the host once per group of blocks (one host read) and are gathered over the
+ranks in block order (``Run.gather``), the same on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..engine import stream_generator
+from ..mcmc import RowStreams
+
+#: ``attack(x, y, streams)`` -> per-row results {name: device tensor of shape (rows,)}.
+BlockAttack = Callable[[torch.Tensor, torch.Tensor, RowStreams], dict]
+
+
+def _group(run, x: torch.Tensor, y: torch.Tensor, block: int, stream: str, attack: BlockAttack,
+           blocks: list[int]) -> list[dict]:
+    """Attack the rows of ``blocks`` together; one dict of host arrays per block."""
+    spans = [(b * block, min(len(y), (b + 1) * block)) for b in blocks]
+    index = torch.cat([torch.arange(a, z) for a, z in spans])
+    xs, ys = x[index.to(x.device)].to(run.device), y[index.to(y.device)].to(run.device)
+    sizes = [z - a for a, z in spans]
+    streams = RowStreams([stream_generator(run.seed, stream, b, device=run.device) for b in blocks], sizes,
+                         run.device, xs.dtype)
+    found = attack(xs, ys, streams)
+    names = sorted(found)
+    host = torch.stack([found[k].to(torch.float64) for k in names], dim=1).cpu().numpy()  # one host read
+    kinds = {k: found[k].dtype for k in names}
+    return [{k: _as_numpy(part[:, j], kinds[k]) for j, k in enumerate(names)}
+            for part in np.split(host, np.cumsum(sizes)[:-1])]
+
+
+def _as_numpy(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """A column of the float64 host copy back in its kind: bool, int64, or float64."""
+    if dtype == torch.bool:
+        return values.astype(bool)
+    return values.astype(np.int64) if not dtype.is_floating_point else values
+
+
+def over_blocks(run, x: torch.Tensor, y: torch.Tensor, block: int, stream: str, attack: BlockAttack,
+                guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> dict:
+    """Per-row results of ``attack`` on every row of (x, y), as host arrays in row order: {name:
+    array of shape (len(y),)}, the same on every rank (module docstring).
+
+    ``run`` is the check's ``Run`` (device, seed, batch size, ranks); ``stream`` names the random
+    streams; ``guard()`` is entered around each group of blocks (the q check validates a custom
+    loss there, once per group rather than per model call).
+    """
+    n_blocks = -(-len(y) // block)
+    mine = run.shard(n_blocks).tolist()
+    per_group = max(1, run.args.batch_size // block)
+    local = []
+    for i in range(0, len(mine), per_group):
+        with guard():
+            local += _group(run, x, y, block, stream, attack, mine[i : i + per_group])
+    parts = run.gather(local, n_blocks)
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
