@@ -14,14 +14,17 @@ input (e.g. per-channel bounds of shape (C, 1, 1)); ``None`` switches the box of
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
+import warnings
 from abc import ABC, abstractmethod
 from typing import Callable
 
 import torch
 
-from .errors import ArgumentError
+from .errors import ArgumentError, RobustWarning
+from .results import NO_IDENTITY
 from .inspection import check_perturbation_object
 
 
@@ -60,6 +63,44 @@ def _bounds_repr(bounds) -> str:
     return ", bounds=per-element"
 
 
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def stable_identity(obj) -> str:
+    """Text that names ``obj`` the same way in every process: never a memory address.
+
+    An object whose class defines ``__repr__`` without an address is named by it; a function by
+    its qualified name; a tensor by its dtype, shape and a hash of its bytes; any
+    other object by its class and its public attributes in name order, recursively. What cannot
+    be named so (an attribute of another kind) becomes ``<no stable identity: type>``, which the
+    baseline comparison reports as unmatchable rather than matching it with another object.
+    """
+    if isinstance(obj, _PLAIN):
+        return repr(obj)
+    if isinstance(obj, (tuple, list)):
+        inner = ", ".join(stable_identity(v) for v in obj)
+        return f"({inner},)" if isinstance(obj, tuple) and len(obj) == 1 else (
+            f"({inner})" if isinstance(obj, tuple) else f"[{inner}]")
+    if isinstance(obj, torch.Tensor):
+        from .cache import tensor_fingerprint
+
+        return f"tensor({str(obj.dtype).removeprefix('torch.')}, {tuple(obj.shape)}, {tensor_fingerprint(obj)[:12]})"
+    if inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.ismethod(obj):
+        return obj.__qualname__
+    own_repr = type(obj).__repr__ not in (object.__repr__, Perturbation.__repr__)
+    if own_repr and " at 0x" not in repr(obj):
+        return repr(obj)
+    if getattr(obj, "__dict__", None) is None:
+        return f"{NO_IDENTITY}: {type(obj).__name__}>"
+    return _by_attributes(obj)
+
+
+def _by_attributes(obj) -> str:
+    """``Class(name=identity, ...)`` over the object's public attributes, in name order."""
+    fields = ", ".join(f"{k}={stable_identity(v)}" for k, v in sorted(vars(obj).items()) if not k.startswith("_"))
+    return f"{type(obj).__qualname__}({fields})"
+
+
 class Perturbation(ABC):
     """Base class: subclasses implement ``sample(x, generator)``; the result is clipped to the box.
 
@@ -78,6 +119,11 @@ class Perturbation(ABC):
 
     def __init__(self, bounds=(0.0, 1.0)):
         self.bounds = _check_bounds(bounds)
+
+    def __repr__(self):
+        """A subclass without its own ``__repr__`` is named by its class and public attributes
+        (``stable_identity``), so its results match their baselines across runs."""
+        return _by_attributes(self)
 
     def parameter_space(self, x: torch.Tensor) -> "ParameterSpace | None":
         """The perturbation of the rows of x as a ``ParameterSpace``, or None when it has none
@@ -213,18 +259,24 @@ class CallablePerturbation(Perturbation):
         return out
 
     def __repr__(self):
-        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        return stable_identity(self.fn)
 
 
 def as_perturbation(p) -> Perturbation:
     """Accept a Perturbation or a callable ``(x, generator) -> x'``; reject anything else clearly
-    (a class instead of an instance, a callable of another signature: ``inspection``)."""
+    (a class instead of an instance, a callable of another signature: ``inspection``). A
+    perturbation that cannot be named the same way in every run gets a RobustWarning."""
     if callable(p):
         check_perturbation_object(p)
-    if isinstance(p, Perturbation):
+    if isinstance(p, Perturbation) or callable(p):
+        p = p if isinstance(p, Perturbation) else CallablePerturbation(p)
+        if NO_IDENTITY in repr(p):
+            warnings.warn(
+                f"perturbation {p!r} cannot be named the same way in every run, so its results cannot "
+                "be matched with a stored baseline: give its class a __repr__ that names its parameters",
+                RobustWarning, stacklevel=3,
+            )
         return p
-    if callable(p):
-        return CallablePerturbation(p)
     raise ArgumentError(
         f"perturbation must be a pytest_robust Perturbation (UniformLinf, GaussianNoise, CauchyNoise) "
         f"or a callable (x, generator) -> x', got {p!r}"

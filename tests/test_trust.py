@@ -1,7 +1,9 @@
-"""The fit cache trusts only entries that still hold what was written (issue: stored state that cannot lie)."""
+"""Trust: stored state that cannot lie (fit-cache checksums, perturbation identities without memory
+addresses) and names a new user gets wrong."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pytest_robust import cache
@@ -43,3 +45,54 @@ def test_the_checksum_ignores_dict_order():
     b = {"y": {"q": [1, 2], "p": 1}, "x": torch.ones(2)}
     assert cache.payload_checksum(a) == cache.payload_checksum(b)
     assert cache.payload_checksum(a) != cache.payload_checksum({**a, "x": torch.ones(2, dtype=torch.float64)})
+
+
+# -- perturbation identities never hold a memory address ---------------------------------------------
+
+
+class _Shift(__import__("pytest_robust").Perturbation):
+    """A user's perturbation class without a __repr__."""
+
+    def __init__(self, amount, table=None):
+        super().__init__()
+        self.amount, self.table = amount, table
+
+    def sample(self, x, generator):
+        return x + self.amount
+
+
+def test_a_user_perturbation_is_named_by_its_class_and_parameters():
+    import torch
+
+    p = _Shift(0.1, table=torch.arange(3.0))
+    text = repr(p)
+    assert " at 0x" not in text and text.startswith("_Shift(amount=0.1, bounds=(0.0, 1.0), table=tensor(float32, (3,), ")
+    assert repr(_Shift(0.1, table=torch.arange(3.0))) == text != repr(_Shift(0.2, table=torch.arange(3.0)))
+
+
+def test_a_perturbation_that_cannot_be_named_warns_and_is_never_matched_with_a_baseline():
+    import pytest
+
+    from pytest_robust.perturbations import as_perturbation
+    from pytest_robust.report.store import UNMATCHABLE, compare
+    from pytest_robust.results import Result
+
+    with pytest.warns(UserWarning, match="cannot be named the same way in every run"):
+        p = as_perturbation(_Shift(0.1, table=object()))
+    r = Result("tsrm", 0.9, 0.85, 0.95, 0.8, 0.95, "pass", 10, 100, 100, 1.0, "cpu", 0, repr(p), 100,
+               test_id="t::x").to_dict()
+    assert [row["status"] for row in compare([r], [r])] == [UNMATCHABLE]
+    ok = dict(r, perturbation=repr(_Shift(0.1)))
+    assert [row["status"] for row in compare([ok], [ok])] == ["unchanged"]
+
+
+# -- names a new user gets wrong ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("typed, meant", [("jpeg", "jpeg_compression"), ("Gaussian Noise", "gaussian_noise"),
+                                          ("motion", "motion_blur"), ("fogg", "fog")])
+def test_a_misspelt_corruption_gets_a_did_you_mean(typed, meant):
+    from pytest_robust import Corruption
+
+    with pytest.raises(ValueError, match=rf"unknown corruption '{typed}' \(did you mean '{meant}'\?\)"):
+        Corruption(typed, 3)

@@ -71,7 +71,8 @@ def check_name(name) -> str:
     """``name`` if it is a corruption name, else a ValueError suggesting the closest one."""
     if isinstance(name, str) and name in _FUNCTIONS:
         return name
-    close = difflib.get_close_matches(str(name), ALL, n=1)
+    text = str(name).lower().replace("-", "_").replace(" ", "_")
+    close = difflib.get_close_matches(text, ALL, n=1) or [n for n in ALL if text and text in n][:1]
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(f"unknown corruption {name!r}{hint}; known: {', '.join(ALL)}")
 
