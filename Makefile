@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := .ci/constraints.txt
 REPORTS ?= reports
 
-.PHONY: install demo test bench train clean
+.PHONY: install demo demo-full test bench train clean
 
 $(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -16,10 +16,17 @@ $(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 ## install: create .venv and install the package with its test and example dependencies
 install: $(BIN)/.installed
 
-## demo: run the example robustness suite on the digits models, JUnit XML in reports/
+DEMO = $(BIN)/python -m pytest examples/digits -rxs -p no:cacheprovider --junitxml=$(REPORTS)/demo-junit.xml \
+	--robust-report $(REPORTS)/robust --robust-junitxml $(REPORTS)/robust-junit.xml --robust-per-input csv
+
+## demo: the example robustness suite on the digits models (every check, about a minute on 2 cores);
+## JUnit XML in reports/, report directory (summary, per-input CSV, plots, galleries) in reports/robust
 demo: $(BIN)/.installed
-	$(BIN)/python -m pytest examples/digits -rxs -p no:cacheprovider --junitxml=$(REPORTS)/demo-junit.xml \
-		--robust-report $(REPORTS)/robust --robust-junitxml $(REPORTS)/robust-junit.xml
+	$(DEMO) -m "not slow_demo"
+
+## demo-full: the demo plus its slower examples (marked slow_demo: more NPPR fits, the pA report, ...)
+demo-full: $(BIN)/.installed
+	$(DEMO)
 
 ## test: the project's test suite (CPU; CUDA tests skip without a GPU)
 test: $(BIN)/.installed
@@ -33,6 +40,9 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_q.py --threads 1
 	$(BIN)/python benchmarks/bench_nppr.py --threads 1
 	$(BIN)/python benchmarks/bench_corruptions.py --threads 2 | tee benchmarks/results/corruptions_cpu.txt
+	$(BIN)/python benchmarks/bench_syncs.py --threads 1 | tee benchmarks/results/syncs_cpu.txt
+	$(BIN)/python -m pip install --quiet --no-deps torchattacks==3.5.1
+	$(BIN)/python benchmarks/bench_adversarial.py --threads 2 | tee benchmarks/results/adversarial_cpu.txt
 
 ## train: retrain the digits checkpoints shipped in examples/digits/checkpoints (seeded)
 train: $(BIN)/.installed

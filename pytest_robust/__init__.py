@@ -39,6 +39,7 @@ _EXPORTS = {
     "corruption_names": "pytest_robust.corruptions",
     "Result": "pytest_robust.results",
     "execution": "pytest_robust.model_execution",
+    "model_interface": "pytest_robust.model_io",
     "count_host_syncs": "pytest_robust.host_syncs",
     "RobustError": "pytest_robust.errors",
     "RobustDataError": "pytest_robust.errors",

@@ -94,8 +94,11 @@ def valid_keywords(metrics: dict, name: str | None = None) -> str:
 
 
 def suggest(word: str, options) -> str:
-    """' (did you mean X?)' for the closest of ``options``, or ''."""
-    close = difflib.get_close_matches(word, list(options), n=1)
+    """' (did you mean X?)' for the closest of ``options``, or '': among the close ones, one that
+    shares the word's first three letters wins (epsilon -> eps, not precision)."""
+    word = str(word)  # a YAML key may be a number
+    close = difflib.get_close_matches(word, list(options), n=3)
+    close = [c for c in close if c[:3] == word[:3]] + close
     return f" (did you mean {close[0]}?)" if close else ""
 
 

@@ -24,7 +24,8 @@ import torch
 
 from . import collective, validation
 from .errors import ArgumentError, RobustDataError, RobustError, RobustModelError, RobustWarning
-from .model_interface import logits_of
+from .model_io import logits_of
+
 
 def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.device:
     """``auto`` -> CUDA when available else CPU; ``None`` -> the model's device; else as given.
@@ -308,9 +309,9 @@ class Forward:
     (or host) out-of-memory error halves the batch and retries the same rows: none lost, none
     repeated, and the counts include only the rows that completed.
 
-    Model interface (``model_interface``): ``normalize`` (a ``Normalizer`` or None) maps the
+    Model interface (``model_io``): ``normalize`` (a ``Normalizer`` or None) maps the
     working-dtype input to (x - mean) / std before anything else, so the model sees what
-    ``Sequential(Normalize(mean, std), model)`` would; ``logits`` (the selector, or None) picks the
+    ``Sequential(Normalize(mean, std), model)`` would; ``selector`` (the ``logits`` setting) picks the
     logits out of the model's output (a tensor, ``.logits``, a ``"logits"`` key, or as chosen).
 
     Precision: inputs arrive in the check's working dtype (float32, or float64 for a float64
@@ -330,7 +331,7 @@ class Forward:
     autocast: torch.dtype | None = None
     channels_last: bool = False
     normalize: Callable | None = None
-    logits: object = None
+    selector: object = None
     deferred: bool = False
     finite: torch.Tensor | bool = True
     passes: int = 0
@@ -466,7 +467,7 @@ class Forward:
 
                 explain_model_error(x, err)
             raise
-        return logits_of(out, self.logits, len(x)) if own else out
+        return logits_of(out, self.selector, len(x)) if own else out
 
     def validated(self, z, n: int, x: torch.Tensor | None = None) -> torch.Tensor:
         """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches

@@ -31,10 +31,19 @@ PROBABILITY_TOLERANCE = 1e-3
 PROBE_ROWS = 4
 
 NORMALISATION_ADVICE = (
-    "keep inputs in [0, 1] pixel space and move the normalisation (x - mean) / std into the model "
-    "(recommended: eps stays in pixel units), or pass the perturbation bounds= in your data's units "
-    "(e.g. UniformLinf(eps=..., bounds=(lo, hi))), or bounds=None for no box"
+    "keep inputs in [0, 1] pixel space and pass the model's normalisation as normalize=(mean, std) "
+    "(--robust-normalize; recommended: the check normalises inside the model call, so eps stays in pixel "
+    "units), or pass the perturbation bounds= in your data's units (e.g. UniformLinf(eps=..., bounds=(lo, "
+    "hi))), or bounds=None for no box"
 )
+#: The advice instead when normalize= is set: the data is expected in pixel units already.
+NORMALISED_INSIDE_ADVICE = (
+    "normalize= is set, so the check normalises inside the model call and expects the data in [0, 1] "
+    "pixel units: give it the images before normalisation (e.g. ToTensor() alone)"
+)
+#: Attributes through which a data object reaches its transforms (DataLoader, Subset, ConcatDataset,
+#: torchvision datasets and Compose), searched for a normalising transform.
+PIPELINE_ATTRIBUTES = ("dataset", "datasets", "transform", "transforms")
 
 
 def check_model(model) -> None:
@@ -113,7 +122,8 @@ def check_reads_repeat(dataset) -> None:
 def check_in_box(x: torch.Tensor, bounds, name: str = "data") -> None:
     """Raise RobustDataError when inputs lie outside the perturbation's box ``bounds``: a
     perturbed input is clipped to the box, so such inputs would be silently moved (by more than
-    eps) before the model sees them. 0..255 images get the conversion as their fix."""
+    eps) before the model sees them. 0..255 images get the conversion as their fix; with
+    ``normalize=`` in force, normalised data gets "give the images before normalisation"."""
     if bounds is None:
         return
     lo, hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in bounds)
@@ -130,10 +140,65 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data") -> None:
             f"perturbation's box is {shown}: divide the images by 255 (torchvision's ToTensor() does) "
             "so that inputs and eps are in [0, 1] pixel units"
         )
+    from .model_io import current
+
+    advice = NORMALISATION_ADVICE if current().normalize is None else NORMALISED_INSIDE_ADVICE
     raise RobustDataError(
         f"{name}: inputs range from {low:g} to {high:g}, outside the perturbation's box {shown}; every "
-        f"perturbed input would be clipped into the box, silently changing the data. {NORMALISATION_ADVICE}"
+        f"perturbed input would be clipped into the box, silently changing the data. {advice}"
     )
+
+
+def find_normalize(data, depth: int = 6):
+    """The first transform named ``Normalize`` with ``mean`` and ``std`` (torchvision's, v1 or v2,
+    and look-alikes) in the transform pipeline of a Dataset or DataLoader, or None."""
+    if depth == 0 or isinstance(data, (str, bytes)) or hasattr(data, "shape"):
+        return None
+    if type(data).__name__ == "Normalize" and hasattr(data, "mean") and hasattr(data, "std"):
+        return data
+    if isinstance(data, (list, tuple)):
+        parts = list(data)
+    elif isinstance(data, torch.nn.Sequential):
+        parts = list(data.children())
+    else:
+        parts = [getattr(data, name, None) for name in PIPELINE_ATTRIBUTES]
+    for part in parts:
+        found = None if part is None else find_normalize(part, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _is_pixel_box(bounds) -> bool:
+    """Whether ``bounds`` is the default box (0, 1), scalar or constant per element."""
+    if bounds is None:
+        return False
+    lo, hi = (torch.as_tensor(b, dtype=torch.float64) for b in bounds)
+    return bool((lo == 0).all() and (hi == 1).all())
+
+
+def check_data_normalisation(data, perturbation, normalize) -> None:
+    """A Dataset or DataLoader whose transforms normalise its inputs: with ``normalize=`` as well
+    it would be normalised twice, and with the pixel box (0, 1) (or no box: smoothing noise) eps,
+    sigma and the box would silently be in normalised units, so both raise RobustDataError
+    naming the transform and the fix; a perturbation with a box of its own (the user chose
+    normalised units) gets a RobustWarning with the same advice."""
+    found = find_normalize(data)
+    if found is None:
+        return
+    mean, std = (tuple(round(float(v), 6) for v in torch.as_tensor(p).flatten()) for p in (found.mean, found.std))
+    fix = (f"drop it from the data (keep inputs in [0, 1] pixel units, e.g. ToTensor() alone) and pass its mean "
+           f"and std to the check: normalize=({mean}, {std}) (--robust-normalize '[{list(mean)}, {list(std)}]'); "
+           "the check then normalises inside the model call and eps, sigma, radius and box stay in pixel units")
+    what = f"the data's transform pipeline contains {type(found).__name__}(mean={list(mean)}, std={list(std)})"
+    if normalize is not None:
+        raise RobustDataError(f"{what} and normalize= is set too, so inputs would be normalised twice: {fix}")
+    bounds = getattr(perturbation, "bounds", None)
+    if perturbation is None or _is_pixel_box(bounds):
+        raise RobustDataError(f"{what}: perturbation sizes and the box (0, 1) would be in normalised units, not "
+                              f"pixel units: {fix}")
+    warnings.warn(f"{what}; the perturbation's box {bounds!r} is taken to be in normalised units, and so are its "
+                  f"sizes. Recommended instead: {fix}", RobustWarning, stacklevel=4)
 
 
 def check_perturbation_object(p) -> None:
@@ -267,7 +332,9 @@ def explain_model_error(x: torch.Tensor, err: Exception) -> None:
 def records_warnings(fn):
     """Decorate a metric function: RobustWarnings issued while it runs still reach the caller
     (pytest shows them with the test) and are listed, in order, in ``details["warnings"]`` of
-    the Result it returns."""
+    the Result it returns. Every built-in metric function carries it, so it also gives them the
+    keywords ``normalize=`` and ``logits=`` (``model_io.accepts_interface``)."""
+    from .model_io import accepts_interface
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -284,4 +351,4 @@ def records_warnings(fn):
             result.details["warnings"] = list(dict.fromkeys(result.details.get("warnings", []) + messages))
         return result
 
-    return wrapper
+    return accepts_interface(wrapper)

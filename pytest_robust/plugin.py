@@ -20,12 +20,16 @@ from .fixture import RobustFixture
 from .recording import ITEM_RESULTS, SETTINGS, SPECS, metrics, record_unrun
 from .report import store
 from .report.environment import environment
+from .report.inputs import per_input_csv, without_pixels
 from .report.junit import metric_junit
 from .report.markdown import summary_markdown
 from .report.plots import write_plots
 from .report.terminal import summary_lines
 from .settings import KEYS, Settings, read_yaml, resolve
-from .validation import baseline_name, directory_path, file_path
+from .validation import baseline_name, choice, directory_path, file_path
+
+#: Formats of ``--robust-per-input``: the per-input tables written beside the reports.
+PER_INPUT_FORMATS = ("csv",)
 
 MARKER_DOC = (
     "robust(<metric>=<threshold>, **params): a robustness requirement checked after the test body, "
@@ -89,6 +93,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "when a check regressed.")
     group.addoption("--robust-baselines", dest="robust_baselines", default=".robust_baselines",
                     metavar="DIR", help="directory of saved baselines (default: .robust_baselines).")
+    group.addoption("--robust-per-input", dest="robust_per_input", default=None, metavar="FORMAT",
+                    help="also write every per-input table (index, outcome, estimate, ...) of the run as "
+                    "per_input.csv in the report directory (--robust-report); FORMAT: csv (ini: robust_per_input).")
+    parser.addini("robust_per_input", "write the per-input tables beside the reports: csv.", default="")
 
 
 def _yaml_layer(config: pytest.Config) -> tuple[dict, str]:
@@ -160,6 +168,11 @@ def _check_paths(options, settings: Settings) -> None:
     directory_path("--robust-baselines", options.robust_baselines)
     if options.robust_junitxml:
         file_path("--robust-junitxml", options.robust_junitxml)
+    if options.robust_per_input:
+        choice(*PER_INPUT_FORMATS)("--robust-per-input", options.robust_per_input)
+        if not settings.report:
+            raise SettingError("--robust-per-input", options.robust_per_input,
+                               "a report directory to write it into: add --robust-report DIR (or robust_report in ini)")
     for flag, name in (("--robust-save", options.robust_save), ("--robust-compare", options.robust_compare)):
         if name:
             baseline_name(flag, name)
@@ -168,6 +181,7 @@ def _check_paths(options, settings: Settings) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
+    config.option.robust_per_input = config.getoption("robust_per_input") or config.getini("robust_per_input") or None
     try:
         yaml_values, yaml_source = _yaml_layer(config)
         settings = resolve(
@@ -202,6 +216,8 @@ def pytest_report_header(config: pytest.Config) -> str:
         + ("each metric's default" if s.budget is None else f"{s.budget} model evaluations")
         + f", inconclusive={s.inconclusive}"
         + (f", profile={s.profile}" if s.profile else "")
+        + (f", normalize=(mean {list(s.normalize[0])}, std {list(s.normalize[1])}) inside the model"
+           if s.normalize else "")
     )
 
 
@@ -370,10 +386,14 @@ class ResultCollector:
     def _write_report(self, directory: Path, env: dict) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         settings = self.config.stash[SETTINGS]
-        payload = {"environment": env, "settings": settings.__dict__, "results": self.results}
+        payload = {"environment": env, "settings": settings.__dict__,
+                   "results": [without_pixels(r) for r in self.results]}
         (directory / "results.json").write_text(json.dumps(payload, indent=2, default=str))
         (directory / "summary.md").write_text(summary_markdown(self.results, env, self.comparison))
         written = [directory / "results.json", directory / "summary.md"]
+        if self.config.option.robust_per_input == "csv":
+            (directory / "per_input.csv").write_text(per_input_csv(self.results))
+            written.append(directory / "per_input.csv")
         try:
             written += write_plots(self.results, directory)
         except RuntimeError as err:

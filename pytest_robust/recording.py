@@ -84,11 +84,12 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     traceback from inside the engine; anything else is a bug and is re-raised with its traceback."""
     from .engine import progress_sink
     from .model_execution import execution
+    from .model_io import model_interface
 
     how = settings or item.config.stash[SETTINGS]
     try:
         with progress_sink(_progress(item)), execution(how.precision, how.channels_last, how.compile,
-                                                       how.deterministic):
+                                                       how.deterministic), model_interface(how.normalize, how.logits):
             result = call()
     except RobustError as err:
         not_run(item, spec, "error", str(err), model_name, settings)

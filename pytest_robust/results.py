@@ -45,6 +45,11 @@ METRIC_NAMES = {
 }
 
 
+#: Marks a perturbation identity that could not be derived (``perturbations.stable_identity``): a
+#: baseline key holding it is reported as unmatchable, never matched with another object.
+NO_IDENTITY = "<no stable identity"
+
+
 def decide(threshold: float | None, lower: float, upper: float, direction: str = ">=", healthy: bool = True) -> str:
     """The one verdict rule of every check.
 
@@ -86,6 +91,11 @@ class Result:
     ``model`` names the model (its fixture name in pytest) and ``test_id`` the test that ran it.
     ``precision`` says what computed the logits: the model's dtype ("float32", "bfloat16") or
     "autocast bfloat16" under ``--robust-precision``; the message names it unless it is float32.
+    With ``normalize=``, ``details["space"]`` says where the sizes live ("pixel units, normalised
+    inside the model (mean ...; std ...)") and the message names it after the perturbation.
+    A per-input check lists its inputs in ``details["per_input"]`` (``per_input``) and, on image
+    inputs, carries thumbnails of the worst in ``gallery`` (``gallery.gallery``; drawn as a PNG in
+    the report directory, left out of results.json).
     """
 
     metric: str
@@ -110,6 +120,7 @@ class Result:
     test_id: str = ""
     outcome: str = ""
     precision: str = ""
+    gallery: dict | None = None
 
     @classmethod
     def not_run(cls, metric: str, threshold: float | None, direction: str, perturbation: str, verdict: str,
@@ -146,8 +157,10 @@ class Result:
             return f"{self.name} check {what}: {self.details.get('error', '')}"
         pct = f"{self.confidence:.0%}"
         head = f"{self.name} {self.estimate:.3f} ({pct} lower bound {self.lower:.3f}, upper bound {self.upper:.3f})"
+        space = self.details.get("space")
         cond = (
-            f"under {self.perturbation}, {self.draws} draws on {self.n_inputs} inputs, seed {self.seed}, "
+            f"under {self.perturbation}{f' in {space}' if space else ''}, {self.draws} draws on {self.n_inputs} "
+            f"inputs, seed {self.seed}, "
             f"{self.forward_passes} of {self.budget} model evaluations"
             + (f", model in {self.precision}" if self.precision not in ("", "float32") else "")
         )

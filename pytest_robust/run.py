@@ -10,7 +10,7 @@ A metric module writes only its plan, its evaluation and its statistics; a ``Run
   dtype is converted, with a note in details. With the check's perturbation, the inputs are
   checked against its box, its size and its use of the generator, on the check's device
   (``inspection.inspect_inputs``);
-- the model interface (``model_interface.current()``: ``normalize=(mean, std)`` applied inside the
+- the model interface (``model_io.current()``: ``normalize=(mean, std)`` applied inside the
   model call, so data, perturbations and sizes stay in pixel units; the ``logits=`` selector),
   stated in the Result (``details["model_interface"]``, and the space in ``details["space"]``,
   which every message names); data whose transform pipeline normalises is refused
@@ -26,7 +26,10 @@ A metric module writes only its plan, its evaluation and its statistics; a ``Run
 - distribution over torch.distributed ranks, all through ``collective`` (``shard`` / ``gather``
   for per-input work, ``span`` / ``gather_rows`` for rows; per-draw work shards blocks with
   ``collective.gather_blocks`` and agrees its batch size with ``agreed_batch_size``);
-- timing and the ``Result``, with the verdict from ``results.decide``.
+- timing and the ``Result``, with the verdict from ``results.decide``; a per-input table in
+  ``details["per_input"]`` is checked (``per_input.check_table``) and, on image inputs, the
+  thumbnails of its worst inputs go to ``Result.gallery`` (``gallery.gallery``: one draw each of the
+  check's perturbation, or of ``example``).
 
 Budget unit, for every check: model evaluations (one input row through the model, with or
 without a backward pass). ``Result.forward_passes`` is what was spent (summed over ranks),
@@ -51,9 +54,11 @@ import torch
 
 import warnings
 
-from . import collective, model_execution, model_interface
+from . import collective, model_execution, model_io
 from .engine import Forward, TensorData, autocast_dtype, guarded, load_data, resolve_device
-from .errors import RobustWarning
+from .errors import ArgumentError, RobustWarning
+from .gallery import gallery as worst_gallery
+from .per_input import check_table
 from .inspection import check_data_normalisation, check_model, inspect_inputs
 from .results import Result, decide
 from .validation import check_run_args
@@ -115,7 +120,7 @@ class Run:
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
                                    batch_size=batch_size, direction=direction)
         self.device = resolve_device(device, model)
-        self.interface = model_interface.current()
+        self.interface = model_io.current()
         check_data_normalisation(data, perturbation, self.interface.normalize)
         self.ds = load_data(data)
         self.details: dict = {}
@@ -126,6 +131,7 @@ class Run:
             self.details["dtype_note"] = f"the data ({self.ds.x.dtype}) was converted to {whose} {self.dtype}"
             self.ds = TensorData(self.ds.x.to(self.dtype), self.ds.y)
         self.ds = place(self.ds, self.device)
+        self.perturbation = perturbation
         if perturbation is not None:
             inspect_inputs(self.ds, perturbation)
         self.execution = model_execution.current()
@@ -135,9 +141,9 @@ class Run:
         self.forward = Forward(model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
                                input_dtype=self.model_dtype if self.model_dtype != self.dtype else None,
                                autocast=autocast, channels_last=self.execution.channels_last,
-                               normalize=None if normalize is None else model_interface.Normalizer(
+                               normalize=None if normalize is None else model_io.Normalizer(
                                    normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
-                               logits=self.interface.logits)
+                               selector=self.interface.logits)
         if certificate and self.precision not in ("float32", "float64"):
             self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
             warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)
@@ -233,10 +239,19 @@ class Run:
 
     def result(self, *, estimate: float, lower: float, upper: float, draws: int, perturbation: str,
                details: dict | None = None, note: str = "", healthy: bool = True, estimate_only: bool = False,
-               n_inputs: int | None = None, metric: str | None = None) -> Result:
+               n_inputs: int | None = None, metric: str | None = None, example=None, gallery: dict | None = None) -> Result:
         """The check's ``Result``: verdict by ``results.decide`` (or "estimate" with
-        ``estimate_only`` or no threshold), spending and common facts filled in."""
+        ``estimate_only`` or no threshold), spending and common facts filled in. With a per-input
+        table in ``details``, ``gallery`` (when not given) shows its worst inputs perturbed by
+        ``example`` (default: the run's perturbation)."""
         threshold = None if estimate_only else self.args.threshold
+        table = (details or {}).get("per_input")
+        if table is not None:
+            try:
+                check_table(table)
+            except ValueError as err:
+                raise ArgumentError(f"metric {metric or self.metric}: {err}") from None
+            gallery = gallery or worst_gallery(table, self.direction, example or self.perturbation, self.ds, self.seed)
         evaluations = self.spent()
         evaluated = sum(evaluations.values())
         return Result(
@@ -258,6 +273,7 @@ class Run:
             direction=self.direction,
             precision=self.precision,
             note=note,
+            gallery=gallery,
             details={
                 **(details or {}),
                 **self.details,

@@ -37,6 +37,8 @@ class Settings:
     channels_last: bool = False
     compile: bool = False
     deterministic: bool = False
+    normalize: tuple | None = None  # ((mean, ...), (std, ...)): applied inside the model call
+    logits: object = None  # which part of the model's output holds the logits (key, index, callable)
 
     def replace(self, values: dict, source: str) -> "Settings":
         """A copy with ``values`` (raw, validated here) applied; ``source`` names their origin."""
@@ -98,6 +100,13 @@ KEYS = (
     Key("deterministic", validation.boolean,
         "deterministic kernels and no TF32 (bit-exact repeats on CUDA; the CPU is deterministic anyway)",
         flag=True),
+    Key("normalize", validation.normalization,
+        "the model's input normalisation (mean, std), applied inside the model call so that data, eps, "
+        "sigma, radius and box stay in [0, 1] pixel units: imagenet, or '[[0.485, 0.456, 0.406], "
+        "[0.229, 0.224, 0.225]]' (per channel) or '(0.5, 0.25)'"),
+    Key("logits", validation.logits_selector,
+        "which part of the model's output holds the logits when it is not a tensor, an object with "
+        ".logits or a mapping with a 'logits' key: a key or attribute name, or an index (0)"),
 )
 KEY_NAMES = tuple(k.name for k in KEYS)
 assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"

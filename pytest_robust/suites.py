@@ -58,7 +58,7 @@ from typing import Callable
 import pytest
 import yaml
 
-from .checks import CheckSpec, budget_of, parse_marker
+from .checks import CheckSpec, budget_of, parse_marker, suggest
 from .errors import ArgumentError, MarkerError, RobustError, SettingError
 from .recording import SETTINGS, SPECS, enforce, metrics, run_spec
 from .settings import KEY_NAMES, Settings, parse_layer
@@ -154,11 +154,6 @@ def _shown(value) -> str:
     return kind + text
 
 
-def _suggest(word: str, options) -> str:
-    close = difflib.get_close_matches(str(word), list(options), n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
 class SuiteDocument:
     """A suite file's parsed YAML (``data``) and the line of every mapping key and list item.
 
@@ -226,7 +221,7 @@ class SuiteDocument:
     def no_unknown_keys(self, path: KeyPath, mapping: dict, allowed, what: str) -> None:
         for key in mapping:
             if key not in allowed:
-                raise self.error(path + (key,), f"unknown key{_suggest(key, allowed)}; {what}: {', '.join(allowed)}")
+                raise self.error(path + (key,), f"unknown key{suggest(key, allowed)}; {what}: {', '.join(allowed)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,7 +386,7 @@ def _settings(doc: SuiteDocument, path: KeyPath, values: dict) -> dict:
         if key in NOT_IN_SUITES:
             raise doc.error(path + (key,), f"not a suite setting: {key} {NOT_IN_SUITES[key]}")
         if key not in SUITE_SETTINGS:
-            raise doc.error(path + (key,), f"unknown setting{_suggest(key, SUITE_SETTINGS)}; "
+            raise doc.error(path + (key,), f"unknown setting{suggest(key, SUITE_SETTINGS)}; "
                                            f"settings: {', '.join(SUITE_SETTINGS)}")
         try:
             parsed.update(parse_layer({key: value}, doc.where))
@@ -436,7 +431,7 @@ def _select(doc: SuiteDocument, profiles: dict[str, Profile], chosen: str | None
         return profiles.get(DEFAULT_PROFILE, Profile())
     if chosen not in profiles:
         raise doc.error(("profiles",), f"profile {chosen!r} (chosen with --robust-profile) is not defined "
-                                       f"in this suite{_suggest(chosen, profiles)}; defined: {', '.join(profiles)}")
+                                       f"in this suite{suggest(chosen, profiles)}; defined: {', '.join(profiles)}")
     return profiles[chosen]
 
 
@@ -472,7 +467,7 @@ def _check(ctx: _Context, index: int, raw) -> Check:
     metrics = [k for k in raw if k in ctx.metrics]
     for key in raw if not metrics else ():
         if difflib.get_close_matches(key, list(ctx.metrics), n=1):  # a misspelt metric, e.g. "tsr"
-            raise doc.error(path + (key,), f"unknown key{_suggest(key, ctx.metrics)}; metrics: "
+            raise doc.error(path + (key,), f"unknown key{suggest(key, ctx.metrics)}; metrics: "
                                            f"{_metric_examples(ctx.metrics)}")
     if len(metrics) != 1:
         found = f"several ({', '.join(metrics)})" if metrics else "none"
@@ -529,7 +524,7 @@ def _only_profiles(ctx: _Context, path: KeyPath, raw) -> tuple[str, ...]:
     for i, name in enumerate(names):
         if name not in ctx.profiles:
             raise ctx.doc.error(path + (i,) if isinstance(raw, list) else path,
-                                f"profile {name!r} is not defined in this suite{_suggest(name, ctx.profiles)}; "
+                                f"profile {name!r} is not defined in this suite{suggest(name, ctx.profiles)}; "
                                 f"defined: {', '.join(ctx.profiles)}")
     return tuple(names)
 
@@ -547,7 +542,7 @@ def _perturbation(doc: SuiteDocument, path: KeyPath, raw, factories: dict[str, C
                               f"e.g. {{UniformLinf: {{eps: 0.1}}}}; got {_shown(raw)}")
     if name not in factories:
         known = ", ".join(factories)
-        raise doc.error(at, f"unknown perturbation {name!r}{_suggest(name, factories)}; known: {known}")
+        raise doc.error(at, f"unknown perturbation {name!r}{suggest(name, factories)}; known: {known}")
     factory = factories[name]
     try:
         return factory(**params)

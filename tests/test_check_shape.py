@@ -1,5 +1,6 @@
 """The one shape every check follows: verdict rule, budget accounting, OOM back-off in every
-model-calling path, dtype, per-input sharding, the metric registry hook, adversarial accuracy."""
+model-calling path, dtype, per-input sharding, the metric registry hook (adversarial accuracy has
+tests/test_adversarial.py)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ CHECKS = {
     "pa_report": lambda m, d, **k: pa_report(m, d, 0.25, n=200, **k),
     "nppr": lambda m, d, **k: nppr(m, d, eps=0.1, latent_dim=4, components=2, fit_steps=4, fit_batch_size=8,
                                    fit_draws=2, draws_per_input=4, pgd=True, pgd_steps=3, budget=30_000, **k),
-    "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, 0.3, eps=0.1, steps=4, restarts=2, **k),
+    "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, 0.3, eps=0.1, steps=4, restarts=2, targets=1,
+                                                                   square_queries=20, **k),
     "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
         m, d, 0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=3000, **k),
 }
@@ -181,38 +183,6 @@ def test_a_non_differentiable_loss_works_with_monte_carlo_and_skips_the_pgd_cont
     with pytest.raises(RobustModelError, match="not differentiable in the input"):
         intermediate_q(SmallNet().eval(), (x, y), BOX, 1, estimator="hmc", loss=zero_one, chains=4, steps=8,
                        budget=20_000)
-
-
-# -- adversarial accuracy --------------------------------------------------------------------------
-
-
-def test_adversarial_accuracy_is_exact_on_a_linear_model():
-    """For a two-class linear model the worst point of the box is a corner the signed gradient of
-    cross-entropy reaches in one step: the attack's robust accuracy is the true one."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(20, 2)
-    x = torch.rand(500, 20)
-    y = model(x).argmax(dim=1).detach()
-    eps = 0.05
-    r = adversarial_accuracy(model, (x, y), eps=eps, steps=3)
-    w, b = model.weight.detach(), model.bias.detach()
-    d = w[y] - w[1 - y]
-    worst = torch.where(d > 0, (x - eps).clamp(0, 1), (x + eps).clamp(0, 1))
-    robust = int(((d * worst).sum(dim=1) + b[y] - b[1 - y] > 0).sum())
-    assert 100 < robust < 450
-    assert r.details["robust_inputs"] == robust and r.estimate == robust / 500
-    assert r.lower <= r.estimate <= r.upper
-
-
-def test_adversarial_accuracy_says_what_a_verdict_means_and_refuses_too_small_a_budget():
-    x, y = image_data(n=40)
-    r = CHECKS["adversarial_accuracy"](SmallNet().eval(), (x, y))
-    assert "an upper estimate of the true adversarial accuracy: a fail is conclusive, a pass is only as " \
-           "strong as the attack" in r.message()
-    assert r.perturbation == "PGD L-inf eps=0.1, 4 steps x 2 restart(s)"
-    assert r.details["robust_inputs"] + r.details["fooled_inputs"] == 40
-    with pytest.raises(SettingError, match="at least 400 model evaluations"):
-        adversarial_accuracy(SmallNet().eval(), (x, y), eps=0.1, steps=9, budget=399)
 
 
 # -- sharding over torch.distributed ranks -----------------------------------------------------------

@@ -110,10 +110,10 @@ def _mixture(name):
 
 
 def test_corruption_code_reads_the_host_once_per_batch():
-    """Host reads per model batch made by the corruption code (host_syncs' CPU stand-in; marginal
-    over two budgets, so setup does not count): one, of the cells and seeds drawn from a host
-    generator (host memory on a GPU too: no wait there), and one more when the grid holds JPEG,
-    whose codec runs on the host; never one per cell or per image."""
+    """Host reads of device values per model batch made by the corruption code (host_syncs' CPU
+    stand-in, which does not count reads of host memory such as the cells and seeds drawn from a
+    host generator; marginal over two budgets, so setup does not count): none, and one when the
+    grid holds JPEG, whose codec runs on the host; never one per cell or per image."""
     from pytest_robust.host_syncs import count_host_syncs
 
     def reads(names, budget):
@@ -122,8 +122,8 @@ def test_corruption_code_reads_the_host_once_per_batch():
             corruption_accuracy(model, grey_images(), corruptions=names, budget=budget, batch_size=256)
         return sum(n for where, n in count.where.items() if where.startswith("corruptions")), count.calls
 
-    for names, per_batch in ((["brightness", "contrast", "zoom_blur", "elastic_transform"], 1),
-                             (["brightness", "jpeg_compression"], 2)):
+    for names, per_batch in ((["brightness", "contrast", "zoom_blur", "elastic_transform"], 0),
+                             (["brightness", "jpeg_compression"], 1)):
         (reads_1, calls_1), (reads_2, calls_2) = reads(names, 16 + 512), reads(names, 16 + 1536)
         assert (reads_2 - reads_1) / (calls_2 - calls_1) == per_batch, names
 

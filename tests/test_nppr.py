@@ -216,7 +216,7 @@ def test_gate_fails_a_model_that_only_random_noise_cannot_break():
 def test_gate_passes_when_the_ball_is_too_small_to_matter():
     r = nppr(WeakLinear(), weak_data(), 0.9, eps=0.02, **TINY)  # max margin change 0.32 < 3
     assert r.verdict == "pass" and r.estimate == 1.0
-    assert r.details["per_input"]["fraction_pr_at_least_0.99"] == 1.0
+    assert r.details["per_input_pr"]["fraction_pr_at_least_0.99"] == 1.0
 
 
 def test_result_reports_split_context_curve_and_per_input_fractions():
@@ -226,7 +226,7 @@ def test_result_reports_split_context_curve_and_per_input_fractions():
     assert d["split"]["fit_inputs"] == 15 and d["split"]["eval_inputs"] == 35 == r.n_inputs
     assert "fit_fraction=0.3" in d["split"]["source"]
     assert d["semantics"] in r.note
-    fractions = [d["per_input"][f"fraction_pr_at_least_{level}"] for level in ("0.9", "0.95", "0.99")]
+    fractions = [d["per_input_pr"][f"fraction_pr_at_least_{level}"] for level in ("0.9", "0.95", "0.99")]
     assert all(0 <= f <= 1 for f in fractions) and fractions[0] >= fractions[1] >= fractions[2]
     curve = d["curves"]["fit_loss"]
     assert set(curve) == {"title", "xlabel", "ylabel", "x", "series", "logx"}
@@ -246,11 +246,12 @@ def test_fit_split_and_evaluation_split_are_disjoint_and_seeded():
     def split(seed):
         return _split(Run("nppr", WeakLinear(), (x, y), seed=seed), None, 0.5, (0.0, 1.0))
 
-    fit, ev, _ = split(3)
+    fit, ev, _, index = split(3)
     assert len(fit) == len(ev) == 20
     assert not set(fit.x[:, 0].tolist()) & set(ev.x[:, 0].tolist())
-    again, _, _ = split(3)
-    other, _, _ = split(4)
+    assert torch.equal(ev.x, x[index])  # the evaluation inputs' indices in the data
+    again, _, _, _ = split(3)
+    other, _, _, _ = split(4)
     assert torch.equal(fit.x, again.x) and not torch.equal(fit.x, other.x)
 
 

@@ -80,7 +80,7 @@ def test_marked_empty_test_passes_and_reports_properties(suite):
     assert set(props) == {
         f"robust.{k}" for k in (
             "metric estimate lower upper threshold confidence verdict n_inputs forward_passes "
-            "seconds device seed perturbation draws budget"
+            "seconds device seed perturbation draws budget precision"
         ).split()
     }
     assert props["robust.metric"] == "tsrm"
@@ -275,10 +275,10 @@ def test_robust_fixture_programmatic_and_explicit_check(suite):
     result = suite.runpytest("--junitxml=out.xml")
     result.assert_outcomes(passed=2)
     programmatic, explicit = properties(suite.path / "out.xml")
-    assert len(programmatic) == 15  # properties of two results share names (the last one wins here)
+    assert len(programmatic) == 16  # properties of two results share names (the last one wins here)
     root = ET.parse(suite.path / "out.xml").getroot()
     counts = [len(list(case.iter("property"))) for case in root.iter("testcase")]
-    assert counts == [30, 15], "two recorded results, then one: the explicit check is not run twice"
+    assert counts == [32, 16], "two recorded results, then one: the explicit check is not run twice"
 
 
 def test_inconclusive_fails_by_default_or_skips_when_configured(suite):

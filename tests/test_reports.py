@@ -8,8 +8,9 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from pytest_robust.report import store
-from pytest_robust.report.markdown import summary_markdown
-from pytest_robust.report.plots import tsrm_curves
+from pytest_robust.report.markdown import deciding_bound, summary_markdown
+from pytest_robust.report.plots import plot_heatmap, tsrm_curves, write_plots
+from pytest_robust.report.terminal import summary_lines, wrap
 from pytest_robust.results import Result
 
 from test_plugin import CONFTEST
@@ -54,7 +55,7 @@ def test_report_directory_has_results_summary_and_plots(suite):
     assert [r["verdict"] for r in payload["results"]] == ["pass", "pass", "fail"]
     assert all(r["model"] == "robust_model" for r in payload["results"])
     summary = (out / "summary.md").read_text()
-    assert "| check | metric | perturbation | estimate | bound | threshold | verdict | evaluations/budget | time |" in summary
+    assert "| check | metric | perturbation | estimate | deciding bound | threshold | verdict | evaluations/budget | time |" in summary
     assert "test_suite.py::test_too_strict" in summary and "❌ fail" in summary
     assert "< required 0.95 under UniformLinf(eps=0.5)" in summary
     plots = sorted(p.name for p in out.glob("*.png"))
@@ -144,6 +145,54 @@ def test_tsrm_curves_group_by_model_and_family():
     (name, curve), = tsrm_curves(results).items()
     assert name == "tsrm-m-UniformLinf" and curve["x"] == [0.1, 0.2, 0.3]
     assert curve["series"]["estimate"] == pytest.approx([0.9, 0.8, 0.7])
+    assert curve["intervals"]["estimate"] == [[0.88, 0.92]] * 3 and curve["counts"]["estimate"] == [100] * 3
+
+
+def test_plots_draw_intervals_and_counts_and_grey_out_thin_heatmap_cells(tmp_path):
+    early = _result(perturbation="UniformLinf(eps=0.1)", estimate=1.0, lower=0.65, upper=1.0, draws=7)
+    written = write_plots([early, _result(perturbation="UniformLinf(eps=0.2)")], tmp_path)
+    assert [p.name for p in written] == ["00-summary-tsrm-model-UniformLinf.png"]
+    heatmap = {"title": "Accuracy under corruption (a long title that used to be clipped at the figure's edge)",
+               "xlabel": "severity", "rows": ["fog", "jpeg"], "columns": ["1", "2"],
+               "values": [[0.9, 1.0], [None, 0.5]], "counts": [[40, 12], [0, 31]]}
+    path = plot_heatmap(heatmap, tmp_path / "h.png")
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(path)[..., :3]
+    grey = (abs(pixels[..., 0] - pixels[..., 1]) < 0.01) & (abs(pixels[..., 1] - pixels[..., 2]) < 0.01) & (
+        pixels[..., 0] > 0.8) & (pixels[..., 0] < 0.95)
+    assert grey.sum() > 500  # the 12-draw cell is grey, not green
+
+
+@pytest.mark.parametrize("verdict, direction, shown", [
+    ("pass", ">=", "0.8800 (95% lower)"), ("fail", ">=", "0.9200 (95% upper)"),
+    ("pass", "<=", "0.9200 (95% upper)"), ("fail", "<=", "0.8800 (95% lower)"),
+    ("inconclusive", ">=", "[0.8800, 0.9200] (95%)"),
+])
+def test_summary_shows_the_bound_that_decided(verdict, direction, shown):
+    assert deciding_bound(Result.from_dict(_result(verdict=verdict, direction=direction))) == shown
+
+
+def test_terminal_table_at_80_columns_keeps_ids_whole_and_the_metric():
+    ids = [f"examples/digits/test_nppr_digits.py::test_{who}_model_under_learned_worst_case_noise"
+           for who in ("standard", "noise_trained")]
+    rows = [_result(test_id=i, metric="nppr", perturbation="LearnedGMM(eps=0.1, norm=linf, K=7, latent=128, "
+                    "covariance=diagonal, dependency=joint)") for i in ids]
+    rows.append(_result(test_id="t.py::short", metric="corruption_accuracy", perturbation="UniformLinf(eps=0.3)"))
+    lines = summary_lines(rows, 80)
+    assert all(len(line) <= 80 for line in lines), lines
+    text = "\n".join(lines)
+    assert all(i.rsplit("/", 1)[-1] in text for i in ids) and "…" not in text
+    assert text.count("NPPR") == 2 and "corruption accuracy" in text
+    assert "under LearnedGMM(eps=0.1, norm=linf, K=7, latent=128, covariance=diagonal," in text
+    wide = summary_lines(rows, 400)
+    assert len(wide) == 2 + len(rows) and wide[0].startswith("test ")  # one line per check when it fits
+
+
+def test_wrap_breaks_at_separators_and_loses_nothing():
+    pieces = wrap("test_nppr_digits.py::test_standard_model_under_learned_worst_case_noise", 30)
+    assert all(len(p) <= 30 for p in pieces) and pieces[0] == "test_nppr_digits.py::"
+    assert "".join(p.strip() for p in pieces) == "test_nppr_digits.py::test_standard_model_under_learned_worst_case_noise"
 
 
 def test_summary_markdown_escapes_pipes_and_lists_environment():

@@ -71,7 +71,8 @@ def test_q():
 def test_certified():
     pass
 
-@pytest.mark.robust(adversarial_accuracy=0.05, eps=0.1, steps=4, model="net", data="images", inconclusive="skip")
+@pytest.mark.robust(adversarial_accuracy=0.05, eps=0.1, steps=4, targets=1, square_queries=20, model="net",
+                    data="images", inconclusive="skip")
 def test_adversarial():
     pass
 

@@ -109,8 +109,8 @@ def test_sequential_minimum_is_where_an_always_right_model_is_certified():
     assert fixed < fewest <= 1.15 * fixed
     r = certified_accuracy(ConstantClassifier(1, 2), (torch.zeros(3, 1), torch.ones(3, dtype=torch.long)),
                            None, radius=0.5, sigma=0.25)
-    assert r.details["draws_per_input"] == [fewest] * 3
-    assert r.details["evaluations_per_input"] == [fewest] * 3
+    assert r.details["per_input"]["draws"] == [fewest] * 3
+    assert r.details["per_input"]["evaluations"] == [fewest] * 3
     assert r.details["min_draws_to_certify"] == fewest
 
 
@@ -192,7 +192,7 @@ def test_constant_classifier_certifies_its_class_at_the_budget_radius():
     assert large.details["acr"] > small.details["acr"] > 0
     assert large.details["acr_warning"] == ACR_WARNING
     gate = certified_accuracy(ConstantClassifier(0), (x, y), None, radius=1.0, sigma=sigma)
-    assert gate.details["decisions"] == ["certified" if v == 0 else "not certifiable" for v in y.tolist()]
+    assert gate.details["per_input"]["outcome"] == ["certified" if v == 0 else "not certifiable" for v in y.tolist()]
 
 
 def test_certify_on_known_probabilities():
@@ -252,7 +252,7 @@ def test_per_input_test_is_calibrated_at_the_boundary():
     data = inputs_with_pa([PHI.cdf(radius / sigma)] * n, sigma)
     r = certified_accuracy(HALF_SPACE, data, None, radius=radius, sigma=sigma, alpha=alpha, max_draws=600,
                            budget=10**6)
-    decisions = r.details["decisions"]
+    decisions = r.details["per_input"]["outcome"]
     limit = binom.ppf(0.999, n, alpha)
     assert decisions.count("certified") <= limit
     assert decisions.count("not certifiable") <= limit
@@ -264,10 +264,10 @@ def test_gate_decisions_on_known_probabilities():
     sigma, radius = 0.25, 0.5
     pa = [0.999] * 6 + [0.3, 0.6, 0.9, 0.95]
     r = certified_accuracy(HALF_SPACE, inputs_with_pa(pa, sigma), None, radius=radius, sigma=sigma, budget=10**6)
-    assert r.details["decisions"] == ["certified"] * 6 + ["not certifiable"] * 4
+    assert r.details["per_input"]["outcome"] == ["certified"] * 6 + ["not certifiable"] * 4
     assert r.estimate == 0.6 and r.verdict == "estimate"
-    assert r.draws == sum(r.details["draws_per_input"]) <= r.forward_passes
-    assert max(r.details["draws_per_input"][6:9]) < 300  # hopeless inputs stop quickly (p=0.9: 126 on average)
+    assert r.draws == sum(r.details["per_input"]["draws"]) <= r.forward_passes
+    assert max(r.details["per_input"]["draws"][6:9]) < 300  # hopeless inputs stop quickly (p=0.9: 126 on average)
     assert r.lower == pytest.approx(clopper_pearson_lower(6, 10, 0.05) - 0.001)
     assert r.perturbation == "Gaussian smoothing sigma=0.25, L2 radius 0.5, alpha=0.001"
     assert r.details["required_pa"] == pytest.approx(norm.cdf(2.0))
@@ -302,8 +302,8 @@ def test_gate_stops_once_the_bounds_over_inputs_decide_and_stays_within_the_full
         assert r.verdict == verdict and r.details["settled_early"]
         assert r.forward_passes < full.forward_passes / 4
         assert r.lower <= full.lower and r.upper >= full.upper
-        decided = [d for d in r.details["decisions"] if d != "undecided"]
-        assert decided == [d for d, mine in zip(full.details["decisions"], r.details["decisions"]) if mine != "undecided"]
+        decided = [d for d in r.details["per_input"]["outcome"] if d != "undecided"]
+        assert decided == [d for d, mine in zip(full.details["per_input"]["outcome"], r.details["per_input"]["outcome"]) if mine != "undecided"]
         assert "left open once the bounds over inputs decided the check" in r.note
     assert full.details["undecided_at_max_draws"] == 4 and not full.details["settled_early"]
 
@@ -324,7 +324,7 @@ def test_undecided_inputs_count_as_not_certified_and_are_reported():
     sigma = 0.25
     data = inputs_with_pa([0.9995] * 5 + [0.98] * 3, sigma)
     r = certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=sigma, max_draws=1000, budget=10**6)
-    assert r.details["decisions"] == ["certified"] * 5 + ["undecided"] * 3
+    assert r.details["per_input"]["outcome"] == ["certified"] * 5 + ["undecided"] * 3
     assert r.estimate == 5 / 8
     assert r.upper == pytest.approx(min(1.0, clopper_pearson_upper(8, 8, 0.05) + 0.001))
     assert "3 undecided and counted as not certified (3 reached max_draws=1000" in r.note
@@ -337,9 +337,9 @@ def test_budget_is_shared_in_rounds_and_never_exceeded():
     r = certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=sigma, max_draws=100_000, budget=30_000)
     assert r.draws <= 30_000
     assert r.details["rounds"] > 1
-    assert r.details["decisions"][:20] == ["certified"] * 10 + ["not certifiable"] * 10
+    assert r.details["per_input"]["outcome"][:20] == ["certified"] * 10 + ["not certifiable"] * 10
     assert r.details["undecided"] == 4 and r.details["undecided_at_max_draws"] == 0
-    assert max(r.details["draws_per_input"][20:]) > 30_000 // 24  # more than an equal share
+    assert max(r.details["per_input"]["draws"][20:]) > 30_000 // 24  # more than an equal share
     assert "stopped by the budget of 30000 model evaluations" in r.note
     assert r.forward_passes <= 30_000
 
@@ -352,12 +352,11 @@ def test_per_input_decisions_do_not_depend_on_batch_size():
                            batch_size=b, seed=3)
         for b in (7, 64, 1000)
     ]
-    for key in ("decisions", "draws_per_input", "correct_draws_per_input"):
-        assert runs[0].details[key] == runs[1].details[key] == runs[2].details[key]
+    assert runs[0].details["per_input"] == runs[1].details["per_input"] == runs[2].details["per_input"]
     assert runs[0].details["rounds"] == runs[2].details["rounds"]
     other_seed = certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=sigma, max_draws=3000,
                                     budget=12_000, seed=4)
-    assert other_seed.details["draws_per_input"] != runs[0].details["draws_per_input"]
+    assert other_seed.details["per_input"]["draws"] != runs[0].details["per_input"]["draws"]
 
 
 def test_gate_restores_the_global_rng():

@@ -151,5 +151,5 @@ def test_results_reach_the_xdist_controller_and_the_report(suite):
     results = json.loads((suite.path / "report" / "results.json").read_text())["results"]
     assert sorted(r["verdict"] for r in results) == ["fail", "pass"]
     for r in results:
-        assert r["details"]["decisions"].count("certified") == 40
-        assert len(r["details"]["draws_per_input"]) == 50
+        assert r["details"]["per_input"]["outcome"].count("certified") == 40
+        assert len(r["details"]["per_input"]["draws"]) == 50

@@ -16,9 +16,6 @@ import pytest
 from digits_model import load_model
 
 
-SUBSET = 100
-
-
 @pytest.fixture(scope="module")
 def gaussian_025_model(robust_device):
     """The CNN trained with Gaussian noise of standard deviation 0.25 (pixel units)."""
@@ -31,16 +28,9 @@ def gaussian_050_model(robust_device):
     return load_model("gaussian_0.50").to(robust_device)
 
 
-@pytest.fixture(scope="module")
-def smoothing_digits(robust_data):
-    """The first 100 held-out test digits (of 359), x in [0, 1] pixel units."""
-    x, y = robust_data
-    return x[:SUBSET], y[:SUBSET]
-
-
 @pytest.mark.robust(
     certified_accuracy=0.75, radius=0.25, sigma=0.25, max_draws=2_000, budget=40_000,
-    model="gaussian_025_model", data="smoothing_digits",
+    model="gaussian_025_model", data="first_100_digits",
 )
 def test_certified_at_radius_025():
     """At least 75% of the digits are certified correct within L2 radius 0.25 (true value about 0.89)."""
@@ -48,14 +38,15 @@ def test_certified_at_radius_025():
 
 @pytest.mark.robust(
     certified_accuracy=0.3, radius=0.5, sigma=0.25, max_draws=1_000, budget=50_000,
-    model="gaussian_025_model", data="smoothing_digits",
+    model="gaussian_025_model", data="first_100_digits",
 )
 def test_certified_at_radius_05():
     """At least 30% certified within radius 0.5 (true value about 0.57; with these caps 0.50 are
     certified and 26 digits left undecided, giving a 95% lower bound of 0.41)."""
 
 
-def test_pa_report_compares_noise_levels(robust, gaussian_025_model, gaussian_050_model, smoothing_digits):
+@pytest.mark.slow_demo
+def test_pa_report_compares_noise_levels(robust, gaussian_025_model, gaussian_050_model, first_100_digits):
     """The distribution of pA and certified accuracy against radius for both models (500 draws per
     digit), as the seed paper recommends instead of the average certified radius.
 
@@ -64,7 +55,7 @@ def test_pa_report_compares_noise_levels(robust, gaussian_025_model, gaussian_05
     the sigma=0.5 model certifies anything at radius 0.6.
     """
     reports = {
-        sigma: robust.pa_report(model, smoothing_digits, sigma, n=500, radii=[0.0, 0.25, 0.5, 0.6])
+        sigma: robust.pa_report(model, first_100_digits, sigma, n=500, radii=[0.0, 0.25, 0.5, 0.6])
         for sigma, model in ((0.25, gaussian_025_model), (0.5, gaussian_050_model))
     }
     accuracy = {s: r.details["certified_accuracy"]["measured at n=500, alpha=0.001"] for s, r in reports.items()}

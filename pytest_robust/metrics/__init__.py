@@ -33,10 +33,11 @@ BUILTIN = {
     ),
     "adversarial_accuracy": Metric(
         "pytest_robust.metrics.adversarial:adversarial_accuracy",
-        optional=("steps", "step_size", "restarts", "bounds"),
+        optional=("steps", "restarts", "targets", "square_queries", "bounds"),
         settings=("eps",),  # eps= on the marker is the setting, default robust_eps (8/255)
-        budget=100_000,
-        doc="accuracy under an L-inf PGD attack >= threshold (an upper estimate of true robust accuracy)",
+        budget=1_000_000,
+        doc="accuracy under an L-inf attack (APGD-CE, APGD-T, Square) >= threshold (an upper estimate of true "
+            "robust accuracy)",
     ),
     "corruption_accuracy": Metric(
         "pytest_robust.metrics.corruption_accuracy:corruption_accuracy",

@@ -67,6 +67,7 @@ def _breakdown(grid: CorruptionGrid, outcomes: np.ndarray, cells: np.ndarray, al
             "title": f"Accuracy under corruption ({len(outcomes)} draws; clean {clean:.3f})",
             "rows": list(names), "columns": [str(s) for s in levels], "xlabel": "severity",
             "values": [[per_cell[f"{c}/{s}"]["accuracy"] for s in levels] for c in names],
+            "counts": [[per_cell[f"{c}/{s}"]["draws"] for s in levels] for c in names],
         }},
     }
 

@@ -74,7 +74,7 @@ import numpy as np
 import torch
 
 from .. import validation
-from ..attacks import pgd
+from ..attacks import over_blocks, pgd
 from ..engine import NotDifferentiable, report_progress, stream_generator
 from ..errors import RobustDataError, SettingError
 from ..mcmc import RowStreams, detrend, effective_sample_size, repeat_rows, split_rhat
@@ -357,20 +357,16 @@ def _run_pgd(plan: _Plan, ids: list[int]) -> np.ndarray | None:
     does not apply (not an L-inf ball, or a loss without gradients)."""
     if not _pgd_applies(plan.perturbation):
         return None
-    cfg, p = plan.config, plan.perturbation
+    cfg, p, rows = plan.config, plan.perturbation, plan.rows(ids)
 
-    def attack(group: list[int]) -> list[np.ndarray]:
-        rows = plan.rows(group)
-        result = pgd(plan.run.forward, plan.x[rows], plan.y[rows], p.eps, steps=cfg.pgd_steps,
-                     restarts=cfg.pgd_restarts, loss=plan.loss.values, bounds=p.bounds,
-                     generator=plan.streams("q-pgd", group, 1))
-        losses = result.loss.double().cpu().numpy()
-        return np.split(losses, np.cumsum([plan.blocks[b].stop - plan.blocks[b].start for b in group])[:-1])
+    def attack(x: torch.Tensor, y: torch.Tensor, streams: RowStreams) -> dict:
+        return {"loss": pgd(plan.run.forward, x, y, p.eps, steps=cfg.pgd_steps, restarts=cfg.pgd_restarts,
+                            loss=plan.loss.values, bounds=p.bounds, generator=streams).loss}
 
     try:
         with plan.run.forward.phase("context"):
-            group = max(1, plan.run.args.batch_size // BLOCK_INPUTS)
-            return np.concatenate(plan.sharded(ids, attack, group))
+            return over_blocks(plan.run, plan.x[rows], plan.y[rows], BLOCK_INPUTS, "q-pgd", attack,
+                               guard=plan.loss.checked)["loss"]
     except NotDifferentiable:
         return None
 
@@ -677,10 +673,10 @@ def intermediate_q(
         adversarial = _run_pgd(plan, list(range(_blocks_for(len(est.per_input)))))
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
     q_inf = adversarial if adversarial is not None else est.max_visited
+    details = _details(plan, est, cost, float(q_inf.mean()), q_inf_name, se, planned, looks)
+    details["per_input"] = _per_input(plan, est, q_inf, threshold)
     result = run.result(estimate=mean, lower=lower, upper=upper, draws=est.draws, n_inputs=len(est.per_input),
-                        perturbation=repr(plan.perturbation), healthy=not est.problems,
-                        details=_details(plan, est, cost, float(q_inf.mean()), q_inf_name, se, planned, looks))
-    result.details["per_input_q_infinity"] = q_inf.tolist()
+                        perturbation=repr(plan.perturbation), healthy=not est.problems, details=details)
     if result.verdict == "inconclusive":
         result.details["inconclusive_reason"] = _inconclusive_reason(est, threshold, lower, upper)
     result.note = _note(plan, est, float(q_inf.mean()), q_inf_name, looks)
@@ -710,16 +706,24 @@ def _details(plan: _Plan, est: _Estimate, cost: dict, q_inf: float, q_inf_name: 
              f"one-sided Student-t bound on the mean over inputs, two-stage variance (inputs sampled "
              f"{n}/{plan.n_total}, chains per input {plan.config.chains}), se={se:.4g}")
             + f"; at level {looks[-1]['alpha']:.3g} of look {len(looks)} (error probability split over the looks "
-            f"at {planned} inputs by a union bound; inputs in a seeded random order, which input_index lists)"
+            f"at {planned} inputs by a union bound; inputs in a seeded random order, which per_input lists)"
         ),
         "looks": looks,
         "inputs_total": plan.n_total,
         "inputs_planned": len(plan.index),
-        "input_index": plan.index[:n].tolist(),
-        "per_input_estimate": est.per_input.tolist(),
-        "per_input_monte_carlo": est.mc.tolist(),
         "evaluations_per_input": cost["per_input"],
     }
+
+
+def _per_input(plan: _Plan, est: _Estimate, q_inf: np.ndarray, threshold: float | None) -> dict:
+    """The per-input table (``per_input``), inputs in evaluation order: each one's Z_q estimate,
+    its Monte Carlo context and q = infinity figure, and its outcome against ``max_loss`` (its own
+    Z_q above or within it; "estimated" without one). Inputs not evaluated are not listed."""
+    z = est.per_input.tolist()
+    judged = ["estimated"] * len(z) if threshold is None else [
+        "above max_loss" if v > threshold else "within max_loss" for v in z]
+    return {"index": plan.index[: len(z)].tolist(), "outcome": judged, "estimate": z,
+            "monte_carlo": est.mc.tolist(), "q_infinity": q_inf.tolist()}
 
 
 def _inconclusive_reason(est: _Estimate, threshold: float, lower: float, upper: float) -> str:

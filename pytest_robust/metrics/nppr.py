@@ -69,11 +69,13 @@ import torch
 import torch.nn.functional as F
 
 from .. import cache, validation
-from ..attacks import pgd
+from ..attacks import over_blocks, pgd
 from ..engine import TensorData, correct_predictions, host_rng, load_data, stream_generator, upload
 from ..errors import ArgumentError, RobustDataError, RobustModelError, RobustWarning, SettingError
+from ..gallery import gallery
 from ..gmm import COVARIANCES, DEPENDENCIES, NORMS, GMMConfig, GMMPerturbation, default_grid_size
 from ..inspection import check_in_box, records_warnings
+from ..model_io import logits_of
 from ..perturbations import Perturbation, UniformL2, UniformLinf
 from ..results import Result
 from ..run import Run
@@ -153,7 +155,7 @@ def nppr(
     with Run("nppr", model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
              batch_size=batch_size, device=device, perturbation=ball) as run:
         layer = _feature_layer(model, feature_layer)  # validated even where no head reads it
-        fit_ds, eval_ds, split = _split(run, fit_data, fit_fraction, bounds)
+        fit_ds, eval_ds, split, eval_index = _split(run, fit_data, fit_fraction, bounds)
         if options["dependency"] not in ("input", "joint"):
             layer = None  # only the input and joint heads read classifier features
         with run.forward.phase("clean"):
@@ -165,14 +167,27 @@ def nppr(
         frozen = FrozenGMM(fitted.gmm.eval(), eval_features, bounds)
         gate, context, per_input, floor = _evaluate(run, frozen, eval_ds, options, bounds)
     estimate, lower, upper, details = summary(gate, run.alpha, run.args.threshold)
-    details.update(_details(run, cfg, fit, fitted, layer, split, fit_ds, eval_ds, eval_logits, context, per_input,
-                            floor, options))
+    clean = correct_predictions(eval_logits, eval_ds.y.to(run.device))
+    details.update(_details(run, cfg, fit, fitted, layer, split, fit_ds, eval_ds, clean, context, per_input, floor,
+                            options))
+    details["per_input"] = _per_input_table(eval_index, clean, per_input)
+    rows = {int(i): k for k, i in enumerate(eval_index)}
     return run.result(estimate=estimate, lower=lower, upper=upper, draws=gate.used, n_inputs=len(eval_ds),
-                      perturbation=repr(frozen), details=details, note=_note(details, run.args.confidence))
+                      perturbation=repr(frozen), details=details, note=_note(details, run.args.confidence),
+                      gallery=gallery(details["per_input"], ">=", frozen, eval_ds, run.seed, rows))
 
 
-def _details(run: Run, cfg, fit, fitted, layer, split, fit_ds, eval_ds, eval_logits, context, per_input, floor,
-             options) -> dict:
+def _per_input_table(eval_index: list[int], clean_correct: torch.Tensor, pr: np.ndarray) -> dict:
+    """The per-input table (``per_input``) of the evaluation inputs: PR over their draws from the
+    learned distribution, and the outcome: "misclassified" (wrong without noise), "broken" (some
+    draw misclassified) or "robust" (every draw correct)."""
+    clean = clean_correct.tolist()
+    return {"index": list(eval_index), "estimate": pr.tolist(),
+            "outcome": ["misclassified" if not ok else "robust" if p == 1.0 else "broken" for ok, p in zip(clean, pr)]}
+
+
+def _details(run: Run, cfg, fit, fitted, layer, split, fit_ds, eval_ds, clean: torch.Tensor, context, per_input,
+             floor, options) -> dict:
     """What an NPPR result carries beyond the gate's numbers: the mixture, split, fit, cache,
     context distributions, per-input PR fractions and the fit's loss curve."""
     return {
@@ -180,12 +195,12 @@ def _details(run: Run, cfg, fit, fitted, layer, split, fit_ds, eval_ds, eval_log
         "mixture": cfg.to_dict(),
         "feature_layer": None if layer is None else layer[1],
         "split": {**split, "fit_inputs": len(fit_ds), "eval_inputs": len(eval_ds)},
-        "clean_accuracy": correct_predictions(eval_logits, eval_ds.y.to(run.device)).float().mean().item(),
+        "clean_accuracy": clean.float().mean().item(),
         "fit": {k: v for k, v in fitted.record.items() if k != "loss"},
         "cache": fitted.cache,
         "cache_file": fitted.cache_file,
         "context": _context_details(context, run.alpha, floor, options["pgd_steps"]),
-        "per_input": {
+        "per_input_pr": {
             "draws": options["draws_per_input"],
             "mean_pr": float(per_input.mean()),
             **{f"fraction_pr_at_least_{1 - g:g}": float(np.mean(per_input >= 1 - g - 1e-9)) for g in GAMMAS},
@@ -296,9 +311,10 @@ def _feature_layer(model: torch.nn.Module, name: str | None) -> tuple[torch.nn.M
     return modules[name], f"output of {name}", False
 
 
-def _split(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorData, TensorData, dict]:
-    """(fit split, evaluation split, description): ``fit_data`` as given (in the run's dtype), or a
-    seeded fraction of the run's data. Both must lie in the box and have the same input shape."""
+def _split(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorData, TensorData, dict, list[int]]:
+    """(fit split, evaluation split, description, the evaluation inputs' indices in the data):
+    ``fit_data`` as given (in the run's dtype), or a seeded fraction of the run's data. Both must
+    lie in the box and have the same input shape."""
     ds = run.ds
     if fit_data is not None:
         if isinstance(fit_data, str):
@@ -317,7 +333,7 @@ def _split(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorData,
                 RobustWarning,
                 stacklevel=4,
             )
-        split = (fit_ds, ds, {"source": "fit_data"})
+        split = (fit_ds, ds, {"source": "fit_data"}, list(range(len(ds))))
     else:
         fraction = validation.open_unit("fit_fraction", fit_fraction)
         n_fit = round(fraction * len(ds))
@@ -331,7 +347,7 @@ def _split(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorData,
         fit_idx, eval_idx = order[:n_fit].sort().values, order[n_fit:].sort().values
         fit_ds = TensorData(ds.x[fit_idx.to(ds.x.device)], ds.y[fit_idx.to(ds.y.device)])
         eval_ds = TensorData(ds.x[eval_idx.to(ds.x.device)], ds.y[eval_idx.to(ds.y.device)])
-        split = (fit_ds, eval_ds, {"source": f"fit_fraction={fraction:g} of the data (seeded split)"})
+        split = (fit_ds, eval_ds, {"source": f"fit_fraction={fraction:g} of the data (seeded split)"}, eval_idx.tolist())
     if tuple(split[0].x.shape[1:]) != tuple(split[1].x.shape[1:]):
         raise RobustDataError(f"fit_data inputs have shape {tuple(split[0].x.shape[1:])}, the data "
                               f"{tuple(split[1].x.shape[1:])}")
@@ -350,13 +366,15 @@ def _shared_rows(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 class _WithFeatures(torch.nn.Module):
-    """The model's logits followed by the flattened features of one layer, as one (B, C + F) tensor."""
+    """The model's logits (picked from its output by the run's ``logits`` selector) followed by the
+    flattened features of one layer, as one (B, C + F) tensor."""
 
-    def __init__(self, model, layer: torch.nn.Module, use_input: bool):
+    def __init__(self, model, layer: torch.nn.Module, use_input: bool, selector):
         super().__init__()
         self.model = model
         self.layer = layer
         self.use_input = use_input
+        self.selector = selector
         self.classes = None
 
     def forward(self, x):
@@ -365,7 +383,7 @@ class _WithFeatures(torch.nn.Module):
             lambda module, args, out: captured.append(args[0] if self.use_input else out)
         )
         try:
-            z = self.model(x)
+            z = logits_of(self.model(x), self.selector, len(x))
         finally:
             hook.remove()
         self.classes = z.shape[1]
@@ -383,7 +401,7 @@ def _clean_pass(run: Run, ds: TensorData, layer):
     if layer is None:
         return run.gather_rows(run.forward.logits(x)), None
     module, _, use_input = layer
-    wrapped = _WithFeatures(run.model, module, use_input)
+    wrapped = _WithFeatures(run.model, module, use_input, run.interface.logits)
 
     def part(start: int, stop: int):
         with torch.no_grad():
@@ -400,7 +418,8 @@ def _clean_pass(run: Run, ds: TensorData, layer):
 def _fit_key(run: Run, cfg: GMMConfig, fit: FitSettings, layer_name, bounds, fit_ds: TensorData) -> str:
     """Cache key: model weights, mixture architecture, fit settings, feature layer, box, seed, fit
     data, and what the fit's numbers depend on beyond them: the device kind (CUDA kernels and
-    random streams differ from the CPU's) and the precision the model ran in."""
+    random streams differ from the CPU's), the precision the model ran in, and the model interface
+    (its normalisation; a callable logits selector by its qualified name)."""
     box = None if bounds is None else [cache.tensor_fingerprint(torch.as_tensor(b)) for b in bounds]
     settings = {
         "mixture": cfg.to_dict(),
@@ -411,6 +430,7 @@ def _fit_key(run: Run, cfg: GMMConfig, fit: FitSettings, layer_name, bounds, fit
         "fit_data": cache.tensor_fingerprint(fit_ds.x, fit_ds.y),
         "device_kind": run.device.type,
         "precision": run.precision,
+        "model_interface": run.interface.describe(),
     }
     return cache.cache_key("nppr", cache.model_fingerprint(run.model), settings)
 
@@ -615,14 +635,12 @@ def _per_input_pr(run: Run, perturbation: FrozenGMM, ds: TensorData, draws: int)
 def _pgd_floor(run: Run, ds: TensorData, eps: float, steps: int, bounds) -> float:
     """PGD robust accuracy (L-inf, cross-entropy, one random start; an input counts as broken when
     any iterate is misclassified) on the evaluation inputs, blocks of ``BLOCK`` shared over ranks."""
-    n_blocks = -(-len(ds) // BLOCK)
-    survived = []
-    for number in run.shard(n_blocks).tolist():
-        x = ds.x[number * BLOCK : (number + 1) * BLOCK].to(run.device)
-        y = ds.y[number * BLOCK : (number + 1) * BLOCK].to(run.device)
-        gen = stream_generator(run.seed, "nppr-pgd", number, device=run.device)
-        survived.append(int((~pgd(run.forward, x, y, eps, steps=steps, bounds=bounds, generator=gen).fooled).sum()))
-    return sum(run.gather(survived, n_blocks)) / len(ds)
+
+    def attack(x: torch.Tensor, y: torch.Tensor, streams) -> dict:
+        return {"fooled": pgd(run.forward, x, y, eps, steps=steps, bounds=bounds, generator=streams).fooled}
+
+    fooled = over_blocks(run, ds.x, ds.y, BLOCK, "nppr-pgd", attack)["fooled"]
+    return int((~fooled).sum()) / len(ds)
 
 
 # -- context ----------------------------------------------------------------------------------------
@@ -672,7 +690,7 @@ def _context_details(context: dict, alpha: float, floor: float | None, pgd_steps
 
 def _note(details: dict, confidence: float) -> str:
     """The caveat and the context that every NPPR message carries."""
-    ctx, split, per_input = details["context"], details["split"], details["per_input"]
+    ctx, split, per_input = details["context"], details["split"], details["per_input_pr"]
     parts = [f"{name} PR {ctx[f'{name}_pr']:.3f}" for name in ("gaussian", "uniform")]
     if ctx["pgd_accuracy"] is not None:
         parts.append(f"PGD accuracy {ctx['pgd_accuracy']:.3f}")

@@ -45,6 +45,7 @@ from .. import certificates, validation
 from ..engine import Forward, correct_predictions, report_progress, stream_seed
 from ..errors import SettingError
 from ..inspection import records_warnings
+from ..perturbations import GaussianNoise
 from ..results import Result, decide
 from ..run import Run
 from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper
@@ -615,6 +616,7 @@ def certified_accuracy(
         perturbation=f"Gaussian smoothing sigma={sigma:g}, L2 radius {radius:g}, alpha={alpha:g}",
         note=_gate_note(certified, refuted, at_cap, n, state.settled, run.args.budget, plan),
         details=_gate_details(plan, state, radius, fewest, fixed, at_cap),
+        example=GaussianNoise(sigma=sigma, bounds=None),
     )
 
 
@@ -650,10 +652,15 @@ def _gate_details(plan: _GatePlan, state: _GateState, radius: float, fewest: int
         "undecided": undecided,
         "undecided_at_max_draws": at_cap,
         "settled_early": state.settled,
-        "decisions": [names[int(v)] for v in state.verdict],
-        "draws_per_input": state.drawn.tolist(),
-        "correct_draws_per_input": state.hits.tolist(),
-        "evaluations_per_input": state.evaluated.tolist(),
+        "per_input": {
+            "index": list(range(len(state.verdict))),
+            "outcome": [names[int(v)] for v in state.verdict],
+            "radius": [radius if v == CERTIFIED else None for v in state.verdict],
+            "estimate": [int(k) / int(d) if d else None for k, d in zip(state.hits, state.drawn)],
+            "draws": state.drawn.tolist(),
+            "correct_draws": state.hits.tolist(),
+            "evaluations": state.evaluated.tolist(),
+        },
         "min_draws_to_certify": fewest,
         "min_draws_fixed_size": fixed,
         "rounds": state.rounds,

@@ -13,10 +13,13 @@ from ..results import Result
 
 
 def case_name(r: Result) -> str:
-    """``TSRM 0.951 [0.942, 0.960] >= 0.9 PASS | UniformLinf(eps=0.1) | test_x.py::test_y``."""
+    """``TSRM 0.951 [0.942, 0.960] >= 0.9 PASS | UniformLinf(eps=0.1) | test_x.py::test_y``; with
+    ``normalize=`` the perturbation is followed by "in pixel units, normalised inside the model"."""
     threshold = "" if r.threshold is None else f" {r.direction} {r.threshold:g}"
     numbers = "" if r.estimate is None else f" {r.estimate:.3f} [{r.lower:.3f}, {r.upper:.3f}]"
-    return f"{r.name}{numbers}{threshold} {r.status.upper()} | {r.perturbation} | {r.test_id or 'programmatic'}"
+    space = " in pixel units, normalised inside the model" if r.details.get("space") else ""
+    return (f"{r.name}{numbers}{threshold} {r.status.upper()} | {r.perturbation}{space} | "
+            f"{r.test_id or 'programmatic'}")
 
 
 def metric_junit(results: list[dict], env: dict) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..results import STATUSES, Result
+from .inputs import worst_inputs_markdown
 
 
 def _cell(text: str) -> str:
@@ -11,6 +12,20 @@ def _cell(text: str) -> str:
 
 def _pct(value) -> str:
     return "–" if value is None else f"{value:.3f}"
+
+
+def deciding_bound(r: Result) -> str:
+    """The bound that decided the verdict (``results.decide``): for an "at least" check the lower
+    bound decides a pass and the upper bound a fail, mirrored for "at most"; an undecided check
+    (inconclusive, estimate) shows both."""
+    if r.estimate is None:
+        return "–"
+    pct = f"{r.confidence:.0%}"
+    if r.verdict not in ("pass", "fail"):
+        return f"[{r.lower:.4f}, {r.upper:.4f}] ({pct})"
+    lower_decides = (r.verdict == "pass") == (r.direction == ">=")
+    side, value = ("lower", r.lower) if lower_decides else ("upper", r.upper)
+    return f"{value:.4f} ({pct} {side})"
 
 
 def corruption_tables(parsed: list[Result]) -> list[str]:
@@ -39,8 +54,9 @@ def corruption_tables(parsed: list[Result]) -> list[str]:
 
 
 def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | None = None) -> str:
-    """One row per check (check, metric, estimate, bound, threshold, verdict, time), then the
-    messages of checks that did not pass, the baseline comparison and the environment."""
+    """One row per check (check, metric, estimate, the bound that decided it, threshold, verdict,
+    time), then the messages of checks that did not pass, the per-check tables (corruptions, worst
+    inputs), the baseline comparison and the environment."""
     parsed = [Result.from_dict(r) for r in results]
     icon = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "estimate": "ℹ️ estimate",
             "error": "💥 error", "skipped": "⏭️ skipped", "xfail": "➖ expected failure"}
@@ -52,17 +68,16 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
         f"{counts['estimate']} estimates, {counts['error']} errors, {counts['skipped']} skipped, "
         f"{counts['xfail']} expected failures.",
         "",
-        "| check | metric | perturbation | estimate | bound | threshold | verdict | evaluations/budget | time |",
+        "| check | metric | perturbation | estimate | deciding bound | threshold | verdict | evaluations/budget | time |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in parsed:
-        side = "lower" if r.direction == ">=" else "upper"
-        value = r.lower if r.direction == ">=" else r.upper
-        bound = "–" if value is None else f"{value:.4f} ({r.confidence:.0%} {side})"
+        bound = deciding_bound(r)
+        space = r.details.get("space")
         estimate = "–" if r.estimate is None else f"{r.estimate:.4f}"
         threshold = "–" if r.threshold is None else f"{r.direction} {r.threshold:g}"
         lines.append(
-            f"| {_cell(r.test_id)} | {r.name} | {_cell(r.perturbation)} | {estimate} | "
+            f"| {_cell(r.test_id)} | {r.name} | {_cell(r.perturbation)}{f' ({space})' if space else ''} | {estimate} | "
             f"{bound} | {threshold} | {icon.get(r.status, r.status)} | "
             f"{r.forward_passes}/{r.budget} | {r.seconds:.1f} s |"
         )
@@ -77,6 +92,7 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
     if warned:
         lines += ["", "### Warnings", ""] + warned
     lines += corruption_tables(parsed)
+    lines += worst_inputs_markdown(results)
     notes = sorted({r.note for r in parsed if r.note})
     if notes:
         lines += ["", "### Notes", ""] + [f"- {_cell(n)}" for n in notes]

@@ -17,15 +17,16 @@ import json
 import time
 from pathlib import Path
 
-from ..results import Result
+from ..results import NO_IDENTITY, Result
 from .environment import machine_key
+from .inputs import without_pixels
 
 
 def save(directory: Path, name: str, results: list[dict], env: dict) -> Path:
     path = directory / machine_key(env) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"name": name, "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": env.get("commit", ""),
-               "environment": env, "results": results}
+               "environment": env, "results": [without_pixels(r) for r in results]}
     path.write_text(json.dumps(payload, indent=2, default=str))
     return path
 
@@ -76,12 +77,16 @@ def _shown(r: Result | None) -> str:
     return f"{r.estimate:.4f} [{r.lower:.4f}, {r.upper:.4f}]"
 
 
+#: The status of a check whose perturbation has no stable identity (``perturbations.stable_identity``).
+UNMATCHABLE = "not matched (its perturbation has no stable identity: give its class a __repr__)"
+
+
 def compare(baseline: list[dict], current: list[dict]) -> list[dict]:
     """One row per check present in either run: key, baseline, current, status."""
     old, new = _keyed(baseline), _keyed(current)
     rows = []
     for key in list(old) + [k for k in new if k not in old]:
         a, b = old.get(key), new.get(key)
-        status = "new" if a is None else "missing" if b is None else _status(a, b)
+        status = UNMATCHABLE if NO_IDENTITY in key else "new" if a is None else "missing" if b is None else _status(a, b)
         rows.append({"key": key, "baseline": _shown(a), "current": _shown(b), "status": status})
     return rows

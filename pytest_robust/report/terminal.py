@@ -1,8 +1,12 @@
 """The terminal table printed after a run: one row per robustness check, then the non-pass messages.
 
-The table fits the terminal: when it is wider than ``width``, the least important columns are
-dropped (``DROP_ORDER``), then the longest test ids and perturbations are shortened with an
-ellipsis. The full numbers stay in the reports (results.json, summary.md, the JUnit files).
+The table fits the terminal (80 columns in a CI log that is not a TTY). When one line per check
+is too wide even without the least important columns (``DROP_ORDER``: seed, seconds,
+evaluations/budget), each check takes a block of lines instead: its test id, "under" its
+perturbation, then its numbers in aligned columns (metric, estimate, bounds, threshold, verdict,
+and the dropped columns where they fit). Long ids and perturbations wrap (``wrap``) rather than
+being cut, so every test id stays whole, two checks never look the same, and the metric is always
+shown. The full numbers stay in the reports (results.json, summary.md, the JUnit files).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ COLUMNS = (
     "seconds", "seed", "verdict",
 )
 #: Columns dropped, in this order, until the table fits.
-DROP_ORDER = ("seed", "seconds", "evaluations/budget", "metric", "threshold")
-#: Columns shortened (longest cell first) when dropping is not enough.
-SHORTEN = ("test", "perturbation", "bounds")
+DROP_ORDER = ("seed", "seconds", "evaluations/budget")
+#: Where a wrapped id or perturbation breaks (after these), in order of preference.
+BREAKS = ("::", "/", ", ", " ", "_", "(", "=")
+#: Indent of continuation lines (a wrapped cell, a check's block), so that a new check stands out.
+INDENT = "  "
 GAP = "  "
 
 
@@ -40,43 +46,70 @@ def _row(r: Result) -> tuple[str, ...]:
     )
 
 
-def _fit(rows: list[tuple[str, ...]], width: int) -> list[list[str]]:
-    """Drop and shorten columns until every line is at most ``width`` characters."""
-    columns = list(COLUMNS)
-    table = [list(row) for row in rows]
+def wrap(text: str, width: int) -> list[str]:
+    """``text`` as lines of at most ``width`` characters, continuation lines indented by
+    ``INDENT``; the pieces, concatenated, are the text (spaces at the breaks aside). A line breaks
+    after the last occurrence in its second half of the first ``BREAKS`` separator that has one,
+    else exactly at the width."""
+    pieces, room = [], width
+    while len(text) > room:
+        cuts = [text.rfind(sep, 0, room - len(sep) + 1) + len(sep) for sep in BREAKS]
+        cut = next((c for c in cuts if c > room // 2), room)
+        pieces.append(text[:cut].rstrip())
+        text, room = text[cut:].lstrip(" "), width - len(INDENT)
+    pieces.append(text)
+    return pieces[:1] + [INDENT + p for p in pieces[1:]]
+
+
+def _aligned(rows: list[list[str]], columns: list[str], width: int) -> list[list[str]]:
+    """``rows`` (a header first) without the ``DROP_ORDER`` columns that keep them wider than
+    ``width`` (while any is left), as lists of cells."""
+    rows, columns = [list(r) for r in rows], list(columns)
 
     def total() -> int:
-        return sum(max(len(row[i]) for row in table) for i in range(len(columns))) + len(GAP) * (len(columns) - 1)
+        return sum(max(len(r[i]) for r in rows) for i in range(len(columns))) + len(GAP) * (len(columns) - 1)
 
     for name in DROP_ORDER:
-        if total() <= width:
-            break
+        if total() <= width or name not in columns:
+            continue
         i = columns.index(name)
         columns.pop(i)
-        for row in table:
-            row.pop(i)
-    while total() > width:
-        widths = {name: max(len(row[columns.index(name)]) for row in table) for name in SHORTEN}
-        name = max(widths, key=widths.get)
-        limit = widths[name] - (total() - width)
-        if widths[name] <= 8:
-            break  # narrower than this is unreadable: let the terminal wrap
-        i = columns.index(name)
-        limit = max(8, limit)
-        for row in table:
-            if len(row[i]) > limit:  # a test id keeps its end (the test's name), others their start
-                row[i] = "…" + row[i][1 - limit :] if name == "test" else row[i][: limit - 1] + "…"
-    return table
+        for r in rows:
+            r.pop(i)
+    return rows
+
+
+def _lines(rows: list[list[str]], indent: str = "") -> list[str]:
+    """Aligned lines of ``rows`` (a header first), a rule of dashes under the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [indent + GAP.join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    return lines[:1] + [indent + GAP.join("-" * w for w in widths)] + lines[1:]
+
+
+def _fit(rows: list[tuple[str, ...]], width: int) -> list[str]:
+    """The table as printed lines: one line per check when that fits in ``width`` (after dropping
+    ``DROP_ORDER`` columns), else a block per check (module docstring)."""
+    table = _aligned(rows, COLUMNS, width)
+    lines = _lines(table)
+    if max(map(len, lines)) <= width:
+        return lines
+    test, perturbation = COLUMNS.index("test"), COLUMNS.index("perturbation")
+    numbers = [c for c in COLUMNS if c not in ("test", "perturbation")]
+    inner = _aligned([[row[COLUMNS.index(c)] for c in numbers] for row in rows], numbers, width - 2 * len(INDENT))
+    inner = _lines(inner, 2 * INDENT)
+    out = ["test", INDENT + "under perturbation", inner[0], "-" * min(width, max(map(len, inner)))]
+    for row, numbers_line in zip(rows[1:], inner[2:]):
+        out += wrap(row[test], width)
+        out += [INDENT + piece for piece in wrap("under " + row[perturbation], width - len(INDENT))]
+        out.append(numbers_line)
+    return out
 
 
 def summary_lines(results: list[dict], width: int = 10**6) -> list[str]:
-    """Aligned table lines for result dicts (at most ``width`` characters where possible),
-    followed by the message of every check that did not pass and any warnings."""
+    """Table lines for result dicts (at most ``width`` characters where possible), followed by the
+    message of every check that did not pass and any warnings."""
     parsed = [Result.from_dict(d) for d in results]
-    table = _fit([COLUMNS] + [_row(r) for r in parsed], width)
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    lines = [GAP.join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
-    lines.insert(1, GAP.join("-" * w for w in widths))
+    lines = _fit([COLUMNS] + [_row(r) for r in parsed], width)
     notes = [f"{r.test_id}: {r.message()}" for r in parsed if r.status in ("fail", "inconclusive", "error", "xfail")]
     if notes:
         lines += ["", "checks that did not pass:"] + notes

@@ -1,0 +1,90 @@
+"""Per-input results in the reports: the CSV file, the worst inputs in summary.md, the gallery's
+file name and pixels, and results.json without those pixels.
+
+Built from what each result carries (``details["per_input"]``, see ``pytest_robust.per_input``,
+and ``gallery``, see ``pytest_robust.gallery``), for any metric that fills them in. Pure Python
+plus numpy for the pixels: no torch on the controller.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import re
+
+from ..per_input import columns, rows, worst
+from ..results import Result
+
+#: Columns of the CSV file before each table's own.
+CSV_HEAD = ("test", "model", "metric", "perturbation")
+
+
+def without_pixels(result: dict) -> dict:
+    """A result dict without its gallery's pixels (results.json and baselines stay small): the
+    indices, labels, outcomes and the perturbation remain."""
+    shown = result.get("gallery")
+    if not shown:
+        return result
+    return {**result, "gallery": {k: v for k, v in shown.items() if k not in ("clean", "perturbed")}}
+
+
+def thumbnails(gallery: dict, name: str):
+    """The ``clean`` or ``perturbed`` thumbnails of a gallery as a uint8 array (k, C, H, W)."""
+    import numpy as np
+
+    flat = np.frombuffer(base64.b64decode(gallery[name]), dtype=np.uint8)
+    return flat.reshape(len(gallery["index"]), *gallery["shape"])
+
+
+def gallery_file(position: int, result: dict) -> str:
+    """The gallery PNG's name for the result at ``position`` in the run's results."""
+    test = (result.get("test_id") or "programmatic").rsplit("/", 1)[-1]
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{test}-{result.get('metric', '')}").strip("_")[:100]
+    return f"gallery-{position:02d}-{stem}.png"
+
+
+def per_input_csv(results: list[dict]) -> str:
+    """Every per-input table of the run as one CSV: one row per (check, input), the check's test,
+    model, metric and perturbation first, then index, outcome and the union of the tables' own
+    columns (empty where a table has no such column)."""
+    tables = [(r, r["details"]["per_input"]) for r in results if (r.get("details") or {}).get("per_input")]
+    names: list[str] = []
+    for _, table in tables:
+        names += [c for c in columns(table) if c not in names]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_HEAD + tuple(names))
+    for r, table in tables:
+        head = [r.get("test_id", ""), r.get("model", ""), r.get("metric", ""), r.get("perturbation", "")]
+        for row in rows(table):
+            writer.writerow(head + ["" if row.get(c) is None else row[c] for c in names])
+    return out.getvalue()
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3f}" if isinstance(value, float) else str(value).replace("|", "\\|")
+
+
+def worst_inputs_markdown(results: list[dict]) -> list[str]:
+    """Per check with a per-input table: its ``per_input.WORST`` worst inputs (worst first) and,
+    for image inputs, the gallery PNG that shows them."""
+    lines = []
+    for position, data in enumerate(results):
+        table = (data.get("details") or {}).get("per_input")
+        if not table:
+            continue
+        r = Result.from_dict(data)
+        picked = worst(table, r.direction)
+        names = columns(table)
+        lines += ["", f"### Worst inputs of `{r.test_id or 'programmatic'}` ({r.name})", "",
+                  f"{len(picked)} of {len(table['index'])} inputs, worst first; every input is in results.json "
+                  "(and per_input.csv with --robust-per-input csv)."]
+        if data.get("gallery"):
+            lines += ["", f"Pictures: `{gallery_file(position, data)}` (each input clean and under one draw of "
+                          f"{data['gallery']['perturbation']})."]
+        lines += ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+        lines += ["| " + " | ".join(_cell(row.get(c)) for c in names) + " |" for row in picked]
+    return lines
