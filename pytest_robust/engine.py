@@ -130,8 +130,31 @@ class TensorData:
         return len(self.y)
 
 
+#: Keys of mapping items (the Hugging Face datasets shape) read as the input and as the label.
+INPUT_KEYS = ("image", "pixel_values", "input", "inputs", "x")
+LABEL_KEYS = ("label", "labels", "target", "targets", "y")
+
+
+def input_and_label(item) -> tuple:
+    """(input, label) of a data item or batch: an (input, label) pair, or a mapping with one of
+    ``INPUT_KEYS`` and one of ``LABEL_KEYS``; anything else is a RobustDataError naming what was found."""
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return item[0], item[1]
+    if isinstance(item, dict):
+        found = [next((k for k in keys if k in item), None) for keys in (INPUT_KEYS, LABEL_KEYS)]
+        if None not in found:
+            return item[found[0]], item[found[1]]
+        raise RobustDataError(
+            f"a data item is a mapping with keys {sorted(map(str, item))}: pytest-robust reads the input from "
+            f"one of {', '.join(INPUT_KEYS)} and the label from one of {', '.join(LABEL_KEYS)}; rename the "
+            "columns (datasets' rename_column) or pass an (x, y) tensor pair"
+        )
+    raise RobustDataError(f"each data item must be an (input, label) pair or a mapping, got {type(item).__name__}")
+
+
 def load_data(data) -> TensorData:
-    """Materialise an (x, y) pair, a torch Dataset of (x, y) items, or a DataLoader into tensors.
+    """Materialise an (x, y) pair, a torch Dataset of (x, y) items or of mappings (``input_and_label``),
+    or a DataLoader into tensors, detached from any autograd graph.
 
     A Dataset or DataLoader is read in index order (a shuffling loader is re-read with a
     sequential sampler) under a fixed global RNG that is restored afterwards, so the data, and
@@ -153,12 +176,9 @@ def load_data(data) -> TensorData:
         xs, ys = [], []
         with host_rng(0):
             for batch in loader:
-                if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-                    raise RobustDataError(
-                        f"each data item must be an (input, label) pair, got {type(batch).__name__}"
-                    )
-                xs.append(torch.as_tensor(batch[0]))
-                ys.append(torch.as_tensor(batch[1]))
+                inputs, labels = input_and_label(batch)
+                xs.append(torch.as_tensor(inputs))
+                ys.append(torch.as_tensor(labels))
         if not xs:
             raise RobustDataError("the data is empty: the dataset or loader yielded no items")
         x, y = torch.cat(xs), torch.cat(ys)
@@ -167,7 +187,7 @@ def load_data(data) -> TensorData:
             "data must be an (x, y) tensor pair, a torch Dataset of (input, label) items or a "
             f"DataLoader, got {type(data).__name__}"
         )
-    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    x, y = torch.as_tensor(x).detach(), torch.as_tensor(y).detach()  # inputs that carry requires_grad
     if len(x) == 0:
         raise RobustDataError("the data is empty: x has no rows")
     if y.ndim != 1 or len(y) != len(x):

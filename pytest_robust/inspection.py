@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from .engine import RobustDataError, RobustModelError, RobustWarning, host_rng
+from .engine import RobustDataError, RobustModelError, RobustWarning, host_rng, input_and_label
 
 #: Relative slack of the box check: data this close outside the box is float noise, not a mistake.
 BOX_SLACK = 1e-5
@@ -79,12 +79,13 @@ def check_finite(x: torch.Tensor) -> None:
 
 
 def check_loader_order(loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
-    """A loader that yields the dataset in index order: a shuffling (or otherwise sampled)
+    """A loader that yields the whole dataset in index order: a shuffling (or otherwise sampled)
     map-style loader is re-read with a sequential sampler, so that which input sits at which
-    index, and hence every number, depends only on the check's seed, not on the global RNG."""
+    index, and hence every number, depends only on the check's seed, not on the global RNG; one
+    with ``drop_last=True`` is re-read without it, so no input is silently left out."""
     dataset = loader.dataset
-    if isinstance(dataset, torch.utils.data.IterableDataset) or isinstance(
-        loader.sampler, torch.utils.data.SequentialSampler
+    if isinstance(dataset, torch.utils.data.IterableDataset) or (
+        isinstance(loader.sampler, torch.utils.data.SequentialSampler) and not loader.drop_last
     ):
         return loader
     return torch.utils.data.DataLoader(
@@ -107,7 +108,7 @@ def check_reads_repeat(dataset) -> None:
         first = dataset[0]
     with host_rng(1):
         second = dataset[0]
-    a, b = (torch.as_tensor(item[0]) for item in (first, second))
+    a, b = (torch.as_tensor(input_and_label(item)[0]) for item in (first, second))
     if a.shape != b.shape or not torch.equal(a, b):
         warnings.warn(
             "the dataset returns a different input each time item 0 is read (a random augmentation "

@@ -477,7 +477,7 @@ def test_small_integer_labels_are_accepted():
         (TensorDataset(torch.rand(0, 2), torch.zeros(0, dtype=torch.long)), "the data is empty: the dataset or loader yielded no items"),
         ((torch.rand(10, 2), torch.zeros(9, dtype=torch.long)), r"labels must have shape \(n,\) with n = len\(x\) = 10, got \(9,\)"),
         ((torch.rand(10, 2), torch.zeros(10, 1, dtype=torch.long)), r"got \(10, 1\)"),
-        (TensorDataset(torch.rand(5, 2)), "each data item must be an \\(input, label\\) pair, got list"),
+        (TensorDataset(torch.rand(5, 2)), "each data item must be an \\(input, label\\) pair or a mapping, got tuple"),
         ({"x": torch.rand(3, 1), "y": torch.zeros(3)}, "data must be an \\(x, y\\) tensor pair.*got dict"),
         ("digits", "got str"),
         ((torch.rand(3, 1), torch.zeros(3, dtype=torch.long), torch.zeros(3)), "got tuple"),

@@ -96,3 +96,87 @@ def test_a_misspelt_corruption_gets_a_did_you_mean(typed, meant):
 
     with pytest.raises(ValueError, match=rf"unknown corruption '{typed}' \(did you mean '{meant}'\?\)"):
         Corruption(typed, 3)
+
+
+# -- data in the shapes people hand over ------------------------------------------------------------
+
+
+class _Mapped(torch.utils.data.Dataset):
+    """Items as mappings, the Hugging Face datasets shape."""
+
+    def __init__(self, keys=("pixel_values", "label")):
+        from toy_models import image_data
+
+        self.x, self.y = image_data(n=40)
+        self.keys = keys
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {self.keys[0]: self.x[i], self.keys[1]: self.y[i], "id": i}
+
+
+@pytest.mark.parametrize("keys", [("pixel_values", "label"), ("image", "labels"), ("x", "target")])
+def test_a_dataset_of_mappings_gives_the_numbers_of_its_tensors(keys):
+    from toy_models import SmallNet
+
+    from pytest_robust import UniformLinf, tsrm
+
+    data = _Mapped(keys)
+    by_map = tsrm(SmallNet().eval(), data, UniformLinf(eps=0.1), None, budget=512)
+    by_pair = tsrm(SmallNet().eval(), (data.x, data.y), UniformLinf(eps=0.1), None, budget=512)
+    assert (by_map.estimate, by_map.lower, by_map.upper) == (by_pair.estimate, by_pair.lower, by_pair.upper)
+
+
+def test_a_mapping_without_known_keys_names_what_it_found():
+    from toy_models import SmallNet
+
+    from pytest_robust import RobustDataError, UniformLinf, tsrm
+
+    with pytest.raises(RobustDataError, match=r"a mapping with keys \['id', 'img', 'klass'\].*pixel_values.*label"):
+        tsrm(SmallNet().eval(), _Mapped(("img", "klass")), UniformLinf(eps=0.1), None, budget=512)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_loader_that_drops_its_last_batch_is_read_whole(shuffle):
+    from pytest_robust.engine import load_data
+
+    data = _Mapped()
+    loader = torch.utils.data.DataLoader(data, batch_size=16, drop_last=True, shuffle=shuffle)
+    loaded = load_data(loader)
+    assert len(loaded) == 40 and torch.equal(loaded.x, data.x)
+
+
+def test_inputs_that_carry_gradients_are_detached_for_every_check():
+    from test_check_shape import CHECKS
+    from toy_models import SmallNet, image_data
+
+    x, y = image_data(n=40)
+    leaf = x.clone().requires_grad_(True)
+    scaled = leaf * 1.0  # a non-leaf in a graph, as a data pipeline with autograd on would give
+    for name in ("nppr", "tsrm", "adversarial_accuracy"):
+        out = CHECKS[name](SmallNet().eval(), (scaled, y))
+        assert out.estimate == CHECKS[name](SmallNet().eval(), (x, y)).estimate, name
+
+
+# -- stored baselines that cannot be read -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"results": 3}', "[]"])
+def test_an_unreadable_baseline_is_named_and_every_report_is_still_written(pytester, content):
+    from test_plugin import CONFTEST, PASSING
+
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(PASSING)
+    assert pytester.runpytest("-p", "no:cacheprovider", "--robust-save", "base").ret == 0
+    (saved,) = (pytester.path / ".robust_baselines").rglob("base.json")
+    saved.write_text(content)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-compare", "base", "--robust-report", "out",
+                                "--robust-junitxml", "metric.xml")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*robust baseline comparison skipped: baseline *base.json*delete it or save a new one*"])
+    assert (pytester.path / "out" / "results.json").is_file() and (pytester.path / "metric.xml").is_file()
+    failing = pytester.runpytest("-p", "no:cacheprovider", "--robust-compare-fail", "--robust-compare", "base",
+                                 "--robust-report", "out2")
+    assert failing.ret == pytest.ExitCode.USAGE_ERROR and (pytester.path / "out2" / "results.json").is_file()

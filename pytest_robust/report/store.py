@@ -46,7 +46,15 @@ def load(directory: Path, name: str | None, env: dict) -> dict:
             f"no baseline named {name!r} for this machine in {folder}; saved: "
             + ", ".join(p.stem for p in saved)
         )
-    return json.loads(path.read_text())
+    try:
+        baseline = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise FileNotFoundError(f"baseline {path} cannot be read ({type(err).__name__}: {err}); delete it or "
+                                "save a new one with --robust-save NAME") from None
+    if not (isinstance(baseline, dict) and {"name", "saved", "commit", "results"} <= set(baseline)):
+        raise FileNotFoundError(f"baseline {path} is not a saved baseline (name, saved, commit and results "
+                                "expected); delete it or save a new one with --robust-save NAME")
+    return baseline
 
 
 def _keyed(results: list[dict]) -> dict[str, Result]:
