@@ -24,6 +24,7 @@ import torch
 
 from . import collective, validation
 from .errors import ArgumentError, RobustDataError, RobustError, RobustModelError, RobustWarning
+from .reading import host_rng, input_and_label
 from .model_io import logits_of
 
 
@@ -86,18 +87,6 @@ def report_progress(**fields) -> None:
         callback(fields)
 
 
-@contextlib.contextmanager
-def host_rng(seed: int):
-    """Run the block with the global CPU generator seeded with ``seed``, restoring its state after.
-
-    Only the CPU generator is touched (``torch.manual_seed`` would also reseed every CUDA device,
-    and ``fork_rng(devices=[])`` would not restore them): a user's CUDA RNG is never changed.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)
-        yield
-
-
 def stream_seed(seed: int, *keys) -> int:
     """The seed of the stream (seed, *keys): a stable hash, one independent stream per key tuple."""
     digest = hashlib.blake2b(repr((int(seed),) + keys).encode(), digest_size=8).digest()
@@ -128,28 +117,6 @@ class TensorData:
 
     def __len__(self) -> int:
         return len(self.y)
-
-
-#: Keys of mapping items (the Hugging Face datasets shape) read as the input and as the label.
-INPUT_KEYS = ("image", "pixel_values", "input", "inputs", "x")
-LABEL_KEYS = ("label", "labels", "target", "targets", "y")
-
-
-def input_and_label(item) -> tuple:
-    """(input, label) of a data item or batch: an (input, label) pair, or a mapping with one of
-    ``INPUT_KEYS`` and one of ``LABEL_KEYS``; anything else is a RobustDataError naming what was found."""
-    if isinstance(item, (tuple, list)) and len(item) == 2:
-        return item[0], item[1]
-    if isinstance(item, dict):
-        found = [next((k for k in keys if k in item), None) for keys in (INPUT_KEYS, LABEL_KEYS)]
-        if None not in found:
-            return item[found[0]], item[found[1]]
-        raise RobustDataError(
-            f"a data item is a mapping with keys {sorted(map(str, item))}: pytest-robust reads the input from "
-            f"one of {', '.join(INPUT_KEYS)} and the label from one of {', '.join(LABEL_KEYS)}; rename the "
-            "columns (datasets' rename_column) or pass an (x, y) tensor pair"
-        )
-    raise RobustDataError(f"each data item must be an (input, label) pair or a mapping, got {type(item).__name__}")
 
 
 def load_data(data) -> TensorData:

@@ -21,7 +21,8 @@ import warnings
 
 import torch
 
-from .engine import RobustDataError, RobustModelError, RobustWarning, host_rng, input_and_label
+from .errors import RobustDataError, RobustModelError, RobustWarning
+from .reading import host_rng, input_and_label
 
 #: Relative slack of the box check: data this close outside the box is float noise, not a mistake.
 BOX_SLACK = 1e-5
@@ -257,11 +258,9 @@ def check_uses_generator(perturbation, x: torch.Tensor) -> None:
 def check_size(perturbation) -> None:
     """RobustWarning when a perturbation's size (eps, sigma, scale) is at least the width of its
     box: every draw then spreads over the whole box (eps=8 meant as 8/255?)."""
-    from .perturbations import CauchyNoise, GaussianNoise, UniformLinf  # per-coordinate sizes only
-
     bounds = getattr(perturbation, "bounds", None)
-    names = {UniformLinf: "eps", GaussianNoise: "sigma", CauchyNoise: "scale"}
-    sizes = {name: getattr(perturbation, name) for kind, name in names.items() if isinstance(perturbation, kind)}
+    name = getattr(perturbation, "coordinate_size", None)  # per-coordinate sizes only
+    sizes = {name: getattr(perturbation, name)} if name else {}
     if bounds is None or not sizes:
         return
     width = float((torch.as_tensor(bounds[1]) - torch.as_tensor(bounds[0])).min())

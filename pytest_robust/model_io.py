@@ -40,7 +40,7 @@ from . import validation
 from .errors import RobustModelError, SettingError
 
 #: Named normalisations: (mean, std) per channel, in [0, 1] pixel units.
-PRESETS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+PRESETS = validation.NORMALIZE_PRESETS
 
 
 @dataclass(frozen=True)

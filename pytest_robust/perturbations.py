@@ -54,6 +54,15 @@ def _check_bounds(bounds):
     return lo, hi
 
 
+def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, torch.Tensor]:
+    """Coordinate-wise [max(x - eps, lo), min(x + eps, hi)] (bounds None: no box)."""
+    lo, hi = x - eps, x + eps
+    if bounds is not None:
+        box_lo, box_hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in bounds)
+        lo, hi = torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)
+    return lo, hi
+
+
 def _bounds_repr(bounds) -> str:
     if bounds is None:
         return ", bounds=None"
@@ -116,6 +125,9 @@ class Perturbation(ABC):
     #: label- or input-conditional distribution): ``draw`` then passes their positions in the data
     #: and their labels to ``__call__`` as the keywords ``index`` and ``y``.
     conditional = False
+    #: The attribute holding a per-coordinate size (eps, sigma, scale), which ``inspection.check_size``
+    #: compares with the box's width; None for perturbations without one.
+    coordinate_size: str | None = None
 
     def __init__(self, bounds=(0.0, 1.0)):
         self.bounds = _check_bounds(bounds)
@@ -162,6 +174,7 @@ class UniformLinf(Perturbation):
     """
 
     differentiable = True
+    coordinate_size = "eps"
 
     def __init__(self, eps: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
@@ -184,6 +197,7 @@ class GaussianNoise(Perturbation):
     """Additive isotropic Gaussian noise x' = clip(x + sigma * z), z ~ N(0, I)."""
 
     differentiable = True
+    coordinate_size = "sigma"
 
     def __init__(self, sigma: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
@@ -205,6 +219,7 @@ class CauchyNoise(Perturbation):
     """Additive i.i.d. Cauchy noise x' = clip(x + scale * tan(pi (u - 1/2))), u ~ U(0, 1)."""
 
     differentiable = True
+    coordinate_size = "scale"
 
     def __init__(self, scale: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
@@ -347,8 +362,6 @@ class BoxSpace(ParameterSpace):
 
     def __init__(self, x: torch.Tensor, eps: float, bounds):
         super().__init__(x)
-        from .attacks import feasible_box
-
         self.lo, self.hi = feasible_box(x, eps, bounds)
         if torch.any(self.lo > self.hi):
             raise ArgumentError(

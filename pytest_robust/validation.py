@@ -194,21 +194,23 @@ def _numbers(raw) -> tuple[float, ...] | None:
     return tuple(float(v) for v in items)
 
 
+#: Named normalisations accepted by ``normalize`` (mean, std per channel).
+NORMALIZE_PRESETS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
+
 def normalization(key: str, value):
     """``normalize``: None (or false, "none") for no normalisation; a preset name ("imagenet"); or
     (mean, std), each a number or one per channel, as a pair, a mapping {mean, std}, or that
     written as text ("(0.5, 0.25)", "[[0.485, 0.456, 0.406], [0.229, 0.224, 0.225]]",
     "{mean: 0.5, std: 0.25}"). Returns None or ((mean, ...), (std, ...)) with every std > 0."""
-    from .model_io import PRESETS
-
     accepted = ("(mean, std) with a number or one number per channel each, std > 0 (e.g. "
                 "((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), or the text '[[0.485, 0.456, 0.406], "
-                f"[0.229, 0.224, 0.225]]'), a preset ({', '.join(PRESETS)}), or none")
+                f"[0.229, 0.224, 0.225]]'), a preset ({', '.join(NORMALIZE_PRESETS)}), or none")
     raw = value
     if raw is None or raw is False or (isinstance(raw, str) and raw.strip().lower() in ("none", "false", "off", "")):
         return None
-    if isinstance(raw, str) and raw.strip().lower() in PRESETS:
-        return PRESETS[raw.strip().lower()]
+    if isinstance(raw, str) and raw.strip().lower() in NORMALIZE_PRESETS:
+        return NORMALIZE_PRESETS[raw.strip().lower()]
     if isinstance(raw, str):
         import yaml
 

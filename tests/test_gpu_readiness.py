@@ -427,3 +427,39 @@ def test_a_certificate_from_reduced_precision_carries_a_warning(name):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         CHECKS[name](SmallNet().eval(), (x, y))  # float32: no warning
+
+
+def _imports(path: Path, module: str, known: set) -> set:
+    """The package modules ``module`` imports anywhere in its file (inside functions too)."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
+                else (node.module or "")
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return (found & known) - {module}
+
+
+def test_the_package_has_no_import_cycle_counting_imports_inside_functions():
+    files = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in PACKAGE.rglob("*.py")}
+    graph = {m: _imports(p, m, set(files)) for m, p in files.items()}
+    cycles, done = [], set()
+
+    def visit(m, path):
+        if m in path:
+            cycles.append(path[path.index(m):] + [m])
+            return
+        if m in done:
+            return
+        for n in sorted(graph[m]):
+            visit(n, path + [m])
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m, [])
+    assert cycles == []

@@ -1,7 +1,8 @@
 """Adversarial attacks, all calling the model through the forward wrapper ``engine.Forward``
 (counted, capped at the budget, OOM-safe), with iterates in float32 or wider.
 
-- ``losses``: the objectives (cross-entropy, the targeted DLR loss, the margin) and the feasible box;
+- ``losses``: the objectives (cross-entropy, the targeted DLR loss, the margin); the feasible box
+  [max(x - eps, lo), min(x + eps, hi)] is ``perturbations.feasible_box``, shared with the perturbations;
 - ``pgd``: projected gradient descent with a fixed step (Madry et al. 2018), for adversarial
   training and the context figures of the q and NPPR checks;
 - ``apgd``: APGD, PGD with an adaptive step size and momentum (Croce & Hein 2020);
@@ -14,8 +15,9 @@
   adversarial floor share.
 """
 
+from ..perturbations import feasible_box
 from .blocks import over_blocks
-from .losses import cross_entropy, feasible_box
+from .losses import cross_entropy
 from .pgd import Attack, pgd
 
 __all__ = ["Attack", "cross_entropy", "feasible_box", "over_blocks", "pgd"]

@@ -28,8 +28,9 @@ import torch
 
 from ..engine import Forward, correct_predictions, report_progress
 from ..mcmc import RowStreams
+from ..perturbations import feasible_box
 from .apgd import apgd
-from .losses import cross_entropy, dlr_targeted, feasible_box, other_classes
+from .losses import cross_entropy, dlr_targeted, other_classes
 from .square import square
 
 #: Stage names, in order; a stage's position is its code in the per-input results.

@@ -48,15 +48,6 @@ def margin(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return true - others.max(dim=1).values
 
 
-def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, torch.Tensor]:
-    """Coordinate-wise [max(x - eps, lo), min(x + eps, hi)] (bounds None: no box)."""
-    lo, hi = x - eps, x + eps
-    if bounds is not None:
-        box_lo, box_hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in bounds)
-        lo, hi = torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)
-    return lo, hi
-
-
 def other_classes(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per row, the classes other than y in decreasing order of logit (n, C - 1), ties by index;
     no host read (y's logit is set to -inf rather than masked out)."""

@@ -24,7 +24,8 @@ import torch
 from ..engine import Forward, correct_predictions
 from ..errors import ArgumentError
 from ..mcmc import RowStreams, per_row, working_dtype
-from .losses import cross_entropy, feasible_box
+from ..perturbations import feasible_box
+from .losses import cross_entropy
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

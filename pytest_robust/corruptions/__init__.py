@@ -27,10 +27,9 @@ import numbers
 
 import torch
 
-from ..engine import stream_generator
+from ..engine import stream_generator, upload
 from ..perturbations import Perturbation, _bounds_repr, _check_bounds
 from . import blur, digital, noise, weather
-from ._ops import upload
 from .tables import BENCHMARK, EXTRA, PRESETS, TABLES, default_preset
 
 ALL = BENCHMARK + EXTRA

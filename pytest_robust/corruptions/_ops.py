@@ -3,7 +3,7 @@
 Images are float tensors (n, c, h, w) with values in [0, 1]; lengths are in pixels. Every random
 number is drawn from the caller's ``torch.Generator`` on the images' device. Nothing here reads a
 device value back to the host: on CUDA the corruptions queue their kernels without waiting (a
-constant table goes to a device once, ``constant``; host data goes without a wait, ``upload``).
+constant table goes to a device once, ``constant``; host data goes without a wait, ``engine.upload``).
 """
 
 from __future__ import annotations
@@ -23,15 +23,6 @@ def constant(values: tuple, device: torch.device, dtype: torch.dtype) -> torch.T
     (Made outside inference mode, so that later calls under autograd can use it.)"""
     with torch.inference_mode(False):
         return torch.tensor(values, device=device, dtype=dtype)
-
-
-def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """The host tensor ``t`` on ``device``, without making the host wait: on CUDA a copy from
-    page-locked memory, asynchronous (a copy from pageable memory waits for the device);
-    elsewhere ``t.to(device)`` (no copy on the CPU)."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def uniform(g: torch.Generator, shape, like: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ._ops import blur, box_matrix, constant, uniform, upload, warp
+from ..engine import upload
+from ._ops import blur, box_matrix, constant, uniform, warp
 
 
 def contrast(x, c, g, preset):

@@ -70,7 +70,8 @@ import torch.nn.functional as F
 
 from .. import cache, validation
 from ..attacks import over_blocks, pgd
-from ..engine import TensorData, correct_predictions, host_rng, load_data, stream_generator, upload
+from ..engine import TensorData, correct_predictions, load_data, stream_generator, upload
+from ..reading import host_rng
 from ..errors import ArgumentError, RobustDataError, RobustModelError, RobustWarning, SettingError
 from ..gallery import gallery
 from ..gmm import COVARIANCES, DEPENDENCIES, NORMS, GMMConfig, GMMPerturbation, default_grid_size
