@@ -60,7 +60,7 @@ def run(model, data, perturbation, q, inputs, device, **kw):
     """One ``intermediate_q`` call (seed 0, PATH_STEPS temperatures unless ``kw`` says otherwise):
     (result, wall seconds)."""
     kw = {"steps": PATH_STEPS, **kw}
-    return timed(lambda: intermediate_q(model, data, perturbation, q, inputs=inputs, budget=10**9, seed=SEED,
+    return timed(lambda: intermediate_q(model, data, perturbation=perturbation, q=q, inputs=inputs, budget=10**9, seed=SEED,
                                         chains=CHAINS, device=device, pgd_steps=PGD_STEPS, full_context=True, **kw))
 
 
@@ -123,12 +123,12 @@ def defaults_table(device, data, qs) -> str:
                   title="(C) Defaults: where the q-loss budget goes")
     rows, bar = [], {}
     for q in qs:
-        truth, _ = timed(lambda: intermediate_q(model, (x, y), UniformLinf(eps=EPS), q, budget=10**9, seed=1,
+        truth, _ = timed(lambda: intermediate_q(model, (x, y), perturbation=UniformLinf(eps=EPS), q=q, budget=10**9, seed=1,
                                                 device=device))
         for full, budget in ((True, BAR_BUDGET), (False, BAR_BUDGET), (False, None)):
             cap = {} if budget is None else {"budget": budget}
             for gap in BAR_GAPS:
-                r, _ = timed(lambda: intermediate_q(model, (x, y), UniformLinf(eps=EPS), q, truth.estimate * (1 + gap),
+                r, _ = timed(lambda: intermediate_q(model, (x, y), perturbation=UniformLinf(eps=EPS), q=q, max_loss=truth.estimate * (1 + gap),
                                                     seed=SEED, device=device, full_context=full, **cap))
                 cost = r.details["evaluations_per_input"]
                 context = "full_context=True (before)" if full else "default context (after)"

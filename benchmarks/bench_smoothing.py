@@ -65,7 +65,9 @@ from common import (digits, forward_loop, header, interleaved, load, markdown_ta
 import rs_conf_seq
 from pytest_robust import certificates
 from pytest_robust.engine import correct_predictions
-from pytest_robust.metrics.smoothing import _noisy, certified_accuracy, certify, predict
+from pytest_robust.analyses.cohen import certify, predict
+from pytest_robust.analyses.smoothing_draws import draw_noisy
+from pytest_robust.metrics.certified_accuracy import certified_accuracy
 
 SIGMA = 0.25
 RADIUS = 0.5
@@ -106,7 +108,7 @@ def comparison_table(model, data, device, cfg) -> str:
     ]
     notes = []
     for cap in cfg["caps"]:
-        gate, gate_s = timed(lambda: certified_accuracy(model, data, None, RADIUS, SIGMA, alpha=ALPHA, max_draws=cap,
+        gate, gate_s = timed(lambda: certified_accuracy(model, data, threshold=None, radius=RADIUS, sigma=SIGMA, alpha=ALPHA, max_draws=cap,
                                                         budget=inputs * cap, seed=SEED, batch_size=BATCH,
                                                         device=device), device)
         by_gate = np.array([d == "certified" for d in gate.details["decisions"]])
@@ -164,7 +166,7 @@ class Outcomes:
         if count > have:
             x_i = self.x[i].to(self.device)
             with torch.inference_mode():
-                noisy = _noisy(x_i, SIGMA, SEED, i, have, count, self.device)
+                noisy = draw_noisy(x_i, SIGMA, SEED, i, have, count, self.device)
                 hit = correct_predictions(self.model(noisy), self.y[i].to(self.device).expand(count - have))
             self.known[i] = np.concatenate([self.known[i], hit.cpu().numpy().astype(np.int64)])
         return self.known[i][:count]
@@ -204,7 +206,7 @@ def rs_conf_seq_table(model, data, device, cfg, first: int = 0) -> str:
                   title="(c) Sequential gate vs RS_conf_seq (model evaluations per radius)")
     rows, notes = [], []
     for radius in RS_RADII:
-        gate = certified_accuracy(model, data, None, radius, SIGMA, alpha=ALPHA, max_draws=cap, budget=inputs * cap,
+        gate = certified_accuracy(model, data, threshold=None, radius=radius, sigma=SIGMA, alpha=ALPHA, max_draws=cap, budget=inputs * cap,
                                   seed=SEED, batch_size=BATCH, device=device)
         theirs, their_draws = rs_conf_seq_run(outcomes, radius)
         their_evals = rs_conf_seq.evaluations(their_draws)
@@ -244,12 +246,12 @@ def settle_table(model, data, device, cfg, first: int = 0) -> str:
     rows = []
     kw = dict(sigma=SIGMA, alpha=ALPHA, max_draws=cap, budget=inputs * cap, seed=SEED, batch_size=BATCH, device=device)
     for radius in RS_RADII:
-        full = certified_accuracy(model, data, None, radius, **kw)
+        full = certified_accuracy(model, data, threshold=None, radius=radius, **kw)
         for gap in (-0.10, 0.10):
             threshold = round(full.estimate + gap, 2)
             if not 0.0 < threshold < 1.0:
                 continue
-            gate = certified_accuracy(model, data, threshold, radius, **kw)
+            gate = certified_accuracy(model, data, threshold=threshold, radius=radius, **kw)
             rows.append([f"{radius:g}", f"{threshold:.2f}", f"{full.estimate:.2f} [{full.lower:.3f}, {full.upper:.3f}]",
                          f"{full.forward_passes:,}", f"{gate.verdict} [{gate.lower:.3f}, {gate.upper:.3f}]",
                          f"{gate.estimate:.2f}", f"{gate.details['undecided']}", f"{gate.forward_passes:,}",
@@ -302,7 +304,7 @@ def throughput_table(model, data, device, cfg) -> str:
             x[:k], lambda m: certify(m, (x[:k], y[:k]), SIGMA, n0=N0, n=n, alpha=ALPHA, seed=SEED,
                                      batch_size=BATCH, device=device)),
         f"gate ({g} inputs, max_draws={n:,})": (
-            x[:g], lambda m: certified_accuracy(m, (x[:g], y[:g]), None, RADIUS, SIGMA, alpha=ALPHA, max_draws=n,
+            x[:g], lambda m: certified_accuracy(m, (x[:g], y[:g]), threshold=None, radius=RADIUS, sigma=SIGMA, alpha=ALPHA, max_draws=n,
                                                 budget=g * n, seed=SEED, batch_size=BATCH, device=device)),
     }
     line = header(device, *facts(k, n),

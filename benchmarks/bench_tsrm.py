@@ -82,7 +82,7 @@ def engine_rate(model, data, perturbation, draws: int, batch: int, seed: int, de
     Returns (per wall second, per process CPU second).
     """
     call = lambda: tsrm(  # noqa: E731
-        model, data, perturbation, threshold=None, budget=draws, batch_size=batch, seed=seed, device=device
+        model, data, perturbation=perturbation, threshold=None, budget=draws, batch_size=batch, seed=seed, device=device
     )
     result, wall, cpu = timed_cpu(call, device)
     assert result.draws == draws and result.verdict == "estimate", result
@@ -179,7 +179,7 @@ def fixed_design_n(p: float, tau: float, alpha: float = ALPHA, power: float = PO
 def estimate_p(model, data, device, cfg) -> tuple[float, int, int]:
     """The standard model's TSRM at UniformLinf(eps=GATE_EPS) from one large estimate-only run: (p, k, n)."""
     result = tsrm(
-        model, data, UniformLinf(eps=GATE_EPS), budget=cfg["p_draws"], seed=P_SEED, batch_size=P_BATCH, device=device
+        model, data, perturbation=UniformLinf(eps=GATE_EPS), budget=cfg["p_draws"], seed=P_SEED, batch_size=P_BATCH, device=device
     )
     k, n = result.details["correct"], result.draws
     return k / n, k, n
@@ -209,7 +209,7 @@ def sequential_table(model, data, device, cfg) -> str:
             draws, passes, correct = [], [], 0
             for seed in seeds:
                 r = tsrm(
-                    model, data, perturbation, threshold=tau, budget=GATE_BUDGET,
+                    model, data, perturbation=perturbation, threshold=tau, budget=GATE_BUDGET,
                     seed=seed, batch_size=GATE_BATCH, device=device,
                 )
                 draws.append(r.draws)

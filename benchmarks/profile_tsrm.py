@@ -98,7 +98,7 @@ def main(argv=None) -> None:
     bare_rate(model, batches[:4], device)
 
     timer = LineTimer()
-    run = lambda: tsrm(model, data, noise, budget=args.draws, batch_size=args.batch, seed=0, device=device)  # noqa: E731
+    run = lambda: tsrm(model, data, perturbation=noise, budget=args.draws, batch_size=args.batch, seed=0, device=device)  # noqa: E731
     _, wall = timer.run(lambda: (run(), sync(device)))
     bare = args.draws / bare_rate(model, batches, device)[0]
 

@@ -1,10 +1,9 @@
-"""Robustness requirements as data: metric declarations, the registry, and ``CheckSpec``.
+"""Robustness requirements as data: the registry of declared checks and ``CheckSpec``.
 
-A metric is declared once, as a ``Metric``: its runner (the library function), its threshold
-keyword, its required and optional parameters, the settings it reads and its default budget. From
-that one declaration follow the marker keywords (``parse_marker``), the ``robust`` fixture's
-methods, the YAML suite schema and the help texts. Built-in metrics and third-party metrics
-register the same way, through the ``pytest_robust_metrics`` hook (``hookspec.py``).
+A check is declared once, as a ``declarations.Metric``. Built-in and third-party checks register
+the same way, through the ``pytest_robust_metrics`` hook (``hookspec.py``); ``parse_marker``
+validates a marker (or a YAML check) against its declaration at collection, and ``run`` evaluates
+a spec through the same path as a library call (``library.evaluate``).
 
 A marker names exactly one metric with its threshold (``tsrm=0.9``; for the q-loss metric the
 metric keyword carries q and the threshold has its own keyword: ``q=100, max_loss=0.5``), the
@@ -16,57 +15,12 @@ only when a check runs.
 from __future__ import annotations
 
 import difflib
-import importlib
-import inspect
-import math
 from dataclasses import dataclass, field
-from typing import Callable
 
-from . import validation
+from .declarations import Metric
 from .errors import ArgumentError, MarkerError, SettingError
 from .results import Result
 from .settings import KEY_NAMES, Settings, parse_layer
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A metric's declaration.
-
-    ``runner`` is the library function, or its import path "module:function" (imported when the
-    check runs, which keeps torch out of collection). It is called as ``runner(model, data,
-    threshold=..., confidence=..., budget=..., seed=..., batch_size=..., device=..., **params)``
-    and returns a ``Result``. ``direction`` is ">=" for requirements "at least" (accuracies: the
-    threshold is a probability) and "<=" for "at most" (losses: a number >= 0). When
-    ``threshold_key`` is set, the threshold has that keyword and the metric keyword's own value is
-    passed as a parameter of the metric's name (``q=100, max_loss=0.5``). ``settings`` names
-    settings keys the runner takes as keyword arguments (``cache_dir``, ``refit``). A metric that
-    lists ``perturbation`` as optional gets ``UniformLinf(eps=<settings.eps>)`` when none is given.
-    ``budget`` is the default cap on model evaluations (``--robust-budget`` overrides it).
-    """
-
-    runner: str | Callable
-    required: tuple[str, ...] = ()
-    optional: tuple[str, ...] = ()
-    threshold_key: str | None = None
-    direction: str = ">="
-    settings: tuple[str, ...] = ()
-    budget: int = 100_000
-    doc: str = ""
-
-    def keywords(self, name: str) -> tuple[str, tuple[str, ...]]:
-        """(the threshold's keyword, the parameters passed to the runner) for metric ``name``."""
-        return self.threshold_key or name, self.required + self.optional + ((name,) if self.threshold_key else ())
-
-    def load(self) -> Callable:
-        if callable(self.runner):
-            return self.runner
-        module, name = self.runner.split(":")
-        return getattr(importlib.import_module(module), name)
-
-    def threshold(self, key: str, value) -> float:
-        if self.direction == "<=":
-            return validation.non_negative_float(key, value)
-        return validation.open_unit(key, value)
 
 
 def register(metrics: dict, found: dict, source: str) -> None:
@@ -77,7 +31,7 @@ def register(metrics: dict, found: dict, source: str) -> None:
         if not (isinstance(name, str) and name.isidentifier()):
             raise SettingError(f"pytest_robust_metrics ({source})", name, "metric names that are identifiers")
         if not isinstance(metric, Metric):
-            raise SettingError(f"metric {name} ({source})", metric, "a pytest_robust.checks.Metric")
+            raise SettingError(f"metric {name} ({source})", metric, "a pytest_robust.Metric")
         if name in metrics or name in KEY_NAMES:
             raise SettingError(f"metric {name} ({source})", name, "a name not already taken by a metric or setting")
         metrics[name] = metric
@@ -147,28 +101,10 @@ def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
         threshold = metric.threshold(threshold_key, kwargs[threshold_key])
         overrides = {k: v for k, v in kwargs.items() if k in KEY_NAMES}
         parse_layer(overrides, "on the robust marker")
-    except SettingError as err:
+        params = metric.validate({k: kwargs[k] for k in params_allowed if k in kwargs})
+    except (SettingError, ArgumentError) as err:
         raise MarkerError(str(err)) from None
-    params = {k: kwargs[k] for k in params_allowed if k in kwargs}
-    if "perturbation" in params:
-        _check_perturbation(params["perturbation"])
     return CheckSpec(name, threshold, params, overrides)
-
-
-def _check_perturbation(p) -> None:
-    """A marker's perturbation: an instance or a callable (x, generator) -> x' (torch is already
-    imported when the user built one, so ``inspection`` costs nothing extra here)."""
-    if not callable(p):
-        raise MarkerError(
-            f"perturbation must be a perturbation such as UniformLinf(eps=0.1) or a callable "
-            f"(x, generator) -> x', got {p!r}"
-        )
-    from .inspection import check_perturbation_object
-
-    try:
-        check_perturbation_object(p)
-    except TypeError as err:
-        raise MarkerError(str(err)) from None
 
 
 def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: str = "",
@@ -181,6 +117,7 @@ def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: st
     eps = spec.overrides.get("eps", spec.params.get("eps", settings.eps if settings else None))
     shown = repr(p) if p is not None else f"eps={eps:g}" if isinstance(eps, (int, float)) else "its default"
     result = Result.not_run(spec.metric, spec.threshold, direction, shown, verdict, reason, model)
+    result.details["title"] = metric.title if metric is not None and metric.title else spec.metric
     if settings is not None:
         result.confidence, result.seed = settings.confidence, settings.seed
         result.budget = budget_of(settings, metric) if metric is not None else settings.budget or 0
@@ -194,40 +131,9 @@ def budget_of(settings: Settings, metric: Metric) -> int:
 
 def run(spec: CheckSpec, metrics: dict, model, data, settings: Settings, device):
     """Evaluate one spec with resolved settings on a resolved device; returns a ``Result``."""
+    from .library import evaluate
+
     metric = metrics[spec.metric]
-    params = dict(spec.params)
-    if "perturbation" in metric.optional and "perturbation" not in params:
-        from .perturbations import UniformLinf
-
-        params["perturbation"] = UniformLinf(eps=settings.eps)
-    params.update({key: getattr(settings, key) for key in metric.settings})
-    runner = metric.load()
-    kwargs = dict(threshold=spec.threshold, confidence=settings.confidence, budget=budget_of(settings, metric),
-                  seed=settings.seed, batch_size=settings.batch_size, device=device, **params)
-    try:
-        inspect.signature(runner).bind(model, data, **kwargs)
-    except TypeError as err:
-        raise ArgumentError(
-            f"metric {spec.metric}: its runner {getattr(runner, '__qualname__', runner)!r} cannot be called as "
-            f"runner(model, data, {', '.join(k + '=' for k in kwargs)}) ({err}); a metric's runner takes the "
-            "model, the data and these keywords (README, 'How checks are built')"
-        ) from None
-    result = runner(model, data, **kwargs)
-    return checked_result(spec.metric, result)
-
-
-def checked_result(name: str, result) -> Result:
-    """``result`` if it is a ``Result`` whose numbers make sense (finite bounds, lower <= upper);
-    a metric that returns anything else has a bug, named here instead of failing later."""
-    if not isinstance(result, Result):
-        raise ArgumentError(
-            f"metric {name} returned {type(result).__name__}, not a pytest_robust Result: build it with "
-            "Run.result(...) (README, 'How checks are built')"
-        )
-    numbers = (result.estimate, result.lower, result.upper)
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers) or result.lower > result.upper + 1e-12:
-        raise ArgumentError(
-            f"metric {name} returned estimate {result.estimate!r} with bounds [{result.lower!r}, {result.upper!r}]: "
-            "the bounds must be finite numbers with lower <= upper"
-        )
-    return result
+    return evaluate(spec.metric, metric, model, data, spec.threshold, metric.resolved(spec.params, settings),
+                    confidence=settings.confidence, budget=budget_of(settings, metric), seed=settings.seed,
+                    batch_size=settings.batch_size, device=device)

@@ -23,7 +23,8 @@ from typing import Callable
 import torch
 
 from . import collective, validation
-from .errors import ArgumentError, RobustDataError, RobustError, RobustModelError, RobustWarning
+from .errors import (ArgumentError, BudgetError, NotDifferentiable, RobustDataError, RobustError,
+                     RobustModelError, RobustWarning)
 from .reading import host_rng, input_and_label
 from .model_io import logits_of
 
@@ -259,14 +260,6 @@ def is_oom(err: BaseException) -> bool:
     """Whether ``err`` is an out-of-memory error of the device or of host memory."""
     text = str(err).lower()
     return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or any(t in text for t in OOM_TEXTS)
-
-
-class BudgetError(RobustError):
-    """A check needed more model evaluations than its budget allows."""
-
-
-class NotDifferentiable(RobustModelError):
-    """A gradient was asked of an objective (a loss) that does not carry one."""
 
 
 #: ``precision`` settings: the autocast dtype each runs the model under (None: no autocast).

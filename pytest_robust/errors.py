@@ -7,6 +7,8 @@ traceback. Any other exception is a bug in pytest-robust or in the model and kee
 
 from __future__ import annotations
 
+import traceback
+
 
 class RobustError(Exception):
     """Base class: something the user must change (a setting, the model, the data)."""
@@ -39,3 +41,31 @@ class RobustWarning(UserWarning):
 class ArgumentError(RobustError, ValueError, TypeError):
     """An argument that cannot work (a perturbation's parameters or output, a device); the message
     says what is accepted."""
+
+
+class BudgetError(RobustError):
+    """A check needed more model evaluations than its budget allows."""
+
+
+class NotDifferentiable(RobustModelError):
+    """A gradient was asked of an objective (a loss) that does not carry one."""
+
+
+class SuiteError(Exception):
+    """A problem in a suite file, located by file, line and key."""
+
+    def __init__(self, where: str, line: int, key: str, problem: str):
+        self.where, self.line, self.key, self.problem = where, line, key, problem
+        super().__init__(f"{where}:{line}: {key + ': ' if key else ''}{problem}")
+
+
+class FactoryError(Exception):
+    """A model or data factory that raised; the message locates the factory in the suite."""
+
+    def report(self) -> str:
+        """The message, then the factory's traceback (from its own frame on)."""
+        cause = self.__cause__
+        if cause is None:
+            return str(self)
+        tb = cause.__traceback__.tb_next if cause.__traceback__ else None
+        return f"{self}\n\n" + "".join(traceback.format_exception(type(cause), cause, tb)).rstrip()

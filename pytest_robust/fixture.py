@@ -40,23 +40,29 @@ class RobustFixture:
         overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in KEY_NAMES}
         return settings_for(self.settings, overrides, f"argument of robust.{source}"), kwargs
 
-    def measure(self, metric: str, model, data, threshold: float | None = None, **params) -> Result:
-        """Any registered metric (built-in or from a ``pytest_robust_metrics`` hook) through the same
-        path as a marker: its parameters and defaults, settings given as keywords, clear errors.
-        ``robust.<metric>(model, data, threshold, **params)`` is the same call. With a threshold the
-        result gates the test at its end like a marker, unless the call says ``enforce=False``."""
+    def measure(self, metric: str, model, data, **kwargs) -> Result:
+        """Any registered check (built-in or from a ``pytest_robust_metrics`` hook) through the same
+        path as a marker: ``robust.measure("tsrm", model, data, perturbation=..., threshold=0.9)``
+        is ``robust.tsrm(model, data, perturbation=..., threshold=0.9)``: the library function's
+        keywords (its threshold, its parameters; a fixture-valued parameter may name a fixture),
+        plus settings keys, which override this test's settings. With a threshold the result
+        gates the test at its end like a marker, unless the call says ``enforce=False``."""
         registered = metrics(self._request.config)
         if metric not in registered:
             pytest.fail(f"robust.measure: no metric {metric!r}{suggest(metric, registered)}; registered: "
                         f"{', '.join(registered)}", pytrace=False)
-        _, allowed = registered[metric].keywords(metric)
-        unknown = [k for k in params if k not in allowed + KEY_NAMES + ("enforce",)]
+        declared = registered[metric]
+        threshold_key, allowed = declared.call_threshold(), declared.keywords(metric)[1]
+        unknown = [k for k in kwargs if k not in (threshold_key,) + allowed + KEY_NAMES + ("enforce",)]
         if unknown:
             pytest.fail(f"robust.{metric}(...): unknown keyword(s) "
-                        f"{', '.join(k + suggest(k, allowed + KEY_NAMES) for k in unknown)}; "
+                        f"{', '.join(k + suggest(k, (threshold_key,) + allowed + KEY_NAMES) for k in unknown)}; "
                         f"{valid_keywords(registered, metric)}, enforce", pytrace=False)
-        gate = params.pop("enforce", True)
-        settings, params = self._split(params, metric)
+        gate, threshold = kwargs.pop("enforce", True), kwargs.pop(threshold_key, None)
+        settings, params = self._split(kwargs, metric)
+        for p in declared.params:
+            if p.fixture and isinstance(params.get(p.name), str):
+                params[p.name] = self._fixture(params[p.name], p.name)
         spec = CheckSpec(metric, threshold, params, {})
         result = run_spec(self._request.node, spec, model, data, settings, type(model).__name__)
         if threshold is not None and gate:
@@ -66,9 +72,20 @@ class RobustFixture:
     def __getattr__(self, name: str):
         registered = metrics(self._request.config)
         if not name.startswith("_") and name in registered:
-            return functools.partial(self.measure, name)
+            return functools.partial(self._call, name)
         raise AttributeError(f"the robust fixture has no attribute {name!r}{suggest(name, registered)}; its "
                              f"metrics: {', '.join(registered)}")
+
+    def _call(self, name: str, *args, **kwargs) -> Result:
+        """``robust.<name>(model, data, **keywords)``: the library function's signature."""
+        if len(args) != 2:
+            declared = metrics(self._request.config)[name]
+            pytest.fail(f"robust.{name}(model, data, **keywords) takes the model and the data positionally and "
+                        f"everything else by keyword (got {len(args)} positional arguments), e.g. robust.{name}("
+                        f"model, data, {declared.call_threshold()}=..., "
+                        f"{', '.join(p + '=...' for p in declared.required)}); "
+                        f"{valid_keywords(metrics(self._request.config), name)}", pytrace=False)
+        return self.measure(name, *args, **kwargs)
 
     def _library(self, fn, name: str, model, *args, **kwargs) -> Result:
         """A library function that is not a marker metric (certify, pa_report, q_curve)."""
@@ -84,48 +101,17 @@ class RobustFixture:
 
         return evaluate(self._request.node, call, type(model).__name__, CheckSpec(name, None, dict(params), {}), settings)
 
-    def tsrm(self, model, data, perturbation, threshold: float | None = None, **kwargs) -> Result:
-        """TSRM accuracy of ``model`` on ``data`` under ``perturbation``, gated when ``threshold``
-        is given: a check that does not pass fails the test when it ends, like a marker (pass
-        ``enforce=False`` to decide yourself from ``result.verdict``). Keyword arguments that are
-        settings (confidence, budget, seed, batch_size, device) override this test's settings.
-        Returns the Result (recorded in the reports). The same holds for every method below
-        that takes a threshold (``max_loss`` for q)."""
-        return self.measure("tsrm", model, data, threshold, perturbation=perturbation, **kwargs)
+    def q_curve(self, model, data, **kwargs) -> Result:
+        """The q-curve (path sampling, Monte Carlo, q = infinity; ``analyses.q_curve``), with the
+        same keywords (``perturbation=``, ``qs=``, ...); a PNG in the report directory."""
+        from .analyses.q_curve import q_curve
 
-    def corruption_accuracy(self, model, data, threshold: float | None = None, *, corruptions=None, severities=None,
-                            **kwargs) -> Result:
-        """Mean accuracy over the grid ``corruptions`` x ``severities`` of common corruptions
-        (default: the 15 benchmark corruptions x severities 1-5; see
-        ``metrics.corruption_accuracy``), gated when ``threshold`` is given; other keywords:
-        ``preset`` or settings."""
-        params = {k: v for k, v in (("corruptions", corruptions), ("severities", severities)) if v is not None}
-        return self.measure("corruption_accuracy", model, data, threshold, **params, **kwargs)
-
-    def q(self, model, data, q: float, max_loss: float | None = None, perturbation=None, **kwargs) -> Result:
-        """Mean intermediate-q loss Z_q (see ``metrics.intermediate_q``), gated <= ``max_loss`` when
-        given; ``perturbation`` defaults to UniformLinf(eps=<robust_eps>); other keywords are the
-        marker's parameters or settings."""
-        params = {"q": q, **({"perturbation": perturbation} if perturbation is not None else {}), **kwargs}
-        return self.measure("q", model, data, max_loss, **params)
-
-    def q_curve(self, model, data, perturbation, qs=(1, 10, 100, 1000), **kwargs) -> Result:
-        """The q-curve (path sampling, Monte Carlo, q = infinity); a PNG in the report directory."""
-        from .metrics.intermediate_q import q_curve
-
-        return self._library(q_curve, "q_curve", model, data, perturbation, qs, **kwargs)
-
-    def certified_accuracy(self, model, data, threshold: float | None = None, *, radius: float, sigma: float,
-                           **kwargs) -> Result:
-        """Certified accuracy of the Gaussian-smoothed ``model`` within L2 ``radius`` (sigma and
-        radius in the units of the model's inputs), gated when ``threshold`` is given; other
-        keywords: alpha, max_draws, or settings."""
-        return self.measure("certified_accuracy", model, data, threshold, radius=radius, sigma=sigma, **kwargs)
+        return self._library(q_curve, "q_curve", model, data, **kwargs)
 
     def certify(self, model, data, sigma: float, n0: int = 100, n: int = 100_000, alpha: float = 0.001, **kwargs):
         """Cohen's CERTIFY per input (returns the per-input ``Certification``); a summary with the
         certified-accuracy-against-radius curve is recorded in the reports."""
-        from .metrics.smoothing import certify
+        from .analyses.cohen import certify
 
         holder = {}
 
@@ -139,18 +125,9 @@ class RobustFixture:
     def pa_report(self, model, data, sigma: float, **kwargs) -> Result:
         """Per-input pA, its survival curve and certified accuracy against radius (and under other
         budgets); verdict "estimate", curves as PNGs in the report directory."""
-        from .metrics.smoothing import pa_report
+        from .analyses.pa_report import pa_report
 
         return self._library(pa_report, "pa_report", model, data, sigma, **kwargs)
-
-    def nppr(self, model, data, eps: float, threshold: float | None = None, **kwargs) -> Result:
-        """NPPR (see ``metrics.nppr``): PR under a learned worst-case Gaussian-mixture noise in the
-        L-inf ball of radius ``eps``, gated >= ``threshold`` when given; other keywords are the
-        marker's parameters (``fit_data=`` as data or a fixture name) or settings."""
-        params = {"eps": eps, **kwargs}
-        if isinstance(params.get("fit_data"), str):
-            params["fit_data"] = self._fixture(params["fit_data"], "fit_data")
-        return self.measure("nppr", model, data, threshold, **params)
 
     def _fixture(self, name: str, role: str):
         try:
@@ -194,8 +171,9 @@ class RobustFixture:
                 model = self._fixture(settings.model, "model")
                 data = self._fixture(settings.data, "data")
                 params = dict(spec.params)
-                if isinstance(params.get("fit_data"), str):
-                    params["fit_data"] = self._fixture(params["fit_data"], "fit_data")
+                for p in metrics(item.config)[spec.metric].params:
+                    if p.fixture and isinstance(params.get(p.name), str):
+                        params[p.name] = self._fixture(params[p.name], p.name)
             except (Exception, pytest.fail.Exception) as err:
                 failed = isinstance(err, pytest.fail.Exception)  # a missing fixture: its message says so
                 reason = err.msg if failed else f"a fixture it needs raised {type(err).__name__}: {err}"

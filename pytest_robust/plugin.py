@@ -7,7 +7,6 @@ or when a CUDA device is requested.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -18,31 +17,23 @@ from . import checks
 from .errors import MarkerError, RobustError, SettingError
 from .fixture import RobustFixture
 from .recording import ITEM_RESULTS, SETTINGS, SPECS, metrics, record_unrun
-from .report import store
-from .report.environment import environment
-from .report.inputs import per_input_csv, without_pixels
-from .report.junit import metric_junit
-from .report.markdown import summary_markdown
-from .report.plots import write_plots
-from .report.terminal import summary_lines
+from .session import ResultCollector
 from .settings import KEYS, Settings, read_yaml, resolve
 from .validation import baseline_name, choice, directory_path, file_path
 
 #: Formats of ``--robust-per-input``: the per-input tables written beside the reports.
 PER_INPUT_FORMATS = ("csv",)
 
-MARKER_DOC = (
-    "robust(<metric>=<threshold>, **params): a robustness requirement checked after the test body, "
-    "at the configured confidence. Metrics: tsrm=0.9, perturbation=UniformLinf(eps=0.1) (accuracy "
-    "under random corruption >= 0.9); q=100, max_loss=0.5 (mean intermediate-q loss <= 0.5 under "
-    "UniformLinf(eps=robust_eps) or perturbation=); certified_accuracy=0.6, radius=0.5, sigma=0.25 "
-    "(randomized-smoothing certified accuracy); corruption_accuracy=0.7, corruptions=[...], severities=[...] "
-    "(mean accuracy over common corruptions x severities, default the 15 x 5); nppr=0.8, eps=8/255 (accuracy "
-    "under a learned worst-case noise distribution); adversarial_accuracy=0.4, eps=8/255 (accuracy under a "
-    "PGD attack; an upper estimate). Per-check settings: "
-    + ", ".join(f"{k.name}=" for k in KEYS)
-    + " (model=/data= name the fixtures to use). See the README for every metric parameter."
-)
+def marker_doc(registered: dict) -> str:
+    """The marker's help line (``pytest --markers``), from the registered checks' declarations."""
+    def keywords(name, m):
+        own = [f"{p}=" for p in m.required]
+        return ", ".join(own + [f"{m.threshold_key}=<threshold>"] if m.threshold_key else [f"{name}=<threshold>"] + own)
+
+    checks_ = "; ".join(f"{keywords(name, m)} ({m.doc})" for name, m in registered.items())
+    return (f"robust(<check>=<threshold>, **params): a robustness requirement checked after the test body, at the "
+            f"configured confidence. Checks: {checks_}. Per-check settings: {', '.join(f'{k.name}=' for k in KEYS)} "
+            "(model=/data= name the fixtures to use). Every check's parameters: docs, one page per check.")
 
 
 def _shown(default) -> str:
@@ -180,7 +171,6 @@ def _check_paths(options, settings: Settings) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", MARKER_DOC)
     config.option.robust_per_input = config.getoption("robust_per_input") or config.getini("robust_per_input") or None
     try:
         yaml_values, yaml_source = _yaml_layer(config)
@@ -197,7 +187,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _join_torchrun(config, settings.device)
     _check_device_exists(settings.device)
     config.stash[SETTINGS] = settings
-    metrics(config)  # registration errors are usage errors, now
+    config.addinivalue_line("markers", marker_doc(metrics(config)))  # registration errors: usage errors, now
     config.pluginmanager.register(ResultCollector(config), "robust-results")
 
 
@@ -244,8 +234,9 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 
 @pytest.fixture
 def robust(request: pytest.FixtureRequest) -> RobustFixture:
-    """Programmatic checks: ``robust.tsrm(model, data, perturbation, threshold=...)`` returns a
-    Result recorded in the reports; ``robust.check()`` runs this test's robust markers now."""
+    """Programmatic checks: ``robust.<check>(model, data, **keywords)`` (e.g. ``robust.tsrm(model,
+    data, perturbation=UniformLinf(eps=0.1), threshold=0.9)``) returns a Result recorded in the
+    reports; ``robust.check()`` runs this test's robust markers now."""
     return RobustFixture(request, request.config.stash[SETTINGS], request.node.stash.get(SPECS, []))
 
 
@@ -290,122 +281,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.robust_results = [dict(r, test_id=item.nodeid, outcome=outcome) for r in item.stash[ITEM_RESULTS]]
         item.stash[ITEM_RESULTS] = []
     return report
-
-
-def _wait_for_ranks() -> None:
-    """Under torchrun, a collective every rank joins at the end of the session."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from . import collective
-
-        collective.barrier()
-
-
-class ResultCollector:
-    """Gathers results from test reports (local or from xdist workers). On the controller (and
-    rank 0 under torchrun) it writes the report files, saves/compares baselines and prints the
-    summary, each once."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-        self.results: list[dict] = []
-        self.lines: list[str] = []
-        self.comparison: list[dict] = []
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.results.extend(getattr(report, "robust_results", None) or [])
-
-    def _writes(self) -> bool:
-        """Only the xdist controller and torchrun's rank 0 write files."""
-        return not hasattr(self.config, "workerinput") and os.environ.get("RANK", "0") == "0"
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        try:
-            if self._writes() and self.results:
-                self._finish(session)
-        finally:  # under torchrun no rank leaves before rank 0 has written its files
-            _wait_for_ranks()
-
-    def _finish(self, session: pytest.Session) -> None:
-        env = environment(self.config.rootpath)
-        self.config.hook.pytest_robust_environment(env=env)
-        options, settings = self.config.option, self.config.stash[SETTINGS]
-        if options.robust_compare is not None or options.robust_compare_fail:
-            self._compare(session, env)
-        writers = [
-            ("report", settings.report, lambda: self._write_report(Path(settings.report), env)),
-            ("metric-level JUnit", options.robust_junitxml, lambda: self._write_junit(Path(options.robust_junitxml), env)),
-            ("baseline", options.robust_save, lambda: self._save_baseline(env)),
-        ]
-        for what, wanted, write in writers:  # each on its own: one that fails does not stop the others
-            if not wanted:
-                continue
-            try:
-                write()
-            except OSError as err:
-                self.lines.append(f"robust {what} could not be written: {err}")
-                session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
-
-    def _save_baseline(self, env: dict) -> None:
-        options = self.config.option
-        path = store.save(Path(options.robust_baselines), options.robust_save, self.results, env)
-        self.lines.append(f"robust baseline saved: {path}")
-
-    def _write_junit(self, path: Path, env: dict) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(metric_junit(self.results, env))
-        self.lines.append(f"robust metric-level JUnit: {path}")
-
-    def _compare(self, session: pytest.Session, env: dict) -> None:
-        options = self.config.option
-        try:
-            baseline = store.load(Path(options.robust_baselines), options.robust_compare or None, env)
-        except FileNotFoundError as err:
-            if options.robust_compare_fail:
-                self.lines.append(f"robust baseline comparison failed (--robust-compare-fail): {err}")
-                session.exitstatus = pytest.ExitCode.USAGE_ERROR
-            else:
-                self.lines.append(f"robust baseline comparison skipped: {err}")
-            return
-        self.comparison = store.compare(baseline["results"], self.results)
-        regressed = [c for c in self.comparison if c["status"] == "regressed"]
-        self.lines.append(
-            f"robust baseline {baseline['name']!r} (commit {baseline['commit'][:12] or 'unknown'}, "
-            f"saved {baseline['saved']}): {len(regressed)} regressed, "
-            f"{sum(c['status'] == 'improved' for c in self.comparison)} improved, "
-            f"{sum(c['status'] == 'unchanged' for c in self.comparison)} unchanged"
-        )
-        self.lines += [f"  REGRESSED {c['key']}: {c['baseline']} -> {c['current']}" for c in regressed]
-        if regressed and options.robust_compare_fail:
-            self.lines.append(
-                "  --robust-compare-fail: failing the run (bounds of the two runs do not overlap; "
-                "see README, 'Baselines')"
-            )
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def _write_report(self, directory: Path, env: dict) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        settings = self.config.stash[SETTINGS]
-        payload = {"environment": env, "settings": settings.__dict__,
-                   "results": [without_pixels(r) for r in self.results]}
-        (directory / "results.json").write_text(json.dumps(payload, indent=2, default=str))
-        (directory / "summary.md").write_text(summary_markdown(self.results, env, self.comparison))
-        written = [directory / "results.json", directory / "summary.md"]
-        if self.config.option.robust_per_input == "csv":
-            (directory / "per_input.csv").write_text(per_input_csv(self.results))
-            written.append(directory / "per_input.csv")
-        try:
-            written += write_plots(self.results, directory)
-        except RuntimeError as err:
-            self.lines.append(f"robust report: no plots ({err})")
-        self.lines += [f"robust report: {p}" for p in written]
-
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self._writes():  # torchrun: rank 0 alone prints the table and the report lines
-            return
-        if self.results:
-            terminalreporter.section("robustness checks")
-            for line in summary_lines(self.results, terminalreporter._tw.fullwidth):
-                terminalreporter.write_line(line)
-        for line in self.lines:
-            terminalreporter.write_line(line)

@@ -33,18 +33,6 @@ PROPERTY_FIELDS = (
     "precision",
 )
 
-METRIC_NAMES = {
-    "tsrm": "TSRM",
-    "corruption_accuracy": "corruption accuracy",
-    "q": "q-loss",
-    "q_curve": "q-curve",
-    "pa_report": "mean pA",
-    "certify": "CERTIFY accuracy",
-    "certified_accuracy": "certified accuracy",
-    "nppr": "NPPR",
-}
-
-
 #: Marks a perturbation identity that could not be derived (``perturbations.stable_identity``): a
 #: baseline key holding it is reported as unmatchable, never matched with another object.
 NO_IDENTITY = "<no stable identity"
@@ -148,7 +136,8 @@ class Result:
 
     @property
     def name(self) -> str:
-        return METRIC_NAMES.get(self.metric, self.metric)
+        """The check's display name: its declaration's title (``details["title"]``), else its metric."""
+        return self.details.get("title") or self.metric
 
     def message(self) -> str:
         """One line with the numbers: what was measured, against what, under which conditions."""

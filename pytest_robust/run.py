@@ -55,14 +55,42 @@ import torch
 import warnings
 
 from . import collective, model_execution, model_io
-from .engine import Forward, TensorData, autocast_dtype, guarded, load_data, resolve_device
-from .errors import ArgumentError, RobustWarning
+from .engine import Forward, TensorData, autocast_dtype, guarded, load_data, resolve_device, stream_generator
+from .declarations import Metric
+from .errors import ArgumentError, RobustWarning, SettingError
 from .gallery import gallery as worst_gallery
 from .per_input import check_table
 from .inspection import check_data_normalisation, check_model, inspect_inputs
 from .results import Result, decide
 from .validation import check_run_args
 
+#: The reserved keys of ``Result.details``: what every check's run writes (the first group) and
+#: what the reports read when a check provides it (the second). A check's own keys must differ.
+RESERVED_DETAILS = {
+    "title": "the check's display name (its declaration's title)",
+    "budget_unit": 'always "model evaluations"',
+    "evaluations": "model evaluations spent, by phase (summed over ranks)",
+    "evaluations_per_rank": "model evaluations of each torch.distributed rank",
+    "backward_passes": "evaluations that also ran a backward pass",
+    "batch_size": "the batch size at the end (halved on out-of-memory)",
+    "oom_halvings": "how often an out-of-memory error halved the batch",
+    "dtype": "the working dtype of inputs, perturbations and statistics",
+    "dtype_note": "how the data was converted to the working dtype, when it was",
+    "tie_rate": "share of evaluated rows whose two largest logits were equal (counted as errors)",
+    "execution": "precision, channels-last, compile and deterministic settings the model ran with",
+    "model_interface": "the normalize= and logits= settings",
+    "space": "the units of the data, perturbations and sizes",
+    "model_was_training": "whether the model was in training mode before the check (it runs in eval mode)",
+    "certificate_warning": "why a certificate computed in reduced precision is only an estimate",
+    "warnings": "the RobustWarnings issued while the check ran, in order",
+    "procedure": 'the procedure that produced the numbers ("bernoulli": the Bernoulli stream)',
+    "per_input": "the per-input table {index, outcome, estimate, ...}: CSV, worst inputs, gallery",
+    "curves": "{name: {title, xlabel, ylabel, x, series, intervals, counts}}: one PNG each",
+    "heatmaps": "{name: {title, rows, columns, values, counts}}: one PNG each",
+    "tables": "[{title, text, header, rows}]: tables in summary.md",
+    "inconclusive_reason": "why an inconclusive check is undecided and what to change",
+    "error": "the message of a check that could not run",
+}
 #: Share of evaluated rows with tied top logits above which a check warns (ties count as errors).
 TIE_WARNING = 1e-3
 #: What a certificate computed from reduced-precision logits carries (``certificate=True``).
@@ -113,12 +141,13 @@ class Run:
     """One check's evaluation context (see the module docstring). Use as a context manager."""
 
     def __init__(self, metric: str, model, data, *, threshold=None, confidence=0.95, budget=100_000,
-                 seed=0, batch_size=1024, device=None, direction: str = ">=", perturbation=None,
-                 certificate: bool = False):
+                 seed=0, batch_size=1024, device=None, perturbation=None, declaration: Metric | None = None):
         check_model(model)
-        self.metric, self.model, self.direction = metric, model, direction
+        declared = declaration or Metric("")
+        self.metric, self.model, self.direction, certificate = metric, model, declared.direction, declared.certificate
+        self.streams, self.title = declared.streams or metric, declared.title or metric
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
-                                   batch_size=batch_size, direction=direction)
+                                   batch_size=batch_size, direction=self.direction)
         self.device = resolve_device(device, model)
         self.interface = model_io.current()
         check_data_normalisation(data, perturbation, self.interface.normalize)
@@ -170,6 +199,27 @@ class Run:
     @property
     def alpha(self) -> float:
         return self.args.alpha
+
+    def stream(self, key: str, *index, device=None, namespace: str | None = None) -> torch.Generator:
+        """The generator of random stream ``key`` (block ``index``...) of this check, seeded from
+        (seed, "<namespace>-<key>", index...): the namespace is the check's (``streams``, default
+        its name), so streams of different checks never share numbers, and every rank and host
+        draws the same ones. On the check's device unless ``device``. A check that deliberately
+        draws another check's stream (NPPR's gate draws TSRM's inputs) names that ``namespace``."""
+        return stream_generator(self.seed, f"{namespace or self.streams}-{key}", *index,
+                                device=self.device if device is None else device)
+
+    def require(self, evaluations: int, what: str) -> None:
+        """Refuse the check before any model evaluation when its least work (``evaluations``
+        model evaluations: ``what``) does not fit in the budget; the message names the budget
+        needed. Work beyond that least ends inconclusive at the cap instead."""
+        if self.args.budget is not None and evaluations > self.args.budget:
+            self.refuse(evaluations, what)
+
+    def refuse(self, evaluations: int, what: str):
+        """Raise the budget refusal of ``require``: the check needs ``evaluations`` model
+        evaluations (``what`` says for what)."""
+        raise SettingError("budget", self.args.budget, f"at least {evaluations} model evaluations {what}")
 
     def remaining(self) -> int:
         """Model evaluations left under the budget, counting every rank's spending."""
@@ -238,24 +288,24 @@ class Run:
         return rate
 
     def result(self, *, estimate: float, lower: float, upper: float, draws: int, perturbation: str,
-               details: dict | None = None, note: str = "", healthy: bool = True, estimate_only: bool = False,
-               n_inputs: int | None = None, metric: str | None = None, example=None, gallery: dict | None = None) -> Result:
-        """The check's ``Result``: verdict by ``results.decide`` (or "estimate" with
-        ``estimate_only`` or no threshold), spending and common facts filled in. With a per-input
-        table in ``details``, ``gallery`` (when not given) shows its worst inputs perturbed by
-        ``example`` (default: the run's perturbation)."""
-        threshold = None if estimate_only else self.args.threshold
+               details: dict | None = None, note: str = "", healthy: bool = True, n_inputs: int | None = None,
+               example=None, gallery: dict | None = None) -> Result:
+        """The check's ``Result``: verdict by ``results.decide`` (or "estimate" without a
+        threshold), spending and common facts filled in. With a per-input table in ``details``,
+        ``gallery`` (when not given) shows its worst inputs perturbed by ``example`` (default: the
+        run's perturbation)."""
+        threshold = self.args.threshold
         table = (details or {}).get("per_input")
         if table is not None:
             try:
                 check_table(table)
             except ValueError as err:
-                raise ArgumentError(f"metric {metric or self.metric}: {err}") from None
+                raise ArgumentError(f"metric {self.metric}: {err}") from None
             gallery = gallery or worst_gallery(table, self.direction, example or self.perturbation, self.ds, self.seed)
         evaluations = self.spent()
         evaluated = sum(evaluations.values())
         return Result(
-            metric=metric or self.metric,
+            metric=self.metric,
             estimate=float(estimate),
             lower=float(lower),
             upper=float(upper),
@@ -277,6 +327,7 @@ class Run:
             details={
                 **(details or {}),
                 **self.details,
+                "title": self.title,
                 "budget_unit": "model evaluations",
                 "evaluations": evaluations,
                 "evaluations_per_rank": self.per_rank(),

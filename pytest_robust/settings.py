@@ -24,7 +24,7 @@ class Settings:
     seed: int = 0
     confidence: float = 0.95
     batch_size: int = 1024
-    budget: int | None = None  # None: each metric's own default (checks.Metric.budget)
+    budget: int | None = None  # None: each metric's own default (declarations.Metric.budget)
     inconclusive: str = "fail"
     model: str = "robust_model"
     data: str = "robust_data"

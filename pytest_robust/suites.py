@@ -50,7 +50,6 @@ import difflib
 import importlib
 import inspect
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -59,7 +58,7 @@ import pytest
 import yaml
 
 from .checks import CheckSpec, budget_of, parse_marker, suggest
-from .errors import ArgumentError, MarkerError, RobustError, SettingError
+from .errors import ArgumentError, FactoryError, MarkerError, RobustError, SettingError, SuiteError
 from .recording import SETTINGS, SPECS, enforce, metrics, run_spec
 from .settings import KEY_NAMES, Settings, parse_layer
 from .validation import positive_float
@@ -115,26 +114,6 @@ def collect_file(file_path: Path, parent: pytest.Collector) -> "SuiteFile | None
 # ---------------------------------------------------------------------------------------------
 # errors and the located YAML document
 # ---------------------------------------------------------------------------------------------
-
-
-class SuiteError(Exception):
-    """A problem in a suite file, located by file, line and key."""
-
-    def __init__(self, where: str, line: int, key: str, problem: str):
-        self.where, self.line, self.key, self.problem = where, line, key, problem
-        super().__init__(f"{where}:{line}: {key + ': ' if key else ''}{problem}")
-
-
-class FactoryError(Exception):
-    """A model or data factory that raised; the message locates the factory in the suite."""
-
-    def report(self) -> str:
-        """The message, then the factory's traceback (from its own frame on)."""
-        cause = self.__cause__
-        if cause is None:
-            return str(self)
-        tb = cause.__traceback__.tb_next if cause.__traceback__ else None
-        return f"{self}\n\n" + "".join(traceback.format_exception(type(cause), cause, tb)).rstrip()
 
 
 def key_name(path: KeyPath) -> str:

@@ -153,6 +153,69 @@ def choice(*options: str):
     return check
 
 
+def at_least(least: int):
+    """An integer >= ``least``."""
+    def check(key: str, value) -> int:
+        number = _number(key, value, int, f"an integer >= {least}")
+        if number < least:
+            raise SettingError(key, value, f"an integer >= {least}")
+        return number
+
+    return check
+
+
+def positive_pair(key: str, value) -> tuple[float, float]:
+    """Two numbers > 0, e.g. a (start, end) schedule."""
+    accepted = "a pair (start, end) of numbers > 0"
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise SettingError(key, value, accepted)
+    try:
+        return tuple(positive_float(key, v) for v in value)
+    except SettingError:
+        raise SettingError(key, value, accepted) from None
+
+
+def function(key: str, value):
+    """A callable (a function or an object with __call__)."""
+    if not callable(value):
+        raise SettingError(key, value, "a function")
+    return value
+
+
+def text(key: str, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise SettingError(key, value, "non-empty text")
+    return value
+
+
+def box(key: str, value):
+    """The input box (lo, hi): two numbers with lo < hi, or two tensors / per-channel sequences
+    (checked against the inputs when the check runs)."""
+    accepted = "(lo, hi): two numbers with lo < hi, or per-channel bounds, e.g. (0.0, 1.0)"
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise SettingError(key, value, accepted)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        if not (math.isfinite(value[0]) and math.isfinite(value[1]) and value[0] < value[1]):
+            raise SettingError(key, value, accepted)
+    return tuple(value)
+
+
+def text_list(key: str, value) -> list[str]:
+    """A list of names (one name is a list of one)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) for v in items):
+        raise SettingError(key, value, "a name or a non-empty list of names")
+    return list(items)
+
+
+def int_list(key: str, value) -> list[int]:
+    """A list of integers >= 1 (one integer is a list of one)."""
+    items = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise SettingError(key, value, "an integer or a non-empty list of integers >= 1")
+    return [positive_int(key, v) for v in items]
+
+
 @dataclass(frozen=True)
 class RunArgs:
     """The common arguments of a metric function, validated and converted."""

@@ -35,7 +35,7 @@ def _cases():
             standard, data, threshold=0.5, corruptions=["gaussian_noise", "contrast"], severities=[1, 3],
             budget=4000, seed=3),
         "q_gate": lambda: pr.intermediate_q(
-            noise, data, perturbation=pr.UniformLinf(eps=0.3), q=10, threshold=1.0, steps=20, warmup=5, inputs=12,
+            noise, data, perturbation=pr.UniformLinf(eps=0.3), q=10, max_loss=1.0, steps=20, warmup=5, inputs=12,
             budget=60_000, seed=4),
         "certified_accuracy": lambda: pr.certified_accuracy(
             load_model("gaussian_0.25"), (x[:16], y[:16]), threshold=0.5, radius=0.25, sigma=0.25,

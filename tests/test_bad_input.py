@@ -33,7 +33,7 @@ from pytest_robust import (
     nppr,
     tsrm,
 )
-from pytest_robust.metrics.nppr import ProjectedGaussian
+from pytest_robust.perturbations.projected import ProjectedGaussian
 from pytest_robust.validation import SettingError
 from test_plugin import CONFTEST as BASE_CONFTEST  # Step(t): TSRM = t on robust_data
 from toy_models import FULL_BOX, SmallNet, ThresholdModel, image_data, threshold_data
@@ -152,7 +152,7 @@ def shrink(x, generator):  # deterministic: ignores its generator but repeats ex
 
 
 def run_tsrm(model=None, data=None, perturbation=NOISE, **kw):
-    return lambda: tsrm(net() if model is None else model, images() if data is None else data, perturbation,
+    return lambda: tsrm(net() if model is None else model, images() if data is None else data, perturbation=perturbation,
                         **{**FAST, **kw})
 
 
@@ -198,7 +198,7 @@ CASES = [
     ("sigma-in-grey-levels", run_tsrm(perturbation=GaussianNoise(sigma=25)), RobustWarning, "8/255, not 8"),
     ("model-returns-tuple", run_tsrm(model=Pair(net())), RobustModelError, "it returned a tuple of 2 elements: element 0"),
     ("model-one-class", run_tsrm(model=Pair(net(), keep=1)), RobustModelError, "at least 2 classes"),
-    ("q-model-probabilities", lambda: intermediate_q(Softmaxed(net()), images(), NOISE, q=1, estimator="mc", steps=8),
+    ("q-model-probabilities", lambda: intermediate_q(Softmaxed(net()), images(), perturbation=NOISE, q=1, estimator="mc", steps=8),
      RobustWarning, "look like probabilities"),
     ("model-on-meta", run_tsrm(model=SmallNet().to("meta")), RobustModelError, "meta device"),
     # perturbation
@@ -223,12 +223,12 @@ CASES = [
     ("seed-negative", run_tsrm(seed=-1), SettingError, "seed=-1 is invalid"),
     ("batch-size-0", run_tsrm(batch_size=0), SettingError, "batch_size=0 is invalid"),
     ("device-typo", run_tsrm(device="gpu"), SettingError, "auto, cpu, cuda"),
-    ("q-zero", lambda: intermediate_q(net(), images(), NOISE, q=0), SettingError, "q=0 is invalid"),
-    ("q-data-outside-box", lambda: intermediate_q(net(), ((images()[0] - 0.5) * 4, images()[1]), NOISE, q=1),
+    ("q-zero", lambda: intermediate_q(net(), images(), perturbation=NOISE, q=0), SettingError, "q=0 is invalid"),
+    ("q-data-outside-box", lambda: intermediate_q(net(), ((images()[0] - 0.5) * 4, images()[1]), perturbation=NOISE, q=1),
      RobustDataError, "outside the perturbation's box"),
     ("nppr-data-outside-box", lambda: nppr(net(), (images()[0] * 255, images()[1]), eps=0.1),
      RobustDataError, "looks like 0..255 images"),
-    ("smoothing-nan-data", lambda: certified_accuracy(net(), with_nan(float("nan")), 0.5, radius=0.1, sigma=0.25),
+    ("smoothing-nan-data", lambda: certified_accuracy(net(), with_nan(float("nan")), threshold=0.5, radius=0.1, sigma=0.25),
      RobustDataError, "NaN"),
 ]
 
@@ -277,24 +277,24 @@ def test_log_probabilities_and_deterministic_perturbations_raise_no_warning():
 
 def test_shuffling_loader_gives_numbers_that_depend_only_on_the_seed():
     x, y = images()
-    plain = tsrm(net(), (x, y), NOISE, **FAST)
+    plain = tsrm(net(), (x, y), perturbation=NOISE, **FAST)
     shuffled = []
     for global_seed in (1, 2):
         torch.manual_seed(global_seed)
         loader = DataLoader(TensorDataset(x, y), batch_size=5, shuffle=True)
-        shuffled.append(tsrm(net(), loader, NOISE, **FAST).estimate)
+        shuffled.append(tsrm(net(), loader, perturbation=NOISE, **FAST).estimate)
     assert shuffled == [plain.estimate, plain.estimate]
 
 
 def test_huge_batch_for_an_early_decision_costs_about_one_block():
     x, y = threshold_data(64)
-    r = tsrm(ThresholdModel(0.999), (x, y), FULL_BOX, threshold=0.5, batch_size=20_000)
+    r = tsrm(ThresholdModel(0.999), (x, y), perturbation=FULL_BOX, threshold=0.5, batch_size=20_000)
     assert r.verdict == "pass" and r.draws < 256
     assert r.forward_passes == 256  # one block of draws, not 20,224
 
 
 def test_batch_size_of_a_billion_allocates_only_the_work():
-    r = tsrm(net(), images(), NOISE, budget=300, batch_size=10**9)
+    r = tsrm(net(), images(), perturbation=NOISE, budget=300, batch_size=10**9)
     assert r.forward_passes == r.draws == 300
 
 
@@ -302,8 +302,8 @@ def test_batch_size_of_a_billion_allocates_only_the_work():
                                                 "allocate 22000000000 bytes"), MemoryError()],
                          ids=["cpu-allocator", "memory-error"])
 def test_host_memory_failure_backs_off_like_cuda_oom(error):
-    reference = tsrm(net(), images(), NOISE, budget=500, batch_size=64)
-    r = tsrm(FlakyMemory(net(), 64, error), images(), NOISE, budget=500, batch_size=1000)
+    reference = tsrm(net(), images(), perturbation=NOISE, budget=500, batch_size=64)
+    r = tsrm(FlakyMemory(net(), 64, error), images(), perturbation=NOISE, budget=500, batch_size=1000)
     assert r.estimate == reference.estimate and r.details["oom_halvings"] >= 1
 
 
@@ -380,10 +380,10 @@ def test_expected_failure():
     pass
 
 def test_fixture_threshold_gates(robust, robust_model, robust_data):
-    robust.tsrm(robust_model, robust_data, P, threshold=0.9)   # no assert: still gated
+    robust.tsrm(robust_model, robust_data, perturbation=P, threshold=0.9)   # no assert: still gated
 
 def test_fixture_enforce_false(robust, robust_model, robust_data):
-    r = robust.tsrm(robust_model, robust_data, P, threshold=0.9, enforce=False)
+    r = robust.tsrm(robust_model, robust_data, perturbation=P, threshold=0.9, enforce=False)
     assert r.verdict == "fail"
 
 def test_check_without_marker(robust):

@@ -28,7 +28,6 @@ from pytest_robust import (
     predict,
     tsrm,
 )
-from pytest_robust.engine import BudgetError
 from pytest_robust.errors import RobustModelError, SettingError
 from pytest_robust.results import Result, decide
 
@@ -38,22 +37,22 @@ BOX = UniformLinf(eps=0.1)
 
 #: Every model-calling entry point, on SmallNet-sized work, cheap enough for a unit test.
 CHECKS = {
-    "tsrm": lambda m, d, **k: tsrm(m, d, BOX, 0.5, budget=3000, **k),
-    "q_hmc": lambda m, d, **k: intermediate_q(m, d, BOX, 10, chains=4, steps=6, warmup=2, pgd_steps=3,
+    "tsrm": lambda m, d, **k: tsrm(m, d, perturbation=BOX, threshold=0.5, budget=3000, **k),
+    "q_hmc": lambda m, d, **k: intermediate_q(m, d, perturbation=BOX, q=10, chains=4, steps=6, warmup=2, pgd_steps=3,
                                               budget=20_000, **k),
-    "q_mc": lambda m, d, **k: intermediate_q(m, d, BOX, 1, estimator="mc", chains=4, steps=8, pgd_steps=3,
+    "q_mc": lambda m, d, **k: intermediate_q(m, d, perturbation=BOX, q=1, estimator="mc", chains=4, steps=8, pgd_steps=3,
                                              budget=20_000, **k),
-    "certified_accuracy": lambda m, d, **k: certified_accuracy(m, d, None, radius=0.05, sigma=0.25, max_draws=3000,
+    "certified_accuracy": lambda m, d, **k: certified_accuracy(m, d, threshold=None, radius=0.05, sigma=0.25, max_draws=3000,
                                                                budget=40_000, **k),
     "certify": lambda m, d, **k: certify(m, d, 0.25, n0=10, n=200, **k),
     "predict": lambda m, d, **k: predict(m, d, 0.25, n=200, **k),
     "pa_report": lambda m, d, **k: pa_report(m, d, 0.25, n=200, **k),
     "nppr": lambda m, d, **k: nppr(m, d, eps=0.1, latent_dim=4, components=2, fit_steps=4, fit_batch_size=8,
                                    fit_draws=2, draws_per_input=4, pgd=True, pgd_steps=3, budget=30_000, **k),
-    "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, 0.3, eps=0.1, steps=4, restarts=2, targets=1,
+    "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, threshold=0.3, eps=0.1, steps=4, restarts=2, targets=1,
                                                                    square_queries=20, **k),
     "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
-        m, d, 0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=3000, **k),
+        m, d, threshold=0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=3000, **k),
 }
 
 
@@ -122,7 +121,8 @@ def test_budget_is_counted_per_phase_and_never_exceeded():
 
 def test_nppr_refuses_a_budget_its_fit_cannot_fit_in():
     x, y = image_data(n=40)
-    with pytest.raises(BudgetError, match="budget of 500 model evaluations ran out in the fit phase"):
+    with pytest.raises(SettingError, match="budget=500 is invalid: expected enough for nppr to reach an estimate: "
+                                           "the budget of 500 model evaluations ran out in the fit phase"):
         nppr(SmallNet().eval(), (x, y), eps=0.1, latent_dim=4, components=2, fit_steps=40, fit_batch_size=8,
              fit_draws=2, budget=500)
 
@@ -176,12 +176,12 @@ def zero_one(logits, y):
 
 def test_a_non_differentiable_loss_works_with_monte_carlo_and_skips_the_pgd_context():
     x, y = image_data(n=40)
-    r = intermediate_q(SmallNet().eval(), (x, y), BOX, 1, estimator="mc", loss=zero_one, chains=4, steps=8,
+    r = intermediate_q(SmallNet().eval(), (x, y), perturbation=BOX, q=1, estimator="mc", loss=zero_one, chains=4, steps=8,
                        budget=20_000)
     assert r.details["q_infinity_method"] == "largest loss visited"
     assert 0.0 <= r.estimate <= 1.0  # the 0-1 loss at q = 1 is the error rate under the noise
     with pytest.raises(RobustModelError, match="not differentiable in the input"):
-        intermediate_q(SmallNet().eval(), (x, y), BOX, 1, estimator="hmc", loss=zero_one, chains=4, steps=8,
+        intermediate_q(SmallNet().eval(), (x, y), perturbation=BOX, q=1, estimator="hmc", loss=zero_one, chains=4, steps=8,
                        budget=20_000)
 
 
@@ -246,18 +246,13 @@ CONFTEST_METRIC = textwrap.dedent('''
     import torch
     from pytest_robust import Metric
     from pytest_robust.engine import correct_predictions
-    from pytest_robust.run import Run
-    from pytest_robust.stats import clopper_pearson_lower, clopper_pearson_upper
+    from pytest_robust.procedures import per_input
 
 
-    def clean_accuracy(model, data, threshold=None, *, confidence, budget, seed, batch_size, device):
+    def clean_accuracy(run):
         """Accuracy on the unperturbed data, Clopper-Pearson over inputs."""
-        with Run("clean_accuracy", model, data, threshold=threshold, confidence=confidence, budget=budget,
-                 seed=seed, batch_size=batch_size, device=device) as run:
-            hits = correct_predictions(run.forward.logits(run.ds.x.to(run.device)), run.ds.y.to(run.device))
-        k, n = int(hits.sum()), len(hits)
-        return run.result(estimate=k / n, lower=clopper_pearson_lower(k, n, run.alpha),
-                          upper=clopper_pearson_upper(k, n, run.alpha), draws=n, perturbation="none")
+        hits = correct_predictions(run.forward.logits(run.ds.x), run.ds.y)
+        return per_input.rate_result(run, hits.cpu().numpy(), "none")
 
 
     def pytest_robust_metrics():
@@ -307,7 +302,7 @@ def test_a_metric_defined_in_a_conftest_works_as_marker_fixture_and_yaml_check(p
             pass
 
         def test_fixture(robust, robust_model, robust_data):
-            r = robust.clean_accuracy(robust_model, robust_data, 0.8)
+            r = robust.clean_accuracy(robust_model, robust_data, threshold=0.8)
             assert r.passed and r.metric == "clean_accuracy" and r.budget == 1000
     ''')
     pytester.makefile(".yaml", robust_custom='''
@@ -377,21 +372,18 @@ def test_terminal_junit_results_json_and_summary_show_the_same_evaluations_and_b
 
 
 BROKEN_METRICS = '''
-    from pytest_robust import Metric
-    from pytest_robust.run import Run
+    from pytest_robust import Metric, Param
 
 
-    def returns_float(model, data, threshold=None, *, confidence, budget, seed, batch_size, device):
+    def returns_float(run):
         return 0.5
 
 
-    def inverted_bounds(model, data, threshold=None, *, confidence, budget, seed, batch_size, device):
-        with Run("inverted_bounds", model, data, threshold=threshold, budget=budget) as run:
-            pass
+    def inverted_bounds(run):
         return run.result(estimate=0.5, lower=0.9, upper=0.1, draws=1, perturbation="none")
 
 
-    def too_few_keywords(model, data, threshold=None):
+    def too_few_keywords():
         return None
 
 
@@ -429,9 +421,9 @@ def test_a_broken_custom_metric_is_an_error_in_every_report_not_a_traceback_or_a
     out = result.stdout.str()
     assert "Traceback" not in out and "AttributeError: 'float'" not in out
     result.stdout.fnmatch_lines([
-        "*metric returns_float returned float, not a pytest_robust Result: build it with Run.result(...)*",
+        "*metric returns_float returned float, not a pytest_robust Result: end its body with return run.result(...)*",
         "*metric inverted_bounds returned estimate 0.5 with bounds [[]0.9, 0.1]: the bounds must be finite*",
-        "*metric too_few_keywords: its runner 'too_few_keywords' cannot be called as runner(model, data, threshold=*",
+        "*metric too_few_keywords: its body 'too_few_keywords' cannot be called as body(run)*",
         "*robust.inverted_bounds(...): unknown keyword(s) treshold*; valid keywords of robust(inverted_bounds=...)*",
         "*the robust fixture has no attribute 'inverted_bound' (did you mean inverted_bounds?)*",
     ])

@@ -71,13 +71,13 @@ def test_calibration_false_pass_rate_at_the_threshold():
     counts = {"pass": 0, "fail": 0, "inconclusive": 0}
     model, data = MeanBelow(), grey_images()
     for seed in range(reps):
-        r = corruption_accuracy(model, data, 0.7, confidence=confidence, budget=1024, seed=seed, **GRID)
+        r = corruption_accuracy(model, data, threshold=0.7, confidence=confidence, budget=1024, seed=seed, **GRID)
         counts[r.verdict] += 1
     bound = alpha + 3 * math.sqrt(alpha * (1 - alpha) / reps)
     assert counts["pass"] / reps <= bound and counts["fail"] / reps <= bound, counts
     # and away from the truth the gate decides the right way
-    assert corruption_accuracy(model, data, 0.5, budget=4000, **GRID).verdict == "pass"
-    assert corruption_accuracy(model, data, 0.9, budget=4000, **GRID).verdict == "fail"
+    assert corruption_accuracy(model, data, threshold=0.5, budget=4000, **GRID).verdict == "pass"
+    assert corruption_accuracy(model, data, threshold=0.9, budget=4000, **GRID).verdict == "fail"
 
 
 def test_breakdown_agrees_with_separate_tsrm_checks():
@@ -94,7 +94,7 @@ def test_breakdown_agrees_with_separate_tsrm_checks():
     grid = corruption_accuracy(model, (x, y), corruptions=names, severities=[3, 5], budget=3000, seed=4)
     for name in names:
         part = grid.details["per_corruption"][name]
-        alone = tsrm(model, (x, y), _mixture(name), budget=1500, seed=9)
+        alone = tsrm(model, (x, y), perturbation=_mixture(name), budget=1500, seed=9)
         assert part["cp_lower"] <= alone.details["cp_upper"] and alone.details["cp_lower"] <= part["cp_upper"], name
 
 
@@ -173,7 +173,7 @@ def test_marker_fixture_yaml_and_report(pytester: pytest.Pytester):
             pass
 
         def test_fixture(robust, robust_model, robust_data):
-            r = robust.corruption_accuracy(robust_model, robust_data, 0.8, corruptions=["brightness"],
+            r = robust.corruption_accuracy(robust_model, robust_data, threshold=0.8, corruptions=["brightness"],
                                            severities=[1, 2, 3], budget=4000, enforce=False)
             assert r.verdict == "fail" and r.details["per_severity"]["3"]["accuracy"] == 0.0
     '''))

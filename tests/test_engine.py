@@ -74,7 +74,7 @@ def test_estimate_mode_does_not_depend_on_batch_size():
     results, rows = [], []
     for batch_size in (1, 7, 256, 1000):
         model = RecordingModel(eval_net())
-        r = tsrm(model, data, NOISE, budget=1000, seed=3, batch_size=batch_size)
+        r = tsrm(model, data, perturbation=NOISE, budget=1000, seed=3, batch_size=batch_size)
         results.append(r)
         rows.append(model.seen())
         assert r.verdict == "estimate"
@@ -93,7 +93,7 @@ def test_gate_mode_does_not_depend_on_batch_size(threshold, verdict):
     results, rows = [], []
     for batch_size in (1, 7, 256, 1000):
         model = RecordingModel(eval_net())
-        r = tsrm(model, data, NOISE, threshold=threshold, budget=20_000, seed=4, batch_size=batch_size)
+        r = tsrm(model, data, perturbation=NOISE, threshold=threshold, budget=20_000, seed=4, batch_size=batch_size)
         results.append(r)
         rows.append(model.seen()[: r.draws])
         assert r.verdict == verdict
@@ -108,7 +108,7 @@ def test_same_seed_reproduces_and_other_seed_differs():
     runs = {}
     for seed in (5, 5, 6):
         model = RecordingModel(eval_net())
-        r = tsrm(model, data, NOISE, budget=2000, seed=seed)
+        r = tsrm(model, data, perturbation=NOISE, budget=2000, seed=seed)
         runs.setdefault(seed, []).append((summary(r), model.seen()))
     (s1, x1), (s2, x2) = runs[5]
     (s3, x3) = runs[6][0]
@@ -120,11 +120,11 @@ def test_same_seed_reproduces_and_other_seed_differs():
 def test_results_do_not_depend_on_global_rng_or_previous_checks():
     data = image_data()
     torch.manual_seed(0)
-    first = tsrm(eval_net(), data, NOISE, budget=1000, seed=1)
+    first = tsrm(eval_net(), data, perturbation=NOISE, budget=1000, seed=1)
     torch.manual_seed(999)
     torch.rand(1234)
-    tsrm(eval_net(), data, NOISE, budget=500, seed=2)  # an unrelated check in between
-    second = tsrm(eval_net(), data, NOISE, budget=1000, seed=1)
+    tsrm(eval_net(), data, perturbation=NOISE, budget=500, seed=2)  # an unrelated check in between
+    second = tsrm(eval_net(), data, perturbation=NOISE, budget=1000, seed=1)
     assert summary(first) == summary(second)
 
 
@@ -190,7 +190,7 @@ def test_training_mode_flags_parameters_and_rng_are_restored():
     torch.manual_seed(2024)
     rng = torch.get_rng_state()
     with pytest.warns(RobustWarning, match="training mode with BatchNorm1d layers"):
-        r = tsrm(model, image_data(), NOISE, budget=600, seed=0)
+        r = tsrm(model, image_data(), perturbation=NOISE, budget=600, seed=0)
     assert r.details["model_was_training"] is True
     _assert_same_state(model, before)
     assert torch.equal(torch.get_rng_state(), rng)
@@ -205,7 +205,7 @@ def test_eval_mode_model_gives_no_warning():
     before = _snapshot(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        r = tsrm(model, image_data(), NOISE, budget=300)
+        r = tsrm(model, image_data(), perturbation=NOISE, budget=300)
     assert r.details["model_was_training"] is False
     _assert_same_state(model, before)
 
@@ -219,7 +219,7 @@ def test_global_rng_used_by_the_model_is_restored():
     assert not torch.equal(torch.get_rng_state(), state)
     # ... but a check leaves it where it was
     state = torch.get_rng_state()
-    tsrm(model.eval(), (x, y), FULL_BOX, budget=1000)
+    tsrm(model.eval(), (x, y), perturbation=FULL_BOX, budget=1000)
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -239,7 +239,7 @@ def test_state_is_restored_when_the_check_raises():
     before = _snapshot(model)
     state = torch.get_rng_state()
     with pytest.warns(RobustWarning, match="with Dropout layers"), pytest.raises(RobustModelError, match="NaN"):
-        tsrm(model, threshold_data(), FULL_BOX, budget=100)
+        tsrm(model, threshold_data(), perturbation=FULL_BOX, budget=100)
     _assert_same_state(model, before)
     assert torch.equal(torch.get_rng_state(), state)
 
@@ -260,7 +260,7 @@ def test_training_mode_without_mode_dependent_layers_is_silent_but_restored():
     model = ThresholdModel(0.5).train()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        r = tsrm(model, threshold_data(), FULL_BOX, budget=100)
+        r = tsrm(model, threshold_data(), perturbation=FULL_BOX, budget=100)
     assert r.details["model_was_training"] is False
     assert model.training and model.bias.requires_grad
 
@@ -271,14 +271,14 @@ def test_training_mode_without_mode_dependent_layers_is_silent_but_restored():
 def test_in_place_modification_is_detected(model, name):
     model.eval()
     with pytest.raises(RobustModelError, match=rf"the model modified {name} in place during evaluation"):
-        tsrm(model, threshold_data(), FULL_BOX, budget=100)
+        tsrm(model, threshold_data(), perturbation=FULL_BOX, budget=100)
     assert not model.training
 
 
 def test_in_place_modification_through_data_is_detected():
     model = DataAttrMutatingModel(0.5).eval()
     with pytest.raises(RobustModelError, match="modified bias in place"):
-        tsrm(model, threshold_data(), FULL_BOX, budget=100)
+        tsrm(model, threshold_data(), perturbation=FULL_BOX, budget=100)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,8 +290,8 @@ def _oom_pair(k, batch_size, **kwargs):
     data = image_data()
     failing = RecordingModel(eval_net(), oom_above=k)
     plain = RecordingModel(eval_net())
-    r_oom = tsrm(failing, data, NOISE, batch_size=batch_size, seed=9, **kwargs)
-    r_ref = tsrm(plain, data, NOISE, batch_size=k, seed=9, **kwargs)
+    r_oom = tsrm(failing, data, perturbation=NOISE, batch_size=batch_size, seed=9, **kwargs)
+    r_ref = tsrm(plain, data, perturbation=NOISE, batch_size=k, seed=9, **kwargs)
     return failing, r_oom, plain, r_ref
 
 
@@ -331,16 +331,16 @@ def test_oom_as_runtime_error_message_is_also_handled():
                 raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
             return self.inner(x)
 
-    r = tsrm(OldStyleOOM(), threshold_data(), FULL_BOX, budget=500, batch_size=40)
+    r = tsrm(OldStyleOOM(), threshold_data(), perturbation=FULL_BOX, budget=500, batch_size=40)
     assert r.details["oom_halvings"] == 2 and r.details["batch_size"] == 10
-    ref = tsrm(ThresholdModel(0.5), threshold_data(), FULL_BOX, budget=500, batch_size=10)
+    ref = tsrm(ThresholdModel(0.5), threshold_data(), perturbation=FULL_BOX, budget=500, batch_size=10)
     assert summary(r) == summary(ref)
 
 
 def test_oom_at_batch_size_one_is_a_clear_error():
     model = RecordingModel(eval_net(), oom_above=0)
     with pytest.raises(RobustModelError, match="out of memory even with batch size 1") as info:
-        tsrm(model, image_data(), NOISE, budget=100, batch_size=8)
+        tsrm(model, image_data(), perturbation=NOISE, budget=100, batch_size=8)
     assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
     assert model.oom_raised == 4  # 8, 4, 2, 1
 
@@ -351,7 +351,7 @@ def test_other_runtime_errors_propagate_unchanged():
             raise RuntimeError("boom: shape mismatch")
 
     with pytest.raises(RuntimeError, match="boom") as info:
-        tsrm(Boom(0.5), threshold_data(), FULL_BOX, budget=100)
+        tsrm(Boom(0.5), threshold_data(), perturbation=FULL_BOX, budget=100)
     assert type(info.value) is RuntimeError
 
 
@@ -376,7 +376,7 @@ def test_other_runtime_errors_propagate_unchanged():
 )
 def test_malformed_logits_raise_model_error(kind, message):
     with pytest.raises(RobustModelError, match=message):
-        tsrm(BadLogitsModel(kind), threshold_data(), FULL_BOX, budget=100, batch_size=100)
+        tsrm(BadLogitsModel(kind), threshold_data(), perturbation=FULL_BOX, budget=100, batch_size=100)
 
 
 def test_changing_number_of_classes_is_an_error():
@@ -404,7 +404,7 @@ def test_labels_out_of_range_raise_data_error():
     x, _ = threshold_data()
     y = torch.full((len(x),), 2)
     with pytest.raises(RobustDataError, match="label 2 is out of range for a model with 2 classes"):
-        tsrm(ThresholdModel(0.5), (x, y), FULL_BOX, budget=100)
+        tsrm(ThresholdModel(0.5), (x, y), perturbation=FULL_BOX, budget=100)
 
 
 def _undrawn_index(n, budget, seed):
@@ -417,16 +417,16 @@ def test_label_out_of_range_is_detected_even_if_never_drawn():
     y = y.clone()
     y[_undrawn_index(200, 10, seed=0)] = 5  # a 2-class model: label 5 is invalid
     with pytest.raises(RobustDataError, match="out of range"):
-        tsrm(ThresholdModel(0.5), (x, y), FULL_BOX, budget=10, seed=0)
+        tsrm(ThresholdModel(0.5), (x, y), perturbation=FULL_BOX, budget=10, seed=0)
 
 
 def test_ties_count_as_errors():
     x, _ = threshold_data()
     for label in (0, 1, 2):
         y = torch.full((len(x),), label)
-        r = tsrm(ConstantLogits(3), (x, y), FULL_BOX, budget=500)
+        r = tsrm(ConstantLogits(3), (x, y), perturbation=FULL_BOX, budget=500)
         assert r.estimate == 0.0 and r.details["correct"] == 0 and r.upper < 0.02
-    r = tsrm(ConstantLogits(3), (x, torch.zeros(len(x), dtype=torch.long)), FULL_BOX, threshold=0.5)
+    r = tsrm(ConstantLogits(3), (x, torch.zeros(len(x), dtype=torch.long)), perturbation=FULL_BOX, threshold=0.5)
     assert r.verdict == "fail" and r.estimate == 0.0
 
 
@@ -456,7 +456,7 @@ def test_data_forms_are_equivalent():
         assert torch.equal(ds.x, x), k
         assert torch.equal(ds.y, y), k
         assert ds.y.dtype == torch.long and len(ds) == 23
-    results = {k: summary(tsrm(eval_net(), v, NOISE, budget=700, seed=2)) for k, v in forms.items()}
+    results = {k: summary(tsrm(eval_net(), v, perturbation=NOISE, budget=700, seed=2)) for k, v in forms.items()}
     assert len(set(results.values())) == 1
 
 
@@ -490,7 +490,7 @@ def test_bad_data_raises_data_error(data, message):
         load_data(data)
     model = ThresholdModel(0.5).train()
     with pytest.raises(RobustDataError, match=message):
-        tsrm(model, data, FULL_BOX, budget=10)
+        tsrm(model, data, perturbation=FULL_BOX, budget=10)
     assert model.training  # raised before the model was touched
 
 
@@ -502,7 +502,7 @@ def test_bad_data_raises_data_error(data, message):
 def test_model_on_another_device_is_a_clear_error():
     model = ThresholdModel(0.5).to("meta")
     with pytest.raises(RobustModelError, match="the model's parameters are on meta but the check runs on cpu"):
-        tsrm(model, threshold_data(), FULL_BOX, budget=10, device="cpu")
+        tsrm(model, threshold_data(), perturbation=FULL_BOX, budget=10, device="cpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -511,7 +511,7 @@ def test_cuda_requested_without_cuda_raises(spec):
     with pytest.raises(ValueError, match="no CUDA device"):
         resolve_device(spec)
     with pytest.raises(ValueError, match="no CUDA device"):
-        tsrm(ThresholdModel(0.5), threshold_data(), FULL_BOX, budget=10, device=spec)
+        tsrm(ThresholdModel(0.5), threshold_data(), perturbation=FULL_BOX, budget=10, device=spec)
 
 
 @pytest.mark.skipif(torch.backends.mps.is_available(), reason="needs a machine without MPS")
@@ -529,7 +529,7 @@ def test_resolve_device_auto_and_defaults():
     assert resolve_device(None, torch.nn.ReLU()) == torch.device("cpu")  # no parameters
     with pytest.raises(RobustModelError, match="meta device"):
         resolve_device(None, ThresholdModel(0.5).to("meta"))
-    r = tsrm(ThresholdModel(0.5), threshold_data(), FULL_BOX, budget=10, device="auto")
+    r = tsrm(ThresholdModel(0.5), threshold_data(), perturbation=FULL_BOX, budget=10, device="auto")
     assert r.device == "cpu"
 
 
@@ -576,7 +576,7 @@ BAD_ARGS = [
 def test_invalid_arguments_raise_setting_error_naming_the_key(key, value):
     model = ThresholdModel(0.5)
     with pytest.raises(SettingError) as info:
-        tsrm(model, threshold_data(), FULL_BOX, **{key: value})
+        tsrm(model, threshold_data(), perturbation=FULL_BOX, **{key: value})
     assert info.value.key == key
     assert str(info.value).startswith(f"{key}={value!r} is invalid: expected ")
     assert isinstance(info.value, ValueError)
@@ -584,7 +584,7 @@ def test_invalid_arguments_raise_setting_error_naming_the_key(key, value):
 
 def test_invalid_perturbation_raises_type_error():
     with pytest.raises(TypeError, match="perturbation must be"):
-        tsrm(ThresholdModel(0.5), threshold_data(), 0.1)
+        tsrm(ThresholdModel(0.5), threshold_data(), perturbation=0.1)
 
 
 @pytest.mark.parametrize(
@@ -593,9 +593,9 @@ def test_invalid_perturbation_raises_type_error():
 )
 def test_values_accepted_by_validation_are_usable(key, value, plain):
     base = dict(threshold=0.3, budget=2000, batch_size=100)
-    expected = summary(tsrm(ThresholdModel(0.5), threshold_data(), FULL_BOX, **{**base, key: plain}))
+    expected = summary(tsrm(ThresholdModel(0.5), threshold_data(), perturbation=FULL_BOX, **{**base, key: plain}))
     try:
-        got = summary(tsrm(ThresholdModel(0.5), threshold_data(), FULL_BOX, **{**base, key: value}))
+        got = summary(tsrm(ThresholdModel(0.5), threshold_data(), perturbation=FULL_BOX, **{**base, key: value}))
     except SettingError:
         return  # rejecting it clearly would be fine too
     assert got == expected

@@ -65,9 +65,9 @@ def test_a_bfloat16_pgd_attack_still_moves():
     x, y = image_data(n=60)
     x = 0.5 + 0.5 * x  # inputs in [0.5, 1), where bfloat16's ulp is 2^-8
     kw = dict(eps=0.05, steps=20, restarts=1)
-    full = adversarial_accuracy(SmallNet().eval(), (x, y), None, **kw)
-    low = adversarial_accuracy(SmallNet().eval().bfloat16(), (x, y), None, **kw)
-    clean = tsrm(SmallNet().eval().bfloat16(), (x, y), UniformLinf(eps=1e-6), None, budget=256)
+    full = adversarial_accuracy(SmallNet().eval(), (x, y), threshold=None, **kw)
+    low = adversarial_accuracy(SmallNet().eval().bfloat16(), (x, y), threshold=None, **kw)
+    clean = tsrm(SmallNet().eval().bfloat16(), (x, y), perturbation=UniformLinf(eps=1e-6), threshold=None, budget=256)
     assert low.estimate < clean.estimate - 0.1  # the attack moved
     assert full.lower - 0.05 <= low.estimate <= full.upper + 0.05
 
@@ -75,9 +75,9 @@ def test_a_bfloat16_pgd_attack_still_moves():
 def test_tied_logits_are_errors_reported_with_their_rate_and_a_warning():
     x, y = image_data(n=40)
     with pytest.warns(UserWarning, match=r"100.00% of the model's outputs .* tied top logits"):
-        r = tsrm(ConstantLogits(), (x, y), UniformLinf(eps=0.1), None, budget=512)
+        r = tsrm(ConstantLogits(), (x, y), perturbation=UniformLinf(eps=0.1), threshold=None, budget=512)
     assert r.details["tie_rate"] == 1.0 and r.estimate == 0.0
-    clean = tsrm(SmallNet().eval(), (x, y), UniformLinf(eps=0.1), None, budget=512)
+    clean = tsrm(SmallNet().eval(), (x, y), perturbation=UniformLinf(eps=0.1), threshold=None, budget=512)
     assert clean.details["tie_rate"] == 0.0 and not any("tied" in w for w in clean.details.get("warnings", []))
 
 
@@ -93,11 +93,11 @@ def test_precision_bf16_runs_the_model_under_autocast_and_says_so():
             seen.append(torch.is_autocast_enabled("cpu"))
             return super().forward(x)
 
-    plain = tsrm(Probe().eval(), (x, y), UniformLinf(eps=0.1), None, budget=1024)
+    plain = tsrm(Probe().eval(), (x, y), perturbation=UniformLinf(eps=0.1), threshold=None, budget=1024)
     assert not any(seen) and plain.precision == "float32" and "model in" not in plain.message()
     seen.clear()
     with execution(precision="bf16"):
-        r = tsrm(Probe().eval(), (x, y), UniformLinf(eps=0.1), None, budget=1024)
+        r = tsrm(Probe().eval(), (x, y), perturbation=UniformLinf(eps=0.1), threshold=None, budget=1024)
     assert seen and all(seen)
     assert r.precision == "autocast bfloat16" and "model in autocast bfloat16" in r.message()
     assert r.details["execution"] == {"precision": "bf16", "channels_last": False, "compile": False,
@@ -131,9 +131,9 @@ def test_deterministic_and_channels_last_hold_inside_a_check_and_are_restored():
             return self.conv(x).mean(dim=(2, 3))
 
     model = Conv().eval()
-    plain = tsrm(model, (x, y), UniformLinf(eps=0.1), None, budget=256)
+    plain = tsrm(model, (x, y), perturbation=UniformLinf(eps=0.1), threshold=None, budget=256)
     with execution(deterministic=True, channels_last=True):
-        r = tsrm(model, (x, y), UniformLinf(eps=0.1), None, budget=256)
+        r = tsrm(model, (x, y), perturbation=UniformLinf(eps=0.1), threshold=None, budget=256)
     assert seen[0] == (False, False, False) and seen[-1] == (True, True, True)
     assert not torch.are_deterministic_algorithms_enabled()
     assert model.conv.weight.is_contiguous() and not model.conv.weight.is_contiguous(memory_format=torch.channels_last)
@@ -214,7 +214,7 @@ def test_a_check_reseeds_no_cuda_generator_and_restores_the_cpu_one(monkeypatch)
     torch.manual_seed(123)
     before = torch.get_rng_state()
     calls.clear()
-    tsrm(model, data, UniformLinf(eps=0.1), 0.5, budget=1024)
+    tsrm(model, data, perturbation=UniformLinf(eps=0.1), threshold=0.5, budget=1024)
     assert calls == [] and torch.equal(torch.get_rng_state(), before)
 
 
@@ -234,7 +234,7 @@ def test_the_perturbation_probe_sees_the_data_on_the_check_s_device(monkeypatch)
 
     monkeypatch.setattr(run_module, "place", place)
     monkeypatch.setattr("pytest_robust.inspection.check_uses_generator", probe)
-    tsrm(SmallNet().eval(), image_data(n=40), UniformLinf(eps=0.1), None, budget=256)
+    tsrm(SmallNet().eval(), image_data(n=40), perturbation=UniformLinf(eps=0.1), threshold=None, budget=256)
     assert probed and probed[0] is placed[0]
 
 
@@ -250,15 +250,15 @@ def test_hot_loops_read_the_host_at_most_twice_per_model_batch(name):
     model = SmallNet(size=8).eval()
     box = UniformLinf(eps=0.1)
     runs = {
-        "tsrm": lambda k: tsrm(model, (x, y), box, None, budget=1024 * k, batch_size=256),
+        "tsrm": lambda k: tsrm(model, (x, y), perturbation=box, threshold=None, budget=1024 * k, batch_size=256),
         "corruption_accuracy": lambda k: corruption_accuracy(
-            model, (x, y), None, corruptions=["gaussian_noise", "zoom_blur", "contrast", "jpeg_compression"],
+            model, (x, y), threshold=None, corruptions=["gaussian_noise", "zoom_blur", "contrast", "jpeg_compression"],
             severities=[1, 5], budget=1024 * k, batch_size=256),
-        "certified_accuracy": lambda k: certified_accuracy(model, (x[:8 * k], y[:8 * k]), None, radius=0.05, sigma=0.25,
+        "certified_accuracy": lambda k: certified_accuracy(model, (x[:8 * k], y[:8 * k]), threshold=None, radius=0.05, sigma=0.25,
                                                            max_draws=1000, budget=40_000, batch_size=256),
-        "adversarial_accuracy": lambda k: adversarial_accuracy(model, (x, y), None, eps=0.1, steps=5 * k, batch_size=256),
+        "adversarial_accuracy": lambda k: adversarial_accuracy(model, (x, y), threshold=None, eps=0.1, steps=5 * k, batch_size=256),
         "q_hmc": lambda k: intermediate_q(
-            model, (x[:8], y[:8]), box, 10, chains=4, steps=6 * k, warmup=2, pgd_steps=2, budget=40_000, batch_size=256),
+            model, (x[:8], y[:8]), perturbation=box, q=10, chains=4, steps=6 * k, warmup=2, pgd_steps=2, budget=40_000, batch_size=256),
         "nppr": lambda k: nppr(model, (x, y), eps=0.1, latent_dim=4, components=2, fit_steps=4 * k, fit_batch_size=8,
                                fit_draws=2, draws_per_input=4, budget=8_000 * k, batch_size=256),
     }
@@ -353,10 +353,10 @@ def _strict_collectives() -> None:
 #: Per-draw checks with budgets that leave some rank an empty share in the last step (blocks of
 #: 256 draws; 612 = 2 * 256 + 100 leaves rank 1 nothing in a step of 2 x 2 blocks).
 UNEVEN = {
-    "tsrm": lambda m, d: tsrm(m, d, UniformLinf(eps=0.1), None, budget=612, batch_size=512),
-    "tsrm_gate": lambda m, d: tsrm(m, d, UniformLinf(eps=0.1), 0.3, budget=1300, batch_size=512),
+    "tsrm": lambda m, d: tsrm(m, d, perturbation=UniformLinf(eps=0.1), threshold=None, budget=612, batch_size=512),
+    "tsrm_gate": lambda m, d: tsrm(m, d, perturbation=UniformLinf(eps=0.1), threshold=0.3, budget=1300, batch_size=512),
     "corruption_accuracy": lambda m, d: corruption_accuracy(
-        m, d, None, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=612,
+        m, d, threshold=None, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=612,
         batch_size=512),
     "nppr": lambda m, d: nppr(m, d, eps=0.1, latent_dim=4, components=2, fit_steps=4, fit_batch_size=8, fit_draws=2,
                               draws_per_input=4, budget=9_300, batch_size=512),

@@ -36,8 +36,11 @@ from pytest_robust.mcmc import (
     repeat_rows,
     split_rhat,
 )
-from pytest_robust.metrics import intermediate_q as iq
-from pytest_robust.metrics.intermediate_q import intermediate_q, q_curve
+from pytest_robust.analyses.q_curve import q_curve
+from pytest_robust.analyses.q_estimate import Estimate
+from pytest_robust.analyses.q_plan import MC_CONTEXT_DRAWS
+from pytest_robust.metrics.intermediate_q import intermediate_q
+from pytest_robust.stats import group_sequential as gs
 from pytest_robust.stats import t_quantile
 from pytest_robust.perturbations import (
     FLIP,
@@ -104,7 +107,7 @@ A, EPS = 2.0, 0.5
 @pytest.mark.parametrize("estimator", ["hmc", "mh", "mc"])
 @pytest.mark.parametrize("q", [1, 10, 100])
 def test_every_estimator_matches_the_uniform_closed_form(estimator, q):
-    r = intermediate_q(ExpModel(A), centre_data(), UniformLinf(EPS), q, estimator=estimator,
+    r = intermediate_q(ExpModel(A), centre_data(), perturbation=UniformLinf(EPS), q=q, estimator=estimator,
                        loss=first_logit, seed=1)
     truth = exp_uniform_truth(q, A, EPS)
     assert r.estimate == pytest.approx(truth, rel=0.03)
@@ -117,7 +120,7 @@ def test_path_sampling_converges_as_the_path_gets_longer():
     """Lag bias (the chains trail a moving target) shrinks with more temperatures."""
     truth = exp_uniform_truth(100, A, EPS)
     errors = [
-        abs(intermediate_q(ExpModel(A), centre_data(), UniformLinf(EPS), 100, loss=first_logit, seed=2,
+        abs(intermediate_q(ExpModel(A), centre_data(), perturbation=UniformLinf(EPS), q=100, loss=first_logit, seed=2,
                            steps=steps, budget=10**7).estimate / truth - 1)
         for steps in (25, 400)
     ]
@@ -129,7 +132,7 @@ def test_path_sampling_converges_as_the_path_gets_longer():
 def test_gaussian_noise_space_matches_its_closed_form(estimator, q):
     """HMC and MH on z ~ N(0, I) with l = exp(a sigma sum z): Z_q = exp(q a^2 sigma^2 d / 2)."""
     a, sigma, d = 0.3, 0.5, 4
-    r = intermediate_q(ExpModel(a), centre_data(d=d), GaussianNoise(sigma, bounds=None), q,
+    r = intermediate_q(ExpModel(a), centre_data(d=d), perturbation=GaussianNoise(sigma, bounds=None), q=q,
                        estimator=estimator, loss=first_logit, seed=3)
     assert r.estimate == pytest.approx(math.exp(q * a**2 * sigma**2 * d / 2), rel=0.03)
     assert r.details["q_infinity_method"] == "largest loss visited"
@@ -139,11 +142,11 @@ def test_monte_carlo_collapses_where_path_sampling_does_not():
     """Gaussian noise, q = 30: the MC estimate at equal budget stays far below the truth."""
     a, sigma, d, q = 0.3, 0.5, 4, 30
     truth = math.exp(q * a**2 * sigma**2 * d / 2)
-    r = intermediate_q(ExpModel(a), centre_data(d=d), GaussianNoise(sigma, bounds=None), q,
+    r = intermediate_q(ExpModel(a), centre_data(d=d), perturbation=GaussianNoise(sigma, bounds=None), q=q,
                        loss=first_logit, seed=4)
     assert r.estimate == pytest.approx(truth, rel=0.08)
     assert r.details["monte_carlo"] < 0.75 * truth
-    mc = intermediate_q(ExpModel(a), centre_data(d=d), GaussianNoise(sigma, bounds=None), q,
+    mc = intermediate_q(ExpModel(a), centre_data(d=d), perturbation=GaussianNoise(sigma, bounds=None), q=q,
                         estimator="mc", loss=first_logit, seed=4)
     assert mc.verdict == "estimate" and not mc.details["healthy"]
     assert "effective draws" in mc.details["problems"][0]
@@ -158,7 +161,7 @@ def test_loss_that_is_exactly_zero_on_half_the_box(estimator, tolerance, q):
     tolerance is wider, and at q = 1 the bounds (whose upper end also covers the arithmetic
     chain average) must still contain the truth (at q = 10 HMC's lag on the flat half leaves
     the upper bound 0.5% short: the check is an estimate with diagnostics there)."""
-    r = intermediate_q(ReluModel(), centre_data(), UniformLinf(EPS), q, estimator=estimator,
+    r = intermediate_q(ReluModel(), centre_data(), perturbation=UniformLinf(EPS), q=q, estimator=estimator,
                        loss=first_logit, seed=5)
     truth = EPS * (2 * (q + 1)) ** (-1 / q)
     assert math.isfinite(r.estimate) and r.estimate > 100 * LOSS_FLOOR
@@ -170,7 +173,7 @@ def test_estimators_agree_at_q_equal_1_on_a_network():
     x, y = image_data(n=16, size=4)
     model = SmallNet(size=4).eval()
     results = {
-        e: intermediate_q(model, (x, y), UniformLinf(eps=0.2), 1, estimator=e, seed=6, steps=40, warmup=10,
+        e: intermediate_q(model, (x, y), perturbation=UniformLinf(eps=0.2), q=1, estimator=e, seed=6, steps=40, warmup=10,
                           pgd_steps=20)
         for e in ("hmc", "mh", "mc")
     }
@@ -186,7 +189,7 @@ def test_estimators_agree_at_q_equal_1_on_a_network():
 def test_cauchy_noise_runs_hmc_and_agrees_with_monte_carlo_at_q_1():
     x, y = image_data(n=12, size=4)
     model = SmallNet(size=4).eval()
-    r = intermediate_q(model, (x, y), CauchyNoise(scale=0.05), 1, seed=7, steps=30, warmup=10)
+    r = intermediate_q(model, (x, y), perturbation=CauchyNoise(scale=0.05), q=1, seed=7, steps=30, warmup=10)
     assert r.details["estimator"] == "hmc"
     # heavy-tailed losses: the log-space chain average is ~9% low here, the bounds still cover
     assert r.estimate == pytest.approx(r.details["monte_carlo"], rel=0.12)
@@ -195,7 +198,7 @@ def test_cauchy_noise_runs_hmc_and_agrees_with_monte_carlo_at_q_1():
 
 def test_q_curve_orders_monte_carlo_path_sampling_and_the_worst_case():
     qs = (1, 10, 100)
-    r = q_curve(ExpModel(A), centre_data(), UniformLinf(EPS), qs, loss=first_logit, seed=8, steps=60)
+    r = q_curve(ExpModel(A), centre_data(), perturbation=UniformLinf(EPS), qs=qs, loss=first_logit, seed=8, steps=60)
     assert r.metric == "q_curve" and r.verdict == "estimate"
     table = r.details["table"]
     assert [row["q"] for row in table] == list(qs)
@@ -214,7 +217,7 @@ def test_q_curve_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
     from pytest_robust.report.plots import write_plots
 
-    r = q_curve(ExpModel(A), centre_data(), UniformLinf(EPS), (1, 10), loss=first_logit, steps=20)
+    r = q_curve(ExpModel(A), centre_data(), perturbation=UniformLinf(EPS), qs=(1, 10), loss=first_logit, steps=20)
     (png,) = write_plots([r.to_dict()], tmp_path)
     assert png.suffix == ".png" and png.stat().st_size > 1000
 
@@ -226,7 +229,7 @@ def test_q_curve_plot_is_written(tmp_path):
 
 def test_verdicts_follow_the_bounds_and_the_note_says_estimate_not_guarantee():
     run = lambda threshold: intermediate_q(  # noqa: E731
-        ExpModel(A), centre_data(), UniformLinf(EPS), 10, threshold, loss=first_logit, seed=9)
+        ExpModel(A), centre_data(), perturbation=UniformLinf(EPS), q=10, max_loss=threshold, loss=first_logit, seed=9)
     passed, failed = run(2.5), run(1.5)
     close = run(passed.estimate)
     assert passed.verdict == "pass" and passed.passed and passed.upper <= 2.5
@@ -241,7 +244,7 @@ def test_verdicts_follow_the_bounds_and_the_note_says_estimate_not_guarantee():
 
 def test_unhealthy_diagnostics_make_the_gate_inconclusive_with_a_fix():
     """Steps frozen at a tiny size: acceptance is fine but chains do not move, so R-hat explodes."""
-    r = intermediate_q(ExpModel(A), centre_data(), UniformLinf(EPS), 100, 100.0, loss=first_logit,
+    r = intermediate_q(ExpModel(A), centre_data(), perturbation=UniformLinf(EPS), q=100, max_loss=100.0, loss=first_logit,
                        seed=10, warmup=0, path_len=1e-4, leapfrog=1)
     assert r.verdict == "inconclusive"
     assert not r.details["healthy"]
@@ -255,39 +258,39 @@ def test_student_t_quantile_matches_scipy():
 
 def test_budget_caps_evaluations_and_subsets_inputs_when_needed():
     data = centre_data(n=40)
-    r = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, loss=first_logit, budget=60_000)
+    r = intermediate_q(ExpModel(A), data, perturbation=UniformLinf(EPS), q=10, loss=first_logit, budget=60_000)
     per_input = sum(r.details["evaluations_per_input"].values())
     assert r.n_inputs == 60_000 // per_input < 40
     assert r.forward_passes <= 60_000
     assert r.details["inputs_total"] == 40 and len(r.details["per_input"]["index"]) == r.n_inputs
     assert f"random subset of {r.n_inputs} of 40 inputs" in r.note
-    full = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, loss=first_logit, budget=10**6, steps=20)
+    full = intermediate_q(ExpModel(A), data, perturbation=UniformLinf(EPS), q=10, loss=first_logit, budget=10**6, steps=20)
     assert full.n_inputs == 40 and full.forward_passes == 40 * sum(full.details["evaluations_per_input"].values())
     assert full.draws == 40 * 4 * 20
 
 
 def test_looks_double_from_one_block_and_are_fixed_by_the_number_of_inputs():
-    assert iq._looks(50, True) == [16, 32, 50]
-    assert iq._looks(40, True) == [16, 40]
-    assert iq._looks(359, True) == [16, 32, 64, 128, 359]
-    assert iq._looks(10, True) == [10] and iq._looks(359, False) == [359]
-    spent = iq._spending([16, 32, 50], 0.05)
+    assert gs.looks(50, True) == [16, 32, 50]
+    assert gs.looks(40, True) == [16, 40]
+    assert gs.looks(359, True) == [16, 32, 64, 128, 359]
+    assert gs.looks(10, True) == [10] and gs.looks(359, False) == [359]
+    spent = gs.spending([16, 32, 50], 0.05)
     assert sum(spent) == pytest.approx(0.05) and spent[0] < spent[1] < spent[2]
 
 
 def _sequential_verdicts(population: np.ndarray, threshold: float, alpha: float, repeats: int,
-                         rule=iq._sequential) -> list[str]:
+                         rule=gs.sequential) -> list[str]:
     """Verdicts of a look-by-look rule on random orders of a population of per-input losses, each
     estimated with MCMC-like noise (4 chains, standard deviation 10% of the loss) drawn afresh for
     every repetition; the truth is the population's mean."""
     rng = np.random.default_rng(0)
-    looks = iq._looks(len(population), True)
+    looks = gs.looks(len(population), True)
     verdicts = []
     for _ in range(repeats):
         order = population[rng.permutation(len(population))]
         var = (0.1 * order) ** 2 / 4
         noisy = order + rng.normal(size=len(order)) * np.sqrt(var)
-        at = lambda n: iq._Estimate(1.0, "hmc", noisy[:n], var[:n], noisy[:n], {}, [], n, noisy[:n])  # noqa: E731
+        at = lambda n: Estimate(1.0, "hmc", noisy[:n], var[:n], noisy[:n], {}, [], n, noisy[:n])  # noqa: E731
         _, (_, lower, upper, _), _ = rule(looks, at, len(population), threshold, alpha)
         verdicts.append("pass" if upper <= threshold else "fail" if lower >= threshold else "inconclusive")
     return verdicts
@@ -295,8 +298,8 @@ def _sequential_verdicts(population: np.ndarray, threshold: float, alpha: float,
 
 def _t_bound_at_every_look(looks, estimate_at, n_total, threshold, alpha):
     """The rule the gate must not use: the two-stage t bound at every look, stopping either way."""
-    for n, a in zip(looks, iq._spending(looks, alpha)):
-        bound = iq._bound(estimate_at(n), n_total, 1.0 - a)
+    for n, a in zip(looks, gs.spending(looks, alpha)):
+        bound = gs.two_stage_bound(estimate_at(n), n_total, 1.0 - a)
         if bound[2] <= threshold or bound[1] >= threshold:
             break
     return None, bound, None
@@ -323,21 +326,21 @@ def test_stopping_early_keeps_false_pass_and_false_fail_rates_at_alpha(side):
 
 
 def test_an_early_look_fails_only_when_the_inputs_seen_already_exceed_the_threshold():
-    est = iq._Estimate(1.0, "hmc", np.full(16, 2.0), np.zeros(16), np.full(16, 2.0), {}, [], 16, np.full(16, 2.0))
-    assert iq._early_lower(est, 40, 0.95) == pytest.approx(16 * 2.0 / 40)  # the 24 unseen count as 0
+    est = Estimate(1.0, "hmc", np.full(16, 2.0), np.zeros(16), np.full(16, 2.0), {}, [], 16, np.full(16, 2.0))
+    assert gs.early_lower(est, 40, 0.95) == pytest.approx(16 * 2.0 / 40)  # the 24 unseen count as 0
     looks = [16, 40]
-    _, (_, lower, _, _), record = iq._sequential(looks, lambda n: est, 40, 0.7, 0.05)
+    _, (_, lower, _, _), record = gs.sequential(looks, lambda n: est, 40, 0.7, 0.05)
     assert len(record) == 1 and lower >= 0.7  # 0.8 > 0.7: fail after 16
-    _, _, record = iq._sequential(looks, lambda n: est, 40, 0.9, 0.05)
+    _, _, record = gs.sequential(looks, lambda n: est, 40, 0.9, 0.05)
     assert len(record) == 2  # 0.8 < 0.9: the seen inputs cannot settle it, so the last look is made
 
 
 def test_the_gate_stops_early_only_to_fail_and_spends_no_more():
     data = centre_data(n=40)
     kw = dict(loss=first_logit, steps=20, seed=3)
-    far = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, 0.3, **kw)
-    easy_pass = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, 100.0, **kw)
-    full = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, None, **kw)
+    far = intermediate_q(ExpModel(A), data, perturbation=UniformLinf(EPS), q=10, max_loss=0.3, **kw)
+    easy_pass = intermediate_q(ExpModel(A), data, perturbation=UniformLinf(EPS), q=10, max_loss=100.0, **kw)
+    full = intermediate_q(ExpModel(A), data, perturbation=UniformLinf(EPS), q=10, max_loss=None, **kw)
     per_input = sum(far.details["evaluations_per_input"].values())
     assert far.verdict == "fail" and far.n_inputs == 16 and len(far.details["looks"]) == 1
     assert far.forward_passes == 16 * per_input and "stopped after 16 of 40 inputs" in far.note
@@ -356,10 +359,10 @@ def test_monte_carlo_context_is_cheap_unless_full_context_is_asked_for():
     goes to path sampling; full_context=True gives it as many evaluations as path sampling."""
     data = centre_data(n=12)
     kw = dict(loss=first_logit, steps=20, budget=10**6)
-    cheap = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, **kw)
-    full = intermediate_q(ExpModel(A), data, UniformLinf(EPS), 10, full_context=True, **kw)
+    cheap = intermediate_q(ExpModel(A), data, perturbation=UniformLinf(EPS), q=10, **kw)
+    full = intermediate_q(ExpModel(A), data, perturbation=UniformLinf(EPS), q=10, full_context=True, **kw)
     cost, full_cost = cheap.details["evaluations_per_input"], full.details["evaluations_per_input"]
-    assert cost["monte_carlo"] == cheap.details["monte_carlo_draws_per_input"] == iq.MC_CONTEXT_DRAWS
+    assert cost["monte_carlo"] == cheap.details["monte_carlo_draws_per_input"] == MC_CONTEXT_DRAWS
     assert full_cost["monte_carlo"] == full_cost["path"] + full_cost["warmup"]
     assert cost["path"] == full_cost["path"] and cost["monte_carlo"] < full_cost["monte_carlo"]
     assert cheap.forward_passes == 12 * sum(cost.values()) < full.forward_passes
@@ -370,15 +373,15 @@ def test_monte_carlo_context_is_cheap_unless_full_context_is_asked_for():
 def test_budget_too_small_says_what_is_needed():
     needs = r"budget=1000 is invalid: expected at least \d+ model evaluations: 10 inputs"
     with pytest.raises(SettingError, match=needs):
-        intermediate_q(ExpModel(A), centre_data(n=40), UniformLinf(EPS), 10, loss=first_logit, budget=1000)
+        intermediate_q(ExpModel(A), centre_data(n=40), perturbation=UniformLinf(EPS), q=10, loss=first_logit, budget=1000)
     with pytest.raises(SettingError, match="30 inputs at"):
-        intermediate_q(ExpModel(A), centre_data(n=40), UniformLinf(EPS), 10, loss=first_logit, budget=60_000,
+        intermediate_q(ExpModel(A), centre_data(n=40), perturbation=UniformLinf(EPS), q=10, loss=first_logit, budget=60_000,
                        inputs=30)
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers_batch_size_irrelevant():
     data = centre_data(n=40, d=3)
-    run = lambda **kw: intermediate_q(ExpModel(0.5), data, UniformLinf(0.3), 10, loss=first_logit,  # noqa: E731
+    run = lambda **kw: intermediate_q(ExpModel(0.5), data, perturbation=UniformLinf(0.3), q=10, loss=first_logit,  # noqa: E731
                                       steps=20, **kw).to_dict()
     a, b, c = run(seed=11), run(seed=11), run(seed=12)
     small = run(seed=11, batch_size=64)
@@ -394,7 +397,7 @@ def test_model_state_and_global_rng_are_restored():
     x, y = image_data(n=12, size=4)
     rng = torch.get_rng_state()
     with pytest.warns(UserWarning, match="training mode"):
-        intermediate_q(model, (x, y), UniformLinf(0.1), 10, steps=10)
+        intermediate_q(model, (x, y), perturbation=UniformLinf(0.1), q=10, steps=10)
     assert model.training and all(p.requires_grad for p in model.parameters())
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(rng, torch.get_rng_state())
@@ -426,11 +429,11 @@ def negative_loss(logits, y):
         (dict(q=0), r"q=0 is invalid: expected a finite number > 0"),
         (dict(q=-2), r"q=-2 is invalid"),
         (dict(q=float("inf")), r"q=inf is invalid"),
-        (dict(threshold=-0.1), r"max_loss=-0.1 is invalid: expected a finite number >= 0"),
+        (dict(max_loss=-0.1), r"max_loss=-0.1 is invalid: expected a finite number >= 0"),
         (dict(perturbation=Spatial(), estimator="hmc"),
          r"estimator='hmc' is invalid: expected 'mh' .*not differentiable"),
         (dict(perturbation=CallablePerturbation(lambda x, g: x), estimator="mh"), r"'mc' for .*no parameter space"),
-        (dict(estimator="nuts"), r"one of 'auto', 'hmc', 'mh', 'mc'"),
+        (dict(estimator="nuts"), r"estimator='nuts' is invalid: expected auto or hmc or mh or mc"),
         (dict(loss=negative_loss), r"loss=.*negative_loss.* non-negative, finite loss.*returned -"),
         (dict(loss=lambda logits, y: logits), r"per-example losses of shape \(\d+,\), got \(\d+, 2\)"),
         (dict(chains=2), r"chains=2 is invalid: expected an integer >= 4"),
@@ -451,12 +454,12 @@ def test_bad_requests_raise_clear_errors(kwargs, match):
 def test_labels_out_of_range_for_the_model_are_a_data_error():
     x, _ = centre_data()
     with pytest.raises(RobustDataError, match="label 7 is out of range for a model with 2 classes"):
-        intermediate_q(ExpModel(A), (x, torch.full((12,), 7)), UniformLinf(EPS), 10, loss=first_logit)
+        intermediate_q(ExpModel(A), (x, torch.full((12,), 7)), perturbation=UniformLinf(EPS), q=10, loss=first_logit)
 
 
 def test_callable_perturbation_falls_back_to_monte_carlo():
     noise = CallablePerturbation(lambda x, g: x + 0.1 * torch.rand(x.shape, generator=g))
-    r = intermediate_q(ExpModel(A), centre_data(), noise, 1, loss=first_logit, steps=20)
+    r = intermediate_q(ExpModel(A), centre_data(), perturbation=noise, q=1, loss=first_logit, steps=20)
     assert r.details["estimator"] == "mc" and "Monte Carlo estimate" in r.note
 
 
@@ -557,7 +560,7 @@ def test_every_hmc_iterate_stays_in_the_box():
             return super().forward(x)
 
     x = torch.rand(10, 5)
-    r = intermediate_q(Recording(3.0), (x, torch.zeros(10, dtype=torch.long)), UniformLinf(0.3), 100,
+    r = intermediate_q(Recording(3.0), (x, torch.zeros(10, dtype=torch.long)), perturbation=UniformLinf(0.3), q=100,
                        loss=first_logit, steps=20, path_len=4.0)
     chains = [s for s in seen if len(s) == 40]  # 10 inputs x 4 chains: the warm-up and the path
     # warm-up: start + 20 transitions x 5 leapfrog steps; path: start + 19 transitions x 5
@@ -699,7 +702,7 @@ def test_spatial_metropolis_leaves_its_discrete_target_invariant():
 def test_spatial_defaults_to_metropolis_and_reports_largest_loss_visited():
     x, y = image_data(n=12, size=6)
     model = SmallNet(size=6).eval()
-    r = intermediate_q(model, (x, y), Spatial(translate=1), 10, seed=13, steps=15, warmup=5)
+    r = intermediate_q(model, (x, y), perturbation=Spatial(translate=1), q=10, seed=13, steps=15, warmup=5)
     assert r.details["estimator"] == "mh"
     assert r.details["q_infinity_method"] == "largest loss visited"
     assert r.details["monte_carlo"] <= r.details["q_infinity"]
@@ -711,7 +714,8 @@ def test_spatial_defaults_to_metropolis_and_reports_largest_loss_visited():
 # ---------------------------------------------------------------------------------------------
 
 #: Source files of the q check and of PGD (``count_host_syncs`` names lines as "file.py:line").
-OWN_FILES = ("mcmc.py", "qnorm.py", "attacks/", "metrics/intermediate_q.py", "metrics/adversarial.py")
+OWN_FILES = ("mcmc.py", "qnorm.py", "attacks/", "metrics/intermediate_q.py", "metrics/adversarial.py", "analyses/q_",
+             "stats/")
 
 
 def _growing_reads(run, short: int, long: int) -> tuple[float, list]:
@@ -741,7 +745,7 @@ def test_chain_and_attack_steps_read_nothing_back_to_the_host(estimator):
         short, long = 4, 12
     else:
         def run(model, steps):
-            intermediate_q(model, data, box, 10, estimator=estimator, loss=first_logit, steps=steps, warmup=2,
+            intermediate_q(model, data, perturbation=box, q=10, estimator=estimator, loss=first_logit, steps=steps, warmup=2,
                            pgd_steps=2)
         short, long = (8, 16) if estimator != "mc" else (64, 640)
     per_call, lines = _growing_reads(run, short, long)

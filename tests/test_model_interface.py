@@ -34,12 +34,12 @@ def images(n: int = 16):
 
 #: Each of the six checks at a small budget; ``run(model, data, **interface)`` returns its Result.
 SIX = {
-    "tsrm": lambda m, d, **k: tsrm(m, d, UniformLinf(eps=8 / 255), budget=512, **k),
+    "tsrm": lambda m, d, **k: tsrm(m, d, perturbation=UniformLinf(eps=8 / 255), budget=512, **k),
     "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
         m, d, corruptions=["gaussian_noise", "contrast"], severities=[1, 3], budget=300, **k),
-    "q": lambda m, d, **k: intermediate_q(m, d, UniformLinf(eps=8 / 255), 10, inputs=4, chains=4, steps=4, warmup=2,
+    "q": lambda m, d, **k: intermediate_q(m, d, perturbation=UniformLinf(eps=8 / 255), q=10, inputs=4, chains=4, steps=4, warmup=2,
                                           leapfrog=2, pgd_steps=2, **k),
-    "certified_accuracy": lambda m, d, **k: certified_accuracy(m, d, None, radius=0.1, sigma=0.25, alpha=0.01,
+    "certified_accuracy": lambda m, d, **k: certified_accuracy(m, d, threshold=None, radius=0.1, sigma=0.25, alpha=0.01,
                                                                max_draws=64, budget=1024, **k),
     "nppr": lambda m, d, **k: nppr(m, d, eps=8 / 255, latent_dim=4, components=2, fit_steps=2, fit_batch_size=4,
                                    fit_draws=2, draws_per_input=4, budget=800, **k),
@@ -72,8 +72,8 @@ def test_normalize_gives_the_numbers_of_an_explicit_sequential_bit_for_bit(check
 def test_the_context_manager_and_the_imagenet_preset_mean_the_same():
     net, data = small_net(), images()
     with model_interface(normalize="imagenet"):
-        a = tsrm(net, data, UniformLinf(eps=0.05), budget=256)
-    b = tsrm(net, data, UniformLinf(eps=0.05), budget=256, normalize=[list(MEAN), list(STD)])
+        a = tsrm(net, data, perturbation=UniformLinf(eps=0.05), budget=256)
+    b = tsrm(net, data, perturbation=UniformLinf(eps=0.05), budget=256, normalize=[list(MEAN), list(STD)])
     assert a.estimate == b.estimate and a.details["model_interface"] == b.details["model_interface"]
 
 
@@ -108,7 +108,7 @@ def test_logits_selector_from_text_is_an_index_or_a_key():
 
 def test_per_channel_normalize_must_match_the_channels():
     with pytest.raises(SettingError, match=r"one mean and one std per channel of the inputs \(3"):
-        tsrm(small_net(), images(), UniformLinf(eps=0.05), budget=256, normalize=((0.5, 0.5), (0.2, 0.2)))
+        tsrm(small_net(), images(), perturbation=UniformLinf(eps=0.05), budget=256, normalize=((0.5, 0.5), (0.2, 0.2)))
 
 
 # -- a Normalize in the data pipeline -------------------------------------------------------------
@@ -136,7 +136,7 @@ def normalising_loader():
 
 def test_normalize_in_the_data_pipeline_is_named_with_the_fix():
     with pytest.raises(RobustDataError) as err:
-        tsrm(small_net(), normalising_loader(), UniformLinf(eps=0.05), budget=256)
+        tsrm(small_net(), normalising_loader(), perturbation=UniformLinf(eps=0.05), budget=256)
     text = str(err.value)
     assert "transform pipeline contains Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])" in text
     assert "drop it from the data" in text and "normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))" in text
@@ -144,31 +144,31 @@ def test_normalize_in_the_data_pipeline_is_named_with_the_fix():
 
 def test_normalize_in_the_data_and_on_the_check_is_refused_as_twice():
     with pytest.raises(RobustDataError, match="normalised twice"):
-        tsrm(small_net(), normalising_loader(), UniformLinf(eps=0.05), budget=256, normalize="imagenet")
+        tsrm(small_net(), normalising_loader(), perturbation=UniformLinf(eps=0.05), budget=256, normalize="imagenet")
 
 
 def test_randomized_smoothing_on_normalising_data_is_refused():
     with pytest.raises(RobustDataError, match="Normalize"):
-        certified_accuracy(small_net(), Images(Normalize(MEAN, STD)), None, radius=0.1, sigma=0.25, max_draws=64,
+        certified_accuracy(small_net(), Images(Normalize(MEAN, STD)), threshold=None, radius=0.1, sigma=0.25, max_draws=64,
                            budget=2048)
 
 
 def test_normalize_in_the_data_with_a_box_of_its_own_warns():
     box = (-3.0, 3.0)  # the user chose normalised units
     with pytest.warns(RobustWarning, match="taken to be in normalised units"):
-        tsrm(small_net(), Images(Normalize(MEAN, STD)), UniformLinf(eps=0.05, bounds=box), budget=256)
+        tsrm(small_net(), Images(Normalize(MEAN, STD)), perturbation=UniformLinf(eps=0.05, bounds=box), budget=256)
 
 
 def test_normalised_tensors_with_normalize_are_told_to_give_pixels():
     x, y = images()
     with pytest.raises(RobustDataError, match="normalize= is set, so the check normalises inside the model call"):
-        tsrm(small_net(), ((x - 0.45) / 0.225, y), UniformLinf(eps=0.05), budget=256, normalize="imagenet")
+        tsrm(small_net(), ((x - 0.45) / 0.225, y), perturbation=UniformLinf(eps=0.05), budget=256, normalize="imagenet")
 
 
 def test_data_without_normalize_is_not_warned_about():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RobustWarning)
-        tsrm(small_net(), Images(), UniformLinf(eps=0.05), budget=256)
+        tsrm(small_net(), Images(), perturbation=UniformLinf(eps=0.05), budget=256)
 
 
 # -- model outputs --------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ class Outputs(torch.nn.Module):
 
 def test_a_tuple_is_refused_with_the_element_that_looks_like_logits():
     with pytest.raises(RobustModelError) as err:
-        tsrm(Outputs("tuple"), images(), UniformLinf(eps=0.05), budget=256)
+        tsrm(Outputs("tuple"), images(), perturbation=UniformLinf(eps=0.05), budget=256)
     text = str(err.value)
     assert "it returned a tuple of 2 elements: element 0 (a tensor of shape (256, 5)) looks like the logits" in text
     assert "logits=0" in text and "callable" in text
@@ -206,12 +206,12 @@ def test_selected_or_found_logits_give_the_plain_models_numbers_with_gradients(k
 
 def test_a_mapping_without_logits_names_its_keys_and_the_fix():
     with pytest.raises(RobustModelError, match=r"key 'scores' looks like the logits: choose it with logits='scores'"):
-        tsrm(Outputs("scores"), images(), UniformLinf(eps=0.05), budget=256)
+        tsrm(Outputs("scores"), images(), perturbation=UniformLinf(eps=0.05), budget=256)
 
 
 def test_a_selector_that_selects_nothing_says_what_the_output_has():
     with pytest.raises(RobustModelError, match=r"logits=5 does not select anything .*a tuple of 2 elements"):
-        tsrm(Outputs("tuple"), images(), UniformLinf(eps=0.05), budget=256, logits=5)
+        tsrm(Outputs("tuple"), images(), perturbation=UniformLinf(eps=0.05), budget=256, logits=5)
 
 
 # -- through pytest ---------------------------------------------------------------------------------

@@ -19,8 +19,10 @@ import torch
 
 from pytest_robust import cache
 from pytest_robust.engine import RobustDataError, RobustWarning, TensorData
-from pytest_robust.gmm import GMMConfig, GMMPerturbation
-from pytest_robust.metrics.nppr import FrozenGMM, _split, nppr
+from pytest_robust.metrics.nppr import nppr
+from pytest_robust.perturbations.gmm import GMMConfig, GMMPerturbation
+from pytest_robust.perturbations.gmm_data import split_data
+from pytest_robust.perturbations.gmm_fit import FrozenGMM
 from pytest_robust.run import Run
 from pytest_robust.validation import SettingError
 from toy_models import SmallNet, image_data
@@ -204,7 +206,7 @@ def test_known_weak_direction_gives_nppr_far_below_gaussian_pr():
 
 
 def test_gate_fails_a_model_that_only_random_noise_cannot_break():
-    r = nppr(WeakLinear(), weak_data(), 0.9, eps=0.3, dependency="label", **TINY)
+    r = nppr(WeakLinear(), weak_data(), threshold=0.9, eps=0.3, dependency="label", **TINY)
     assert r.verdict == "fail" and r.draws < 2000
     message = r.message()
     assert message.startswith("NPPR ") and "< required 0.9" in message
@@ -214,7 +216,7 @@ def test_gate_fails_a_model_that_only_random_noise_cannot_break():
 
 
 def test_gate_passes_when_the_ball_is_too_small_to_matter():
-    r = nppr(WeakLinear(), weak_data(), 0.9, eps=0.02, **TINY)  # max margin change 0.32 < 3
+    r = nppr(WeakLinear(), weak_data(), threshold=0.9, eps=0.02, **TINY)  # max margin change 0.32 < 3
     assert r.verdict == "pass" and r.estimate == 1.0
     assert r.details["per_input_pr"]["fraction_pr_at_least_0.99"] == 1.0
 
@@ -244,7 +246,7 @@ def test_fit_split_and_evaluation_split_are_disjoint_and_seeded():
     x[:, 0] = torch.arange(40) / 100 + 0.3  # make every row identifiable
 
     def split(seed):
-        return _split(Run("nppr", WeakLinear(), (x, y), seed=seed), None, 0.5, (0.0, 1.0))
+        return split_data(Run("nppr", WeakLinear(), (x, y), seed=seed), None, 0.5, (0.0, 1.0))
 
     fit, ev, _, index = split(3)
     assert len(fit) == len(ev) == 20
@@ -334,9 +336,9 @@ def same_numbers(a, b) -> bool:
 
 
 def test_cache_miss_then_hit_skips_the_fit_with_identical_results(tmp_path, monkeypatch):
-    import pytest_robust.metrics.nppr as module
+    from pytest_robust.perturbations import gmm_fit
 
-    first = nppr(WeakLinear(), weak_data(), 0.5, eps=0.3, cache_dir=str(tmp_path), **TINY)
+    first = nppr(WeakLinear(), weak_data(), threshold=0.5, eps=0.3, cache_dir=str(tmp_path), **TINY)
     assert first.details["cache"] == "miss"
     (entry,) = tmp_path.glob("nppr-*.pt")
     assert first.details["cache_file"] == str(entry)
@@ -344,8 +346,8 @@ def test_cache_miss_then_hit_skips_the_fit_with_identical_results(tmp_path, monk
     def no_fit(*args, **kwargs):
         raise AssertionError("fitted although the cache holds this model and settings")
 
-    monkeypatch.setattr(module, "_fit", no_fit)
-    second = nppr(WeakLinear(), weak_data(), 0.5, eps=0.3, cache_dir=str(tmp_path), **TINY)
+    monkeypatch.setattr(gmm_fit, "fit_mixture", no_fit)
+    second = nppr(WeakLinear(), weak_data(), threshold=0.5, eps=0.3, cache_dir=str(tmp_path), **TINY)
     assert second.details["cache"] == "hit" and "cache: hit" in second.message()
     assert same_numbers(first, second)
     assert second.forward_passes == first.forward_passes - first.details["fit"]["forward_passes"]

@@ -123,6 +123,10 @@ def test_cache_dir_setting_moves_the_cache(suite):
         ("nppr=0.8, eps=0.1, modes=3", "unknown keyword(s) modes"),
         ("nppr=1.2, eps=0.1", "nppr=1.2 is invalid"),
         ("nppr=0.8, eps=-0.1", "eps (on the robust marker)=-0.1 is invalid: expected a finite number > 0"),
+        # every parameter is validated at collection, by its declaration
+        ("nppr=0.8, eps=0.1, dependency='pixel'",
+         "dependency='pixel' is invalid: expected independent or label or input or joint"),
+        ("nppr=0.8, eps=0.1, components=0", "components=0 is invalid: expected an integer >= 1"),
     ],
 )
 def test_malformed_markers_are_usage_errors(pytester, marker, expected):
@@ -142,9 +146,7 @@ def test_malformed_markers_are_usage_errors(pytester, marker, expected):
 @pytest.mark.parametrize(
     "params, expected",
     [
-        ("eps=0.1, dependency='pixel'", "dependency='pixel' is invalid: expected independent or label or input or joint"),
-        ("eps=0.1, components=0", "components=0 is invalid: expected an integer >= 1"),
-        ("eps=0.1, feature_layer='backbone'", "feature_layer='backbone' is invalid"),
+        ("eps=0.1, feature_layer='backbone'", "feature_layer='backbone' is invalid"),  # needs the model: run time
     ],
 )
 def test_bad_parameters_fail_the_test_with_a_clear_message(pytester, params, expected):

@@ -38,7 +38,7 @@ def test_a_malformed_table_is_the_metrics_bug_named():
 
 
 def test_certified_accuracy_lists_every_input_and_shows_the_worst():
-    r = certified_accuracy(small_net(), images(), None, radius=0.1, sigma=0.25, alpha=0.01, max_draws=64, budget=1024)
+    r = certified_accuracy(small_net(), images(), threshold=None, radius=0.1, sigma=0.25, alpha=0.01, max_draws=64, budget=1024)
     table = r.details["per_input"]
     assert table["index"] == list(range(16)) and len(table["outcome"]) == 16
     assert all((o == "certified") == (rad == 0.1) for o, rad in zip(table["outcome"], table["radius"]))

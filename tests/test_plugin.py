@@ -119,7 +119,9 @@ def test_terminal_summary_lists_every_check(suite):
 
 def test_markers_and_help_document_everything(suite):
     result = suite.runpytest("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.robust(<metric>=<threshold>*tsrm=0.9*q=100, max_loss=0.5*certified_accuracy=0.6*nppr=0.8*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.robust(<check>=<threshold>*tsrm=<threshold>, perturbation=*"
+                                 "q=, max_loss=<threshold>*certified_accuracy=<threshold>, radius=, sigma=*"
+                                 "nppr=<threshold>, eps=*"])
     result = suite.runpytest("--help")
     for flag in ("--robust-device", "--robust-seed", "--robust-confidence", "--robust-batch-size",
                  "--robust-budget", "--robust-config", "--robust-inconclusive", "--robust-model",
@@ -261,9 +263,9 @@ def test_robust_fixture_programmatic_and_explicit_check(suite):
         from pytest_robust import UniformLinf
 
         def test_programmatic(robust, robust_model, robust_data):
-            result = robust.tsrm(robust_model, robust_data, UniformLinf(eps=0.5), threshold=0.7)
+            result = robust.tsrm(robust_model, robust_data, perturbation=UniformLinf(eps=0.5), threshold=0.7)
             assert result.verdict == "pass" and result.passed
-            estimate = robust.tsrm(robust_model, robust_data, UniformLinf(eps=0.5), budget=4000, seed=3)
+            estimate = robust.tsrm(robust_model, robust_data, perturbation=UniformLinf(eps=0.5), budget=4000, seed=3)
             assert estimate.verdict == "estimate" and estimate.draws == 4000 and estimate.seed == 3
             assert abs(estimate.estimate - 0.8) < 0.03
 

@@ -61,7 +61,7 @@ def monte_carlo_truth(model, x, y, draws: int = TRUTH_DRAWS, chunk: int = 1000) 
 def coverage() -> dict:
     model, x, y = _digits()
     truth = monte_carlo_truth(model, x, y)
-    runs = [intermediate_q(model, (x, y), NOISE, q=1, seed=seed, **PATH) for seed in range(SEEDS)]
+    runs = [intermediate_q(model, (x, y), perturbation=NOISE, q=1, seed=seed, **PATH) for seed in range(SEEDS)]
     return {
         "truth": truth,
         "estimates": [r.estimate for r in runs],

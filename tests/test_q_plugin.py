@@ -116,6 +116,7 @@ def test_frozen_chains():
     [
         ("q=100", "needs max_loss="),
         ("q=100, max_loss=-1", "max_loss=-1 is invalid: expected a finite number >= 0"),
+        ("q=0, max_loss=1, perturbation=BOX", "q=0 is invalid: expected a finite number > 0"),  # one rule
         ("q=100, max_loss=1, leapfrogs=3", "unknown keyword(s) leapfrogs (did you mean leapfrog?) on robust(q=...)"),
     ],
 )
@@ -135,7 +136,6 @@ def test_x():
 @pytest.mark.parametrize(
     "marker, expected",
     [
-        ("q=0, max_loss=1, perturbation=BOX", "q=0 is invalid: expected a finite number > 0"),
         ("q=10, max_loss=1, perturbation=BOX, loss=first_logit, budget=1000",
          "budget=1000 is invalid: expected at least * model evaluations"),
         ("q=10, max_loss=1, perturbation=BOX, loss=lambda z, y: -z[:, 0]", "non-negative, finite loss"),

@@ -9,7 +9,7 @@ import pytest
 
 from pytest_robust.report import store
 from pytest_robust.report.markdown import deciding_bound, summary_markdown
-from pytest_robust.report.plots import plot_heatmap, tsrm_curves, write_plots
+from pytest_robust.report.plots import plot_heatmap, accuracy_curves, write_plots
 from pytest_robust.report.terminal import summary_lines, wrap
 from pytest_robust.results import Result
 
@@ -114,7 +114,8 @@ def test_compare_without_a_baseline_says_how_to_make_one(suite):
 def _result(**kw) -> dict:
     base = dict(metric="tsrm", estimate=0.9, lower=0.88, upper=0.92, threshold=0.85, confidence=0.95,
                 verdict="pass", n_inputs=10, draws=100, forward_passes=100, seconds=1.0, device="cpu",
-                seed=0, perturbation="UniformLinf(eps=0.1)", budget=1000, test_id="t::a")
+                seed=0, perturbation="UniformLinf(eps=0.1)", budget=1000, test_id="t::a",
+                details={"title": "TSRM", "procedure": "bernoulli"})
     return Result(**{**base, **kw}).to_dict()
 
 
@@ -138,11 +139,11 @@ def test_comparison_reports_new_and_missing_checks():
     assert [(r["key"].split("::")[1], r["status"]) for r in rows] == [("old", "missing"), ("new", "new")]
 
 
-def test_tsrm_curves_group_by_model_and_family():
+def test_accuracy_curves_group_by_check_model_and_family():
     results = [
         _result(perturbation=f"UniformLinf(eps={e})", model="m", estimate=1 - e) for e in (0.3, 0.1, 0.2)
     ] + [_result(perturbation="GaussianNoise(sigma=0.1)", model="m")]
-    (name, curve), = tsrm_curves(results).items()
+    (name, curve), = accuracy_curves(results).items()
     assert name == "tsrm-m-UniformLinf" and curve["x"] == [0.1, 0.2, 0.3]
     assert curve["series"]["estimate"] == pytest.approx([0.9, 0.8, 0.7])
     assert curve["intervals"]["estimate"] == [[0.88, 0.92]] * 3 and curve["counts"]["estimate"] == [100] * 3
@@ -177,8 +178,9 @@ def test_terminal_table_at_80_columns_keeps_ids_whole_and_the_metric():
     ids = [f"examples/digits/test_nppr_digits.py::test_{who}_model_under_learned_worst_case_noise"
            for who in ("standard", "noise_trained")]
     rows = [_result(test_id=i, metric="nppr", perturbation="LearnedGMM(eps=0.1, norm=linf, K=7, latent=128, "
-                    "covariance=diagonal, dependency=joint)") for i in ids]
-    rows.append(_result(test_id="t.py::short", metric="corruption_accuracy", perturbation="UniformLinf(eps=0.3)"))
+                    "covariance=diagonal, dependency=joint)", details={"title": "NPPR"}) for i in ids]
+    rows.append(_result(test_id="t.py::short", metric="corruption_accuracy", perturbation="UniformLinf(eps=0.3)",
+                        details={"title": "corruption accuracy"}))
     lines = summary_lines(rows, 80)
     assert all(len(line) <= 80 for line in lines), lines
     text = "\n".join(lines)

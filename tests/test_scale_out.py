@@ -32,7 +32,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        r = tsrm(ThresholdModel(0.875), threshold_data(), UniformLinf(eps=0.5), **SPEC)
+        r = tsrm(ThresholdModel(0.875), threshold_data(), perturbation=UniformLinf(eps=0.5), **SPEC)
         with open(f"{out}/rank{rank}.json", "w") as f:
             json.dump(r.to_dict(), f)
     finally:
@@ -40,7 +40,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_two_gloo_ranks_reach_the_single_process_verdict(tmp_path):
-    single = tsrm(ThresholdModel(0.875), threshold_data(), UniformLinf(eps=0.5), **SPEC)
+    single = tsrm(ThresholdModel(0.875), threshold_data(), perturbation=UniformLinf(eps=0.5), **SPEC)
     mp.spawn(_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in ranks:

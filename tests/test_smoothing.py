@@ -19,14 +19,9 @@ from scipy.stats import beta, binom, binomtest, norm
 from pytest_robust import certificates as smoothing
 from pytest_robust.engine import RobustDataError
 from pytest_robust.host_syncs import count_host_syncs
-from pytest_robust.metrics.smoothing import (
-    ABSTAIN,
-    ACR_WARNING,
-    certified_accuracy,
-    certify,
-    pa_report,
-    predict,
-)
+from pytest_robust.analyses.cohen import ABSTAIN, certify, predict
+from pytest_robust.analyses.pa_report import ACR_WARNING, pa_report
+from pytest_robust.metrics.certified_accuracy import certified_accuracy
 from pytest_robust.stats import clopper_pearson_lower, clopper_pearson_upper
 from pytest_robust.validation import SettingError
 from toy_models import RecordingModel, ThresholdModel
@@ -108,7 +103,7 @@ def test_sequential_minimum_is_where_an_always_right_model_is_certified():
     fixed = smoothing.min_samples_to_certify(0.5, 0.25, 1e-3)
     assert fixed < fewest <= 1.15 * fixed
     r = certified_accuracy(ConstantClassifier(1, 2), (torch.zeros(3, 1), torch.ones(3, dtype=torch.long)),
-                           None, radius=0.5, sigma=0.25)
+                           threshold=None, radius=0.5, sigma=0.25)
     assert r.details["per_input"]["draws"] == [fewest] * 3
     assert r.details["per_input"]["evaluations"] == [fewest] * 3
     assert r.details["min_draws_to_certify"] == fewest
@@ -191,7 +186,7 @@ def test_constant_classifier_certifies_its_class_at_the_budget_radius():
     large = pa_report(ConstantClassifier(0), (x, y), sigma, n=1000, alpha=alpha)
     assert large.details["acr"] > small.details["acr"] > 0
     assert large.details["acr_warning"] == ACR_WARNING
-    gate = certified_accuracy(ConstantClassifier(0), (x, y), None, radius=1.0, sigma=sigma)
+    gate = certified_accuracy(ConstantClassifier(0), (x, y), threshold=None, radius=1.0, sigma=sigma)
     assert gate.details["per_input"]["outcome"] == ["certified" if v == 0 else "not certifiable" for v in y.tolist()]
 
 
@@ -250,7 +245,7 @@ def test_per_input_test_is_calibrated_at_the_boundary():
     than alpha (here 0.05 so that it is testable with 300 inputs)."""
     sigma, radius, alpha, n = 0.5, 0.25, 0.05, 300
     data = inputs_with_pa([PHI.cdf(radius / sigma)] * n, sigma)
-    r = certified_accuracy(HALF_SPACE, data, None, radius=radius, sigma=sigma, alpha=alpha, max_draws=600,
+    r = certified_accuracy(HALF_SPACE, data, threshold=None, radius=radius, sigma=sigma, alpha=alpha, max_draws=600,
                            budget=10**6)
     decisions = r.details["per_input"]["outcome"]
     limit = binom.ppf(0.999, n, alpha)
@@ -263,7 +258,7 @@ def test_gate_decisions_on_known_probabilities():
     """Inputs far above and far below Phi(r/sigma) = 0.977 are decided correctly and early."""
     sigma, radius = 0.25, 0.5
     pa = [0.999] * 6 + [0.3, 0.6, 0.9, 0.95]
-    r = certified_accuracy(HALF_SPACE, inputs_with_pa(pa, sigma), None, radius=radius, sigma=sigma, budget=10**6)
+    r = certified_accuracy(HALF_SPACE, inputs_with_pa(pa, sigma), threshold=None, radius=radius, sigma=sigma, budget=10**6)
     assert r.details["per_input"]["outcome"] == ["certified"] * 6 + ["not certifiable"] * 4
     assert r.estimate == 0.6 and r.verdict == "estimate"
     assert r.draws == sum(r.details["per_input"]["draws"]) <= r.forward_passes
@@ -280,10 +275,10 @@ def test_gate_verdicts(threshold, verdict):
     data = inputs_with_pa([0.9995] * 48 + [0.5] * 12, sigma)
     if verdict is None:  # 0.97 and 0.99 cannot pass with 60 inputs at all; 0.9 is a plain fail
         with pytest.raises(SettingError, match="use at least"):
-            certified_accuracy(HALF_SPACE, data, threshold, radius=0.5, sigma=sigma, budget=10**6)
+            certified_accuracy(HALF_SPACE, data, threshold=threshold, radius=0.5, sigma=sigma, budget=10**6)
         return
-    r = certified_accuracy(HALF_SPACE, data, threshold, radius=0.5, sigma=sigma, budget=10**6)
-    full = certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=sigma, budget=10**6)
+    r = certified_accuracy(HALF_SPACE, data, threshold=threshold, radius=0.5, sigma=sigma, budget=10**6)
+    full = certified_accuracy(HALF_SPACE, data, threshold=None, radius=0.5, sigma=sigma, budget=10**6)
     assert r.verdict == verdict and full.estimate == 0.8
     assert "48 of 60 inputs certified, 12 proven not certifiable" in full.message()
     assert r.details["settled_early"] and r.estimate <= 0.8 and "a lower estimate" in r.message()
@@ -296,9 +291,9 @@ def test_gate_stops_once_the_bounds_over_inputs_decide_and_stays_within_the_full
     sigma = 0.25
     data = inputs_with_pa([0.9995] * 48 + [0.5] * 12 + [0.978] * 4, sigma)
     kw = dict(radius=0.5, sigma=sigma, max_draws=20_000, budget=10**7)
-    full = certified_accuracy(HALF_SPACE, data, None, **kw)
+    full = certified_accuracy(HALF_SPACE, data, threshold=None, **kw)
     for threshold, verdict in ((0.5, "pass"), (0.9, "fail")):
-        r = certified_accuracy(HALF_SPACE, data, threshold, **kw)
+        r = certified_accuracy(HALF_SPACE, data, threshold=threshold, **kw)
         assert r.verdict == verdict and r.details["settled_early"]
         assert r.forward_passes < full.forward_passes / 4
         assert r.lower <= full.lower and r.upper >= full.upper
@@ -311,10 +306,10 @@ def test_gate_stops_once_the_bounds_over_inputs_decide_and_stays_within_the_full
 def test_gate_fails_and_is_inconclusive_when_it_should():
     sigma = 0.25
     data = inputs_with_pa([0.9995] * 48 + [0.5] * 12, sigma)
-    fail = certified_accuracy(HALF_SPACE, data, 0.9, radius=0.5, sigma=sigma, budget=10**6)
+    fail = certified_accuracy(HALF_SPACE, data, threshold=0.9, radius=0.5, sigma=sigma, budget=10**6)
     assert fail.verdict == "fail" and fail.upper < 0.9
     assert "< required 0.9 under Gaussian smoothing sigma=0.25, L2 radius 0.5, alpha=0.001" in fail.message()
-    close = certified_accuracy(HALF_SPACE, data, 0.8, radius=0.5, sigma=sigma, budget=10**6)
+    close = certified_accuracy(HALF_SPACE, data, threshold=0.8, radius=0.5, sigma=sigma, budget=10**6)
     assert close.verdict == "inconclusive"
     assert "every input was decided and the bounds still straddle the threshold: only more inputs" in close.message()
 
@@ -323,7 +318,7 @@ def test_undecided_inputs_count_as_not_certified_and_are_reported():
     """p_y = 0.98, just above 0.977, cannot be decided within 1000 draws."""
     sigma = 0.25
     data = inputs_with_pa([0.9995] * 5 + [0.98] * 3, sigma)
-    r = certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=sigma, max_draws=1000, budget=10**6)
+    r = certified_accuracy(HALF_SPACE, data, threshold=None, radius=0.5, sigma=sigma, max_draws=1000, budget=10**6)
     assert r.details["per_input"]["outcome"] == ["certified"] * 5 + ["undecided"] * 3
     assert r.estimate == 5 / 8
     assert r.upper == pytest.approx(min(1.0, clopper_pearson_upper(8, 8, 0.05) + 0.001))
@@ -334,7 +329,7 @@ def test_budget_is_shared_in_rounds_and_never_exceeded():
     """A total budget smaller than n * max_draws: inputs decided early leave draws to the others."""
     sigma = 0.25
     data = inputs_with_pa([0.9995] * 10 + [0.3] * 10 + [0.98] * 4, sigma)
-    r = certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=sigma, max_draws=100_000, budget=30_000)
+    r = certified_accuracy(HALF_SPACE, data, threshold=None, radius=0.5, sigma=sigma, max_draws=100_000, budget=30_000)
     assert r.draws <= 30_000
     assert r.details["rounds"] > 1
     assert r.details["per_input"]["outcome"][:20] == ["certified"] * 10 + ["not certifiable"] * 10
@@ -348,20 +343,20 @@ def test_per_input_decisions_do_not_depend_on_batch_size():
     sigma = 0.25
     data = inputs_with_pa([0.999, 0.5, 0.99, 0.96, 0.9999, 0.985, 0.7, 0.995], sigma)
     runs = [
-        certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=sigma, max_draws=3000, budget=12_000,
+        certified_accuracy(HALF_SPACE, data, threshold=None, radius=0.5, sigma=sigma, max_draws=3000, budget=12_000,
                            batch_size=b, seed=3)
         for b in (7, 64, 1000)
     ]
     assert runs[0].details["per_input"] == runs[1].details["per_input"] == runs[2].details["per_input"]
     assert runs[0].details["rounds"] == runs[2].details["rounds"]
-    other_seed = certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=sigma, max_draws=3000,
+    other_seed = certified_accuracy(HALF_SPACE, data, threshold=None, radius=0.5, sigma=sigma, max_draws=3000,
                                     budget=12_000, seed=4)
     assert other_seed.details["per_input"]["draws"] != runs[0].details["per_input"]["draws"]
 
 
 def test_gate_restores_the_global_rng():
     state = torch.get_rng_state()
-    certified_accuracy(HALF_SPACE, inputs_with_pa([0.999], 0.25), None, radius=0.5, sigma=0.25)
+    certified_accuracy(HALF_SPACE, inputs_with_pa([0.999], 0.25), threshold=None, radius=0.5, sigma=0.25)
     assert torch.equal(state, torch.get_rng_state())
 
 
@@ -440,13 +435,13 @@ def test_bad_gate_requests_are_setting_errors(kwargs, message):
 def test_budget_too_small_for_the_threshold_is_refused_before_any_forward_pass():
     data = inputs_with_pa([0.999] * 100, 0.25)
     needed = next(k for k in range(101) if clopper_pearson_lower(k, 100, 0.05) - 0.001 >= 0.6)
-    with pytest.raises(SettingError, match=rf"budget=20000 is invalid: expected at least {needed * 343}: passing "
-                                           rf"needs at least {needed} of 100 inputs certified and each "
-                                           r"certificate at least 343"):
-        certified_accuracy(RecordingModel(HALF_SPACE), data, 0.6, radius=0.5, sigma=0.25, budget=20_000)
+    with pytest.raises(SettingError, match=rf"budget=20000 is invalid: expected at least {needed * 343} model "
+                                           rf"evaluations to pass: at least {needed} of 100 inputs certified and "
+                                           r"each certificate at least 343"):
+        certified_accuracy(RecordingModel(HALF_SPACE), data, threshold=0.6, radius=0.5, sigma=0.25, budget=20_000)
     with pytest.raises(SettingError, match=f"budget={needed * 343 - 1} is invalid"):
-        certified_accuracy(HALF_SPACE, data, 0.6, radius=0.5, sigma=0.25, budget=needed * 343 - 1)
-    r = certified_accuracy(HALF_SPACE, data, 0.6, radius=0.5, sigma=0.25, budget=needed * 343)
+        certified_accuracy(HALF_SPACE, data, threshold=0.6, radius=0.5, sigma=0.25, budget=needed * 343 - 1)
+    r = certified_accuracy(HALF_SPACE, data, threshold=0.6, radius=0.5, sigma=0.25, budget=needed * 343)
     assert r.draws <= needed * 343
 
 
@@ -475,7 +470,7 @@ def test_long_runs_report_progress():
     seen = []
     data = inputs_with_pa([0.999, 0.5], 0.25)
     with progress_sink(seen.append):
-        certified_accuracy(HALF_SPACE, data, None, radius=0.5, sigma=0.25)
+        certified_accuracy(HALF_SPACE, data, threshold=None, radius=0.5, sigma=0.25)
         certify(HALF_SPACE, data, 0.25, n0=10, n=3000)
     gate = [f for f in seen if f["metric"] == "certified accuracy"]
     assert gate and gate[-1]["inputs_done"]() == 2 and gate[-1]["draws"] <= gate[-1]["budget"]
@@ -490,9 +485,11 @@ def test_long_runs_report_progress():
 # batch_size 256 (the largest chunk) keeps the gate near one model call per batch, where two reads
 # per batch would exceed one per call.
 GATE = dict(radius=0.25, sigma=0.5, max_draws=2000, budget=10**6, batch_size=256)
-HOST_READ_CHECKS = {  # check -> (most host reads of the smoothing module per model call, the check)
-    "gate": (1, lambda data: certified_accuracy(HALF_SPACE, data, None, **GATE)),
-    "gate with threshold": (1, lambda data: certified_accuracy(HALF_SPACE, data, 0.05, **GATE)),
+#: The smoothing modules (``count_host_syncs`` names lines as "dir/file.py:line").
+SMOOTHING_FILES = ("metrics/certified_accuracy.py", "procedures/rounds.py", "analyses/cohen.py", "analyses/smoothing_draws.py")
+HOST_READ_CHECKS = {  # check -> (most host reads of the smoothing modules per model call, the check)
+    "gate": (1, lambda data: certified_accuracy(HALF_SPACE, data, threshold=None, **GATE)),
+    "gate with threshold": (1, lambda data: certified_accuracy(HALF_SPACE, data, threshold=0.05, **GATE)),
     "certify": (0, lambda data: certify(HALF_SPACE, data, 0.5, n0=16, n=200, batch_size=32)),
     "predict": (0, lambda data: predict(HALF_SPACE, data, 0.5, n=200, batch_size=32)),
 }
@@ -500,7 +497,7 @@ HOST_READ_CHECKS = {  # check -> (most host reads of the smoothing module per mo
 
 @pytest.mark.parametrize("check", HOST_READ_CHECKS)
 def test_host_reads_per_model_call(check):
-    """Host reads made by the smoothing module (the CPU stand-in of ``count_host_syncs``) per extra
+    """Host reads made by the smoothing modules (the CPU stand-in of ``count_host_syncs``) per extra
     model call when the inputs double, so one-off reads cancel: the gate reads each batch's outcomes
     once (its sequential tests run on the host), CERTIFY and PREDICT count on the device and read
     nothing per batch."""
@@ -510,7 +507,7 @@ def test_host_reads_per_model_call(check):
         data = inputs_with_pa([0.999, 0.9, 0.7, 0.6, 0.55, 0.3] * 4 * copies, 0.5)
         with count_host_syncs(HALF_SPACE) as count:
             run(data)
-        mine = sum(n for where, n in count.where.items() if where.startswith("metrics/smoothing.py"))
+        mine = sum(n for where, n in count.where.items() if where.startswith(SMOOTHING_FILES))
         counts.append((mine, count.calls))
     (reads_1, calls_1), (reads_2, calls_2) = counts
     assert calls_2 > calls_1 + 10

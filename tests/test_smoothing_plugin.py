@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-import pytest_robust.metrics.smoothing  # noqa: F401  (imported once, outside the inline runs)
+import pytest_robust.metrics.certified_accuracy  # noqa: F401  (imported once, outside the inline runs)
 
 # A half-space classifier with known smoothed behaviour: class 1 iff x' < 0, so under
 # N(0, sigma^2) noise input x is classified 1 (its label) with probability Phi(-x / sigma).
@@ -114,7 +114,7 @@ def test_requests_that_cannot_pass_fail_with_a_clear_reason(suite, threshold, ex
     result.stdout.fnmatch_lines([expected])
 
 
-def test_invalid_sigma_fails_clearly(suite):
+def test_invalid_sigma_is_a_usage_error_at_collection(suite):
     suite.makepyfile("""
         import pytest
 
@@ -123,8 +123,8 @@ def test_invalid_sigma_fails_clearly(suite):
             pass
     """)
     result = suite.runpytest()
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*robust check could not run: sigma=0 is invalid: expected a finite number > 0*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*sigma=0 is invalid: expected a finite number > 0*"])
 
 
 def test_missing_radius_is_a_usage_error(suite):

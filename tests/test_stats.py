@@ -9,7 +9,7 @@ import pytest
 import scipy.special
 import scipy.stats
 
-from pytest_robust import stats
+from pytest_robust.stats import betting
 from pytest_robust.stats import (
     BET_CAP,
     Decision,
@@ -211,8 +211,8 @@ def test_advance_matches_reference_formula_across_blocks():
     rng = np.random.default_rng(11)
     x = rng.random(300)  # values in [0, 1], not only Bernoulli
     for m in (0.2, 0.5, 0.9):
-        state = stats._Running()
-        parts = [stats._advance(x[:1], m, state), stats._advance(x[1:100], m, state), stats._advance(x[100:], m, state)]
+        state = betting._Running()
+        parts = [betting._advance(x[:1], m, state), betting._advance(x[1:100], m, state), betting._advance(x[100:], m, state)]
         got = np.concatenate(parts)
         np.testing.assert_allclose(got, _reference_log_capital(x, m), rtol=0, atol=1e-10)
         assert state.t == 300 and state.total == pytest.approx(x.sum())
@@ -222,7 +222,7 @@ def test_bet_cap_binds_for_long_runs_of_ones():
     """At m = 1/2 the Kelly bet (mu - m) / (m (1 - m)) exceeds the cap 0.9 / m = 1.8 once the plug-in
     mean passes 0.95 (after 10 ones); from then on every 1 multiplies the capital by 1 + 1.8 / 2 = 1.9."""
     assert BET_CAP == 0.9
-    log_k = stats._advance(np.ones(30), 0.5, stats._Running())
+    log_k = betting._advance(np.ones(30), 0.5, betting._Running())
     steps = np.diff(np.concatenate(([0.0], log_k)))
     mus = (0.5 + np.arange(30)) / (1 + np.arange(30))
     uncapped = np.log1p((mus - 0.5) / 0.25 * 0.5)
@@ -231,10 +231,10 @@ def test_bet_cap_binds_for_long_runs_of_ones():
     np.testing.assert_allclose(steps[capped], math.log(1.9), rtol=1e-12)
     np.testing.assert_allclose(steps[~capped], uncapped[~capped], rtol=1e-12)
     # a 0 right after that costs the capped stake: factor 1 - 1.8 / 2 = 0.1
-    state = stats._Running()
-    stats._advance(np.ones(30), 0.5, state)
+    state = betting._Running()
+    betting._advance(np.ones(30), 0.5, state)
     before = state.log_capital
-    assert stats._advance(np.zeros(1), 0.5, state)[0] - before == pytest.approx(math.log(0.1), rel=1e-12)
+    assert betting._advance(np.zeros(1), 0.5, state)[0] - before == pytest.approx(math.log(0.1), rel=1e-12)
 
 
 def test_gate_hand_computed_example():
@@ -418,20 +418,20 @@ def test_mixture_capital_is_the_weighted_sum_of_constant_bet_capitals():
     gets there), a few draws above the fixed-size minimum log(1 / alpha) / log(1 / m)."""
     x = (np.random.default_rng(3).random(500) < 0.95).astype(float)
     m, alpha, horizon = 0.9, 0.05, 10_000
-    bets, log_w = stats.mixture_bets(m, alpha, horizon)
-    assert bets[0] == stats.BOLD / m and math.exp(log_w[0]) == pytest.approx(stats.W_BOLD)
+    bets, log_w = betting.mixture_bets(m, alpha, horizon)
+    assert bets[0] == betting.BOLD / m and math.exp(log_w[0]) == pytest.approx(betting.W_BOLD)
     assert np.exp(log_w).sum() == pytest.approx(1.0)
     gaps = bets[1:] * m * (1 - m)
     assert gaps[0] == pytest.approx(math.sqrt(2 * math.log(1 / alpha) * m * (1 - m) / horizon))
-    assert np.all(bets[1:] <= stats.BET_CAP / m) and np.all(np.diff(bets[1:]) >= 0)
+    assert np.all(bets[1:] <= betting.BET_CAP / m) and np.all(np.diff(bets[1:]) >= 0)
     direct = np.log(sum(np.exp(w + np.cumsum(np.log(1 + b * (x - m)))) for b, w in zip(bets, log_w)))
-    process = stats._Mixture(m, alpha, horizon)
+    process = betting._Mixture(m, alpha, horizon)
     fed = np.concatenate([process.advance(x[:1]), process.advance(x[1:200]), process.advance(x[200:])])
     np.testing.assert_allclose(fed, direct, rtol=1e-10)
     m, alpha = 0.977, 1e-3
     at = SequentialGate(m, alpha, horizon=100_000).update(np.ones(1000)).at
     fixed = math.ceil(math.log(1 / alpha) / -math.log(m))
-    assert fixed < at <= math.ceil(math.log(1 / (stats.W_BOLD * alpha)) / math.log(1 + stats.BOLD * (1 - m) / m))
+    assert fixed < at <= math.ceil(math.log(1 / (betting.W_BOLD * alpha)) / math.log(1 + betting.BOLD * (1 - m) / m))
     assert at < SequentialGate(m, alpha).update(np.ones(1000)).at
 
 

@@ -17,7 +17,8 @@ import pytest
 from pytest_robust import perturbations
 from pytest_robust.metrics import BUILTIN
 from pytest_robust.settings import Settings
-from pytest_robust.suites import BUILTIN_PERTURBATIONS, SuiteError, key_name, load_suite, perturbation_factories
+from pytest_robust.errors import SuiteError
+from pytest_robust.suites import BUILTIN_PERTURBATIONS, key_name, load_suite, perturbation_factories
 
 # Factories for the suites under test. Step(t) on inputs 0.5 under UniformLinf(eps=0.5): x' ~ U[0, 1]
 # and the model is right iff x' < t, so TSRM = t (see tests/test_plugin.py).

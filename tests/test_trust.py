@@ -124,8 +124,8 @@ def test_a_dataset_of_mappings_gives_the_numbers_of_its_tensors(keys):
     from pytest_robust import UniformLinf, tsrm
 
     data = _Mapped(keys)
-    by_map = tsrm(SmallNet().eval(), data, UniformLinf(eps=0.1), None, budget=512)
-    by_pair = tsrm(SmallNet().eval(), (data.x, data.y), UniformLinf(eps=0.1), None, budget=512)
+    by_map = tsrm(SmallNet().eval(), data, perturbation=UniformLinf(eps=0.1), threshold=None, budget=512)
+    by_pair = tsrm(SmallNet().eval(), (data.x, data.y), perturbation=UniformLinf(eps=0.1), threshold=None, budget=512)
     assert (by_map.estimate, by_map.lower, by_map.upper) == (by_pair.estimate, by_pair.lower, by_pair.upper)
 
 
@@ -135,7 +135,7 @@ def test_a_mapping_without_known_keys_names_what_it_found():
     from pytest_robust import RobustDataError, UniformLinf, tsrm
 
     with pytest.raises(RobustDataError, match=r"a mapping with keys \['id', 'img', 'klass'\].*pixel_values.*label"):
-        tsrm(SmallNet().eval(), _Mapped(("img", "klass")), UniformLinf(eps=0.1), None, budget=512)
+        tsrm(SmallNet().eval(), _Mapped(("img", "klass")), perturbation=UniformLinf(eps=0.1), threshold=None, budget=512)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

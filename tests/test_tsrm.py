@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_robust.metrics.tsrm import BLOCK, tsrm
+from pytest_robust.metrics.tsrm import tsrm
+from pytest_robust.procedures.bernoulli import BLOCK
 from pytest_robust.perturbations import UniformLinf
 from pytest_robust.stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
 from toy_models import FULL_BOX, MixedModel, RecordingModel, ThresholdModel, mixed_data, threshold_data
@@ -42,7 +43,7 @@ def check_details(r):
 @pytest.mark.parametrize("t", [0.875, 0.3])
 def test_estimate_matches_closed_form(t):
     budget = 50_000
-    r = tsrm(ThresholdModel(t), threshold_data(), FULL_BOX, budget=budget, seed=1)
+    r = tsrm(ThresholdModel(t), threshold_data(), perturbation=FULL_BOX, budget=budget, seed=1)
     assert r.verdict == "estimate"
     assert r.draws == r.forward_passes == budget
     assert abs(r.estimate - t) <= 4 * se(t, budget)
@@ -58,21 +59,21 @@ def test_mixed_dataset_closed_form(q):
     budget = 50_000
     expected = (1 + q) / 2
     x, y = mixed_data()
-    r = tsrm(MixedModel(q), (x, y), FULL_BOX, budget=budget, seed=2)
+    r = tsrm(MixedModel(q), (x, y), perturbation=FULL_BOX, budget=budget, seed=2)
     assert abs(r.estimate - expected) <= 4 * se(expected, budget)
     assert r.n_inputs == 16 and r.details["inputs_seen"] == 16
     check_details(r)
     # per half: evaluate the halves separately
-    always = tsrm(MixedModel(q), (x[:8], y[:8]), FULL_BOX, budget=2000, seed=2)
-    sometimes = tsrm(MixedModel(q), (x[8:], y[8:]), FULL_BOX, budget=budget, seed=2)
+    always = tsrm(MixedModel(q), (x[:8], y[:8]), perturbation=FULL_BOX, budget=2000, seed=2)
+    sometimes = tsrm(MixedModel(q), (x[8:], y[8:]), perturbation=FULL_BOX, budget=budget, seed=2)
     assert always.estimate == 1.0
     assert abs(sometimes.estimate - q) <= 4 * se(q, budget)
 
 
 @pytest.mark.parametrize("t", [0.875, 0.5])
 def test_pass_and_fail_away_from_the_truth(t):
-    passed = tsrm(ThresholdModel(t), threshold_data(), FULL_BOX, threshold=t - 0.05, seed=3)
-    failed = tsrm(ThresholdModel(t), threshold_data(), FULL_BOX, threshold=t + 0.05, seed=3)
+    passed = tsrm(ThresholdModel(t), threshold_data(), perturbation=FULL_BOX, threshold=t - 0.05, seed=3)
+    failed = tsrm(ThresholdModel(t), threshold_data(), perturbation=FULL_BOX, threshold=t + 0.05, seed=3)
     assert passed.verdict == "pass" and passed.passed
     assert failed.verdict == "fail" and not failed.passed
     for r in (passed, failed):
@@ -88,7 +89,7 @@ def test_gate_verdict_and_bounds_match_the_stats_layer_on_the_same_stream():
     sequence computed on it reproduce tsrm's verdict, draw count and bounds exactly."""
     t, threshold = 0.875, 0.84
     model = RecordingModel(ThresholdModel(t))
-    r = tsrm(model, threshold_data(), FULL_BOX, threshold=threshold, seed=4, batch_size=300)
+    r = tsrm(model, threshold_data(), perturbation=FULL_BOX, threshold=threshold, seed=4, batch_size=300)
     stream = (model.seen()[:, 0] < t).numpy().astype(np.float64)
     assert len(stream) == r.forward_passes
     gate = SequentialGate(threshold, 1 - r.confidence)
@@ -104,13 +105,13 @@ def test_gate_verdict_and_bounds_match_the_stats_layer_on_the_same_stream():
 def test_a_sure_model_passes_at_the_hand_computable_draw():
     # eps = 0: no noise; the model is always right
     model = ThresholdModel(0.7)
-    r = tsrm(model, threshold_data(), UniformLinf(eps=0.0), threshold=0.9, confidence=0.95)
+    r = tsrm(model, threshold_data(), perturbation=UniformLinf(eps=0.0), threshold=0.9, confidence=0.95)
     expected = SequentialGate(0.9, 1 - 0.95).update(np.ones(10_000))
     assert r.verdict == "pass" and r.draws == expected.at
     assert r.estimate == 1.0 and r.details["cp_upper"] == 1.0
     assert r.details["cp_lower"] == pytest.approx((1 - 0.95) ** (1 / r.draws))
     # and an always-wrong model fails
-    r = tsrm(ThresholdModel(0.3), threshold_data(), UniformLinf(eps=0.0), threshold=0.1)
+    r = tsrm(ThresholdModel(0.3), threshold_data(), perturbation=UniformLinf(eps=0.0), threshold=0.1)
     assert r.verdict == "fail" and r.estimate == 0.0
     assert r.draws == SequentialGate(0.1, 0.05).update(np.zeros(10_000)).at
 
@@ -124,7 +125,7 @@ def test_calibration_false_pass_rate_at_the_threshold(t, confidence):
     model = ThresholdModel(t)
     data = threshold_data()
     for seed in range(reps):
-        r = tsrm(model, data, FULL_BOX, threshold=t, confidence=confidence, budget=2000, seed=seed)
+        r = tsrm(model, data, perturbation=FULL_BOX, threshold=t, confidence=confidence, budget=2000, seed=seed)
         counts[r.verdict] += 1
     bound = alpha + 3 * math.sqrt(alpha * (1 - alpha) / reps)
     assert counts["pass"] / reps <= bound
@@ -138,7 +139,7 @@ def test_inconclusive_with_tiny_budget_at_the_truth():
     t, budget, reps = 0.875, 60, 40
     verdicts = []
     for seed in range(reps):
-        r = tsrm(ThresholdModel(t), threshold_data(), FULL_BOX, threshold=t, budget=budget, seed=seed)
+        r = tsrm(ThresholdModel(t), threshold_data(), perturbation=FULL_BOX, threshold=t, budget=budget, seed=seed)
         verdicts.append(r.verdict)
         check_details(r)
         if r.verdict == "inconclusive":
@@ -156,14 +157,14 @@ def test_inconclusive_with_tiny_budget_at_the_truth():
 @pytest.mark.parametrize("batch_size", [1, 100, 1024])
 def test_estimate_mode_uses_exactly_the_budget(budget, batch_size):
     model = RecordingModel(ThresholdModel(0.5))
-    r = tsrm(model, threshold_data(5), FULL_BOX, budget=budget, batch_size=batch_size, seed=5)
+    r = tsrm(model, threshold_data(5), perturbation=FULL_BOX, budget=budget, batch_size=batch_size, seed=5)
     assert r.verdict == "estimate" and r.threshold is None
     assert r.draws == r.forward_passes == budget == len(model.seen())
     check_details(r)
 
 
 def test_result_fields():
-    r = tsrm(ThresholdModel(0.5), threshold_data(12), FULL_BOX, threshold=0.25, confidence=0.9, budget=5000, seed=7, batch_size=64)
+    r = tsrm(ThresholdModel(0.5), threshold_data(12), perturbation=FULL_BOX, threshold=0.25, confidence=0.9, budget=5000, seed=7, batch_size=64)
     assert r.metric == "tsrm" and r.name == "TSRM"
     assert r.threshold == 0.25 and r.confidence == 0.9 and r.budget == 5000 and r.seed == 7
     assert r.n_inputs == 12 and r.device == "cpu"
@@ -176,8 +177,8 @@ def test_result_fields():
 
 def test_confidence_changes_decision_speed_not_direction():
     data = threshold_data()
-    loose = tsrm(ThresholdModel(0.875), data, FULL_BOX, threshold=0.8, confidence=0.8, seed=8)
-    strict = tsrm(ThresholdModel(0.875), data, FULL_BOX, threshold=0.8, confidence=0.999, seed=8)
+    loose = tsrm(ThresholdModel(0.875), data, perturbation=FULL_BOX, threshold=0.8, confidence=0.8, seed=8)
+    strict = tsrm(ThresholdModel(0.875), data, perturbation=FULL_BOX, threshold=0.8, confidence=0.999, seed=8)
     assert loose.verdict == strict.verdict == "pass"
     assert loose.draws < strict.draws
     assert strict.lower <= loose.lower
@@ -189,8 +190,8 @@ def test_callable_perturbation_in_the_pipeline():
     def shift(x, generator):
         return x + torch.rand(x.shape, generator=generator, dtype=x.dtype) - 0.5  # x' ~ U[0, 1]
 
-    a = tsrm(ThresholdModel(0.875), threshold_data(), shift, budget=20_000, seed=9)
-    b = tsrm(ThresholdModel(0.875), threshold_data(), shift, budget=20_000, seed=9)
+    a = tsrm(ThresholdModel(0.875), threshold_data(), perturbation=shift, budget=20_000, seed=9)
+    b = tsrm(ThresholdModel(0.875), threshold_data(), perturbation=shift, budget=20_000, seed=9)
     assert (a.estimate, a.lower, a.upper) == (b.estimate, b.lower, b.upper)
     assert abs(a.estimate - 0.875) <= 4 * se(0.875, 20_000)
     assert a.perturbation.endswith("shift")

@@ -45,6 +45,6 @@ def test_standard_model_fails_under_severe_noise():
 def test_programmatic_comparison(robust, robust_model, noise_model, robust_data):
     """The robust fixture: measure both models and compare them; both results land in the reports."""
     noise = UniformLinf(eps=0.5)
-    standard = robust.tsrm(robust_model, robust_data, noise, budget=20_000)
-    trained = robust.tsrm(noise_model, robust_data, noise, budget=20_000)
+    standard = robust.tsrm(robust_model, robust_data, perturbation=noise, budget=20_000)
+    trained = robust.tsrm(noise_model, robust_data, perturbation=noise, budget=20_000)
     assert trained.lower > standard.upper, (standard.message(), trained.message())

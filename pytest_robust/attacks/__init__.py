@@ -9,15 +9,13 @@
 - ``square``: the Square attack, a gradient-free random search (Andriushchenko et al. 2020);
 - ``ensemble``: the stages of the adversarial-accuracy check (APGD-CE, APGD-T, Square), each on
   the inputs the earlier stages left unbroken;
-- ``blocks``: attack every input of a data set in fixed blocks with their own random streams,
-  sharded over torch.distributed ranks (results independent of batch size and rank count): the
-  one loop over blocks that adversarial accuracy, the q check's PGD context and NPPR's
-  adversarial floor share.
+
+Every input of a data set is attacked in fixed blocks by the per-input procedure
+(``procedures.per_input.over_blocks``).
 """
 
 from ..perturbations import feasible_box
-from .blocks import over_blocks
 from .losses import cross_entropy
 from .pgd import Attack, pgd
 
-__all__ = ["Attack", "cross_entropy", "feasible_box", "over_blocks", "pgd"]
+__all__ = ["Attack", "cross_entropy", "feasible_box", "pgd"]

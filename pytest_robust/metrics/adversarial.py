@@ -26,7 +26,7 @@ Budget: the attack of an input costs at most 1 + (restarts + targets) (steps + 1
 model evaluations (2011 at the defaults); the budget must cover that for every input, or the check
 refuses up front and says what it needs. Inputs broken early cost much less. Inputs are attacked in
 blocks of ``BLOCK`` with their own random streams, split over torch.distributed ranks
-(``attacks.over_blocks``), so no number depends on the batch size or the number of ranks.
+(``procedures.per_input.over_blocks``), so no number depends on the batch size or the number of ranks.
 """
 
 from __future__ import annotations
@@ -37,15 +37,14 @@ import warnings
 import numpy as np
 import torch
 
-from .. import validation
-from ..attacks import over_blocks
 from ..attacks.ensemble import BROKEN, MISCLASSIFIED, OUTCOMES, ROBUST, SQUARE, STAGES, Schedule, attack
-from ..errors import RobustWarning, SettingError
-from ..inspection import records_warnings
+from ..errors import RobustWarning
+from ..library import function
 from ..perturbations import UniformLinf
+from ..procedures.per_input import over_blocks, rate_result
 from ..results import Result
 from ..run import Run
-from ..stats import clopper_pearson_lower, clopper_pearson_upper
+from . import BUILTIN
 
 #: Inputs whose random numbers come from one stream (results do not depend on the batch size or on
 #: the ranks); a rank attacks as many of its blocks together as fill a batch.
@@ -60,33 +59,11 @@ HONESTY = (
 )
 
 
-def _schedule(eps, steps, restarts, targets, square_queries, bounds) -> Schedule:
-    """The validated attack settings."""
-    return Schedule(eps=validation.positive_float("eps", eps), steps=validation.positive_int("steps", steps),
-                    restarts=validation.positive_int("restarts", restarts),
-                    targets=validation.non_negative_int("targets", targets),
-                    square_queries=validation.non_negative_int("square_queries", square_queries),
-                    bounds=bounds)
-
-
 def _box(bounds) -> list[float] | str:
     """The input box as JSON: [lo, hi], "none", or "per-element" (tensor bounds)."""
     if bounds is None:
         return "none"
     return [float(b) for b in bounds] if all(torch.as_tensor(b).numel() == 1 for b in bounds) else "per-element"
-
-
-def _check_budget(run: Run, schedule: Schedule) -> None:
-    """Refuse, before any model call, a budget that cannot attack every input in the worst case
-    (budget None: no cap)."""
-    per_input, n = schedule.worst_case(), len(run.ds)
-    if run.args.budget is not None and n * per_input > run.args.budget:
-        raise SettingError(
-            "budget", run.args.budget,
-            f"at least {n * per_input} model evaluations to attack all {n} inputs with up to {per_input} each "
-            f"(1 clean + ({schedule.restarts} restart(s) + {schedule.targets} target(s)) x ({schedule.steps} + 1) "
-            f"APGD steps + {schedule.square_queries} Square queries); or attack fewer inputs, or lower "
-            "targets= (at most classes - 1 are used) or square_queries=")
 
 
 def _masking(stage: np.ndarray, flat: np.ndarray) -> tuple[dict, str]:
@@ -144,35 +121,28 @@ def _details(run: Run, schedule: Schedule, found: dict, masking: dict) -> dict:
     }
 
 
-@records_warnings
-def adversarial_accuracy(
-    model: torch.nn.Module, data, threshold: float | None = None, *, eps: float = 8 / 255, steps: int = 100,
-    restarts: int = 1, targets: int = 9, square_queries: int = 1000, bounds=(0.0, 1.0), confidence: float = 0.95,
-    budget: int = 1_000_000, seed: int = 0, batch_size: int = 1024, device=None,
-) -> Result:
-    """Robust accuracy of ``model`` on ``data`` under an L-inf attack of radius ``eps`` (input units)
-    inside the box ``bounds``, gated >= ``threshold`` with Clopper-Pearson bounds over inputs
-    (module docstring).
+def ball(eps, bounds, **_) -> UniformLinf:
+    """The check's perturbation: the L-inf ball of radius ``eps`` in the box ``bounds`` (its inputs
+    are inspected against it; the gallery shows a random point of it)."""
+    return UniformLinf(eps=eps, bounds=bounds)
 
-    The attack (``attacks.ensemble``): APGD on cross-entropy (``restarts`` runs of ``steps`` steps),
-    APGD on the targeted DLR loss (``steps`` steps towards each of the ``targets`` best-scoring other
-    classes; 0 skips it), then ``square_queries`` queries of the Square search (0 skips it). Every
-    input gets the whole attack unless a stage breaks it; a budget too small for that is refused up
-    front with the budget it needs.
-    """
-    ball = UniformLinf(eps=validation.positive_float("eps", eps), bounds=bounds)  # checks the box; the inspections
-    schedule = _schedule(eps, steps, restarts, targets, square_queries, ball.bounds)
-    with Run("adversarial_accuracy", model, data, threshold=threshold, confidence=confidence, budget=budget,
-             seed=seed, batch_size=batch_size, device=device, perturbation=ball) as run:
-        _check_budget(run, schedule)
-        found = over_blocks(run, run.ds.x, run.ds.y, BLOCK, "adversarial",
-                            lambda x, y, streams: attack(run.forward, x, y, streams, schedule))
+
+def evaluate(run: Run, eps, steps, restarts, targets, square_queries, bounds) -> Result:
+    """Attack every input (module docstring) and bound the share the attack left robust."""
+    schedule = Schedule(eps=eps, steps=steps, restarts=restarts, targets=targets, square_queries=square_queries,
+                        bounds=run.perturbation.bounds)
+    per_input, n = schedule.worst_case(), len(run.ds)
+    run.require(n * per_input, (
+        f"to attack all {n} inputs with up to {per_input} each (1 clean + ({restarts} restart(s) + {targets} "
+        f"target(s)) x ({steps} + 1) APGD steps + {square_queries} Square queries); or attack fewer inputs, or "
+        "lower targets= (at most classes - 1 are used) or square_queries="))
+    found = over_blocks(run, run.ds.x, run.ds.y, BLOCK, "adversarial",
+                        lambda x, y, streams: attack(run.forward, x, y, streams, schedule))
     masking, warning = _masking(found["stage"], found["flat"])
     if warning:
         warnings.warn(warning, RobustWarning, stacklevel=2)
-    n, k = len(found["outcome"]), int((found["outcome"] == ROBUST).sum())
-    return run.result(
-        estimate=k / n, lower=clopper_pearson_lower(k, n, run.alpha), upper=clopper_pearson_upper(k, n, run.alpha),
-        draws=n, perturbation=f"L-inf eps={schedule.eps:g}: {schedule.describe()}",
-        note=HONESTY + (f"; {warning}" if warning else ""), details=_details(run, schedule, found, masking),
-    )
+    return rate_result(run, found["outcome"] == ROBUST, f"L-inf eps={schedule.eps:g}: {schedule.describe()}",
+                       _details(run, schedule, found, masking), HONESTY + (f"; {warning}" if warning else ""))
+
+
+adversarial_accuracy = function("adversarial_accuracy", BUILTIN["adversarial_accuracy"])

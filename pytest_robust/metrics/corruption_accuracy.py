@@ -5,7 +5,7 @@
 (Hendrycks & Dietterich 2019; what RobustBench reports for CIFAR-10-C; default grid: the 15
 benchmark corruptions x severities 1-5). Each draw picks an input uniformly, a cell (c, s)
 uniformly from the grid (``CorruptionGrid``) and one fresh corruption, so the outcomes form one
-i.i.d. Bernoulli(CA) stream: the TSRM engine and its anytime-valid gate apply unchanged (a pass
+i.i.d. Bernoulli(CA) stream: the Bernoulli procedure and its anytime-valid gate apply unchanged (a pass
 means CA >= threshold with error probability <= 1 - confidence).
 
 The details break the same draws down by cell: per corruption (mean over its severities), per
@@ -22,17 +22,18 @@ import torch
 
 from ..corruptions import CorruptionGrid
 from ..engine import correct_predictions
-from ..inspection import records_warnings
+from ..library import function
+from ..procedures.bernoulli import BLOCK, bernoulli_stream, noise_generator, summary
 from ..results import Result
 from ..run import Run
 from ..stats import clopper_pearson_lower, clopper_pearson_upper
-from .tsrm import BLOCK, bernoulli_stream, noise_generator, summary
+from . import BUILTIN
 
 
-def _cells(grid: CorruptionGrid, draws: int, seed: int, device) -> np.ndarray:
+def _cells(grid: CorruptionGrid, draws: int, run: Run) -> np.ndarray:
     """The grid cell of each of the first ``draws`` draws, recomputed from their blocks' generators."""
     blocks = -(-draws // BLOCK)
-    return torch.cat([grid.cells(BLOCK, noise_generator(seed, "tsrm", b, device)).cpu()
+    return torch.cat([grid.cells(BLOCK, noise_generator(run, run.streams, b)).cpu()
                       for b in range(blocks)])[:draws].numpy()
 
 
@@ -72,28 +73,45 @@ def _breakdown(grid: CorruptionGrid, outcomes: np.ndarray, cells: np.ndarray, al
     }
 
 
-@records_warnings
-def corruption_accuracy(
-    model: torch.nn.Module, data, threshold: float | None = None, *, corruptions=None, severities=None,
-    preset: str | None = None, confidence: float = 0.95, budget: int = 100_000, seed: int = 0,
-    batch_size: int = 1024, device=None,
-) -> Result:
-    """Mean accuracy of ``model`` on ``data`` over the grid ``corruptions`` x ``severities``
-    (default: the 15 benchmark corruptions x 1-5; ``preset`` as for ``Corruption``), gated
-    >= ``threshold`` when given, with TSRM's anytime-valid test; ``budget`` in model evaluations
-    (one per draw, plus one per input for the clean accuracy)."""
-    grid = CorruptionGrid(corruptions, severities, preset)
-    with Run("corruption_accuracy", model, data, threshold=threshold, confidence=confidence, budget=budget,
-             seed=seed, batch_size=batch_size, device=device, perturbation=grid) as run:
-        with run.forward.phase("context"):
-            clean = _clean_accuracy(run)
-        stream = bernoulli_stream(run, grid, run.remaining(), run.args.threshold, label="corruption accuracy")
+def grid(corruptions=None, severities=None, preset=None, **_) -> CorruptionGrid:
+    """The check's perturbation: one draw picks a cell of the grid uniformly and corrupts with it."""
+    return CorruptionGrid(corruptions, severities, preset)
+
+
+def _table(d: dict, estimate: float, confidence: float, draws: int) -> dict:
+    """The summary's table: accuracy per corruption (rows) and severity (columns), each
+    corruption's mean with its Clopper-Pearson bounds, and the clean accuracy."""
+    levels, pct = list(d["per_severity"]), f"{confidence:.0%}"
+    drop = "–" if d["relative_drop"] is None else f"{d['relative_drop']:.3f}"
+    rows = [[name] + [d["per_cell"][f"{name}/{s}"]["accuracy"] for s in levels] + [
+        total["accuracy"], "–" if total["accuracy"] is None else f"[{total['cp_lower']:.3f}, {total['cp_upper']:.3f}]"]
+        for name, total in d["per_corruption"].items()]
+    rows.append(["**all**"] + [d["per_severity"][s]["accuracy"] for s in levels]
+                + [estimate, f"[{d['cp_lower']:.3f}, {d['cp_upper']:.3f}]"])
+    return {"title": "Corruption accuracy", "header": ["corruption"] + [f"severity {s}" for s in levels]
+            + ["mean", f"{pct} CP bounds"],
+            "text": f"clean {d['clean_accuracy']:.3f}, under corruption {estimate:.3f} (relative drop {drop}); "
+                    f"{draws} draws. Per-cell accuracies come from the same draws; their Clopper–Pearson bounds hold "
+                    "one at a time.", "rows": rows}
+
+
+def evaluate(run: Run, corruptions, severities, preset) -> Result:
+    """The clean accuracy (one evaluation per input, the "context" phase), then the Bernoulli
+    stream over the grid; the details break its draws down by corruption, severity and cell."""
+    grid = run.perturbation
+    with run.forward.phase("context"):
+        clean = _clean_accuracy(run)
+    stream = bernoulli_stream(run, grid, run.remaining(), run.args.threshold, label="corruption accuracy")
     estimate, lower, upper, details = summary(stream, run.alpha, run.args.threshold)
     outcomes = stream.outcomes[: stream.used]
     details.update({
         "clean_accuracy": clean,
         "relative_drop": 1.0 - estimate / clean if clean > 0 else None,
-        **_breakdown(grid, outcomes, _cells(grid, len(outcomes), run.seed, run.device), run.alpha, clean),
+        **_breakdown(grid, outcomes, _cells(grid, len(outcomes), run), run.alpha, clean),
     })
+    details["tables"] = [_table(details, estimate, run.args.confidence, stream.used)]
     return run.result(estimate=estimate, lower=lower, upper=upper, draws=stream.used, perturbation=repr(grid),
                       details=details)
+
+
+corruption_accuracy = function("corruption_accuracy", BUILTIN["corruption_accuracy"])

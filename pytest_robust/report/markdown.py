@@ -28,34 +28,35 @@ def deciding_bound(r: Result) -> str:
     return f"{value:.4f} ({pct} {side})"
 
 
-def corruption_tables(parsed: list[Result]) -> list[str]:
-    """Per ``corruption_accuracy`` check: accuracy per corruption (rows) and severity (columns),
-    the corruption's mean with its Clopper–Pearson bounds, and the clean accuracy."""
+def check_tables(parsed: list[Result]) -> list[str]:
+    """Every table a check put in ``details["tables"]`` ({title, text, header, rows}; cells are
+    text or numbers, None shown as a dash), under the check's test id."""
     lines = []
     for r in parsed:
-        d = r.details
-        if r.metric != "corruption_accuracy" or "per_cell" not in d:
-            continue
-        levels = list(d["per_severity"])
-        pct = f"{r.confidence:.0%}"
-        lines += ["", f"### Corruption accuracy of `{_cell(r.test_id)}`", "",
-                  f"clean {d['clean_accuracy']:.3f}, under corruption {r.estimate:.3f} "
-                  f"(relative drop {_pct(d['relative_drop'])}); {r.draws} draws. Per-cell accuracies come from the "
-                  "same draws; their Clopper–Pearson bounds hold one at a time.", "",
-                  "| corruption | " + " | ".join(f"severity {s}" for s in levels) + f" | mean | {pct} CP bounds |",
-                  "|---|" + "---:|" * (len(levels) + 2)]
-        for name, total in d["per_corruption"].items():
-            cells = [_pct(d["per_cell"][f"{name}/{s}"]["accuracy"]) for s in levels]
-            bounds = "–" if total["accuracy"] is None else f"[{total['cp_lower']:.3f}, {total['cp_upper']:.3f}]"
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {_pct(total['accuracy'])} | {bounds} |")
-        lines.append("| **all** | " + " | ".join(_pct(d["per_severity"][s]["accuracy"]) for s in levels)
-                     + f" | {r.estimate:.3f} | [{d['cp_lower']:.3f}, {d['cp_upper']:.3f}] |")
+        for table in r.details.get("tables", []):
+            lines += ["", f"### {table['title']} of `{_cell(r.test_id)}`", "", table.get("text", ""), "",
+                      "| " + " | ".join(table["header"]) + " |", "|---|" + "---:|" * (len(table["header"]) - 1)]
+            lines += ["| " + " | ".join(_shown(c) for c in row) + " |" for row in table["rows"]]
     return lines
+
+
+def _shown(cell) -> str:
+    return _pct(cell) if cell is None or isinstance(cell, float) else str(cell)
+
+
+def _row(r: Result, icon: dict) -> str:
+    """The summary table's row of one check."""
+    space = r.details.get("space")
+    estimate = "–" if r.estimate is None else f"{r.estimate:.4f}"
+    threshold = "–" if r.threshold is None else f"{r.direction} {r.threshold:g}"
+    return (f"| {_cell(r.test_id)} | {r.name} | {_cell(r.perturbation)}{f' ({space})' if space else ''} | {estimate} | "
+            f"{deciding_bound(r)} | {threshold} | {icon.get(r.status, r.status)} | "
+            f"{r.forward_passes}/{r.budget} | {r.seconds:.1f} s |")
 
 
 def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | None = None) -> str:
     """One row per check (check, metric, estimate, the bound that decided it, threshold, verdict,
-    time), then the messages of checks that did not pass, the per-check tables (corruptions, worst
+    time), then the messages of checks that did not pass, the per-check tables (``details["tables"]``, worst
     inputs), the baseline comparison and the environment."""
     parsed = [Result.from_dict(r) for r in results]
     icon = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "estimate": "ℹ️ estimate",
@@ -71,16 +72,7 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
         "| check | metric | perturbation | estimate | deciding bound | threshold | verdict | evaluations/budget | time |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in parsed:
-        bound = deciding_bound(r)
-        space = r.details.get("space")
-        estimate = "–" if r.estimate is None else f"{r.estimate:.4f}"
-        threshold = "–" if r.threshold is None else f"{r.direction} {r.threshold:g}"
-        lines.append(
-            f"| {_cell(r.test_id)} | {r.name} | {_cell(r.perturbation)}{f' ({space})' if space else ''} | {estimate} | "
-            f"{bound} | {threshold} | {icon.get(r.status, r.status)} | "
-            f"{r.forward_passes}/{r.budget} | {r.seconds:.1f} s |"
-        )
+    lines += [_row(r, icon) for r in parsed]
     failing = [r for r in parsed if r.status in ("fail", "inconclusive", "error", "xfail")]
     if failing:
         lines += ["", "### Checks that did not pass", ""]
@@ -91,7 +83,7 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
     warned = [f"- `{_cell(r.test_id)}`: {_cell(w)}" for r in parsed for w in r.details.get("warnings", [])]
     if warned:
         lines += ["", "### Warnings", ""] + warned
-    lines += corruption_tables(parsed)
+    lines += check_tables(parsed)
     lines += worst_inputs_markdown(results)
     notes = sorted({r.note for r in parsed if r.note})
     if notes:

@@ -106,23 +106,27 @@ def plot_heatmap(heatmap: dict, path: Path) -> Path:
 SIZE = re.compile(r"^(\w+)\((\w+)=([-+0-9.eE]+)(.*)\)$")
 
 
-def tsrm_curves(results: list[dict]) -> dict[str, dict]:
-    """TSRM against perturbation size: per model and perturbation family with >= 2 sizes, the
+def accuracy_curves(results: list[dict]) -> dict[str, dict]:
+    """Accuracy against perturbation size, for every check of the Bernoulli procedure
+    (``details["procedure"]``): per check, model and perturbation family with >= 2 sizes, the
     estimate and both bounds against eps (sigma, scale) read from the perturbation's repr."""
     groups: dict[tuple, list] = {}
     for r in results:
-        match = SIZE.match(r["perturbation"]) if r["metric"] == "tsrm" and r["estimate"] is not None else None
+        bernoulli = r["details"].get("procedure") == "bernoulli" and r["estimate"] is not None
+        match = SIZE.match(r["perturbation"]) if bernoulli else None
         if match:
             family, size_name, size, rest = match.groups()
-            groups.setdefault((r.get("model") or "model", family, size_name, rest), []).append((float(size), r))
+            key = (r["metric"], r["details"].get("title") or r["metric"], r.get("model") or "model", family,
+                   size_name, rest)
+            groups.setdefault(key, []).append((float(size), r))
     curves = {}
-    for (model, family, size_name, rest), points in groups.items():
+    for (metric, title, model, family, size_name, rest), points in groups.items():
         if len({size for size, _ in points}) < 2:
             continue
         points.sort(key=lambda p: p[0])
         label = "estimate"
-        curves[f"tsrm-{model}-{family}"] = {
-            "title": f"TSRM of {model} under {family}" + (f" ({rest.strip(', ')})" if rest.strip(", ") else "")
+        curves[f"{metric}-{model}-{family}"] = {
+            "title": f"{title} of {model} under {family}" + (f" ({rest.strip(', ')})" if rest.strip(", ") else "")
                      + f"; bars: {points[0][1]['confidence']:.0%} bounds, n: draws (a gate stops once it decides)",
             "xlabel": size_name,
             "ylabel": "accuracy under perturbation",
@@ -172,7 +176,7 @@ def write_plots(results: list[dict], directory: Path) -> list[Path]:
     """One PNG per curve and heatmap carried by a result, plus TSRM-against-size curves; returns
     the paths."""
     curves = [(r, name, c) for r in results for name, c in r.get("details", {}).get("curves", {}).items()]
-    curves += [({"test_id": "summary"}, name, c) for name, c in tsrm_curves(results).items()]
+    curves += [({"test_id": "summary"}, name, c) for name, c in accuracy_curves(results).items()]
     curves += [(r, name, h) for r in results for name, h in r.get("details", {}).get("heatmaps", {}).items()]
     galleries = [(i, r) for i, r in enumerate(results) if r.get("gallery")]
     if not curves and not galleries:

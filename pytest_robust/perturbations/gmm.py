@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .perturbations import feasible_box
+from . import feasible_box
 
 DEPENDENCIES = ("independent", "label", "input", "joint")
 COVARIANCES = ("full", "diagonal")

@@ -1,10 +1,7 @@
-"""Statistics for robustness gates: exact binomial bounds and anytime-valid sequential tests.
+"""Anytime-valid sequential tests by betting: the gate ``SequentialGate`` and the confidence
+sequence ``confidence_sequence`` on the mean of a stream of values in [0, 1].
 
 Pure Python and NumPy; nothing here knows about torch or pytest.
-
-Clopper–Pearson (fixed sample size n, k successes, one-sided level alpha):
-    lower = BetaInv(alpha; k, n - k + 1)     (0 when k = 0; alpha**(1/n) when k = n)
-    upper = BetaInv(1 - alpha; k + 1, n - k) (1 when k = n)
 
 Betting test of H0: E[X] <= m for X_i in [0, 1] (Waudby-Smith & Ramdas, JRSS-B 2024):
     K_t = prod_{i <= t} (1 + lambda_i (X_i - m)),   0 <= lambda_i <= c / m,
@@ -33,7 +30,6 @@ for their gap.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -47,104 +43,6 @@ BOLD = 0.995
 W_BOLD = 0.35
 #: Ratio between neighbouring gaps delta_j of a mixture's grid of constant bets.
 GRID_RATIO = math.sqrt(2.0)
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction for the regularized incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 100_000):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            return h
-    raise ArithmeticError(f"incomplete beta continued fraction did not converge (a={a}, b={b}, x={x})")
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta function I_x(a, b) for a, b > 0 and x in [0, 1]."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def betaincinv(a: float, b: float, y: float) -> float:
-    """The x in [0, 1] with I_x(a, b) = y, by bisection (I_x is increasing in x)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi):
-            break
-        if betainc(a, b, mid) < y:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-@functools.lru_cache(maxsize=1024)
-def t_quantile(p: float, dof: int) -> float:
-    """The p-quantile (p > 1/2) of Student's t with ``dof`` degrees of freedom.
-
-    P(T > t) = I_x(dof/2, 1/2) / 2 with x = dof / (dof + t^2), solved with ``betaincinv``
-    (memoized: a sequential gate asks for the same few quantiles again and again).
-    """
-    x = betaincinv(dof / 2.0, 0.5, 2.0 * (1.0 - p))
-    return math.sqrt(dof * (1.0 - x) / x)
-
-
-def binom_sf(k: int, n: int, p: float) -> float:
-    """P(Bin(n, p) >= k), exactly, via I_p(k, n - k + 1)."""
-    if k <= 0:
-        return 1.0
-    if k > n:
-        return 0.0
-    return betainc(k, n - k + 1, p)
-
-
-def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
-    """One-sided (1 - alpha) Clopper–Pearson lower bound on a binomial proportion."""
-    _check_counts(k, n, alpha)
-    if k == 0:
-        return 0.0
-    if k == n:
-        return alpha ** (1.0 / n)
-    return betaincinv(k, n - k + 1, alpha)
-
-
-def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:
-    """One-sided (1 - alpha) Clopper–Pearson upper bound on a binomial proportion."""
-    _check_counts(k, n, alpha)
-    return 1.0 - clopper_pearson_lower(n - k, n, alpha)
-
-
-def _check_counts(k: int, n: int, alpha: float) -> None:
-    if not (n >= 1 and 0 <= k <= n):
-        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
 
 
 @dataclass

@@ -1,5 +1,10 @@
-"""Attack every input of a data set in fixed blocks: the one loop that adversarial accuracy, the q
-check's PGD context and NPPR's adversarial floor share.
+"""The per-input procedure: one statistic per input -> a bound over inputs.
+
+``over_blocks`` evaluates a statistic on every input of a data set in fixed blocks: the one loop
+that adversarial accuracy, the q check's PGD context, NPPR's adversarial floor and any per-input
+metric share. ``rate`` bounds the mean of a 0/1 statistic over the n inputs with one-sided
+Clopper-Pearson bounds at the check's level (each side alpha = 1 - confidence); ``rate_result``
+is the whole check "share of inputs with outcome 1 >= threshold".
 
 Inputs are cut into blocks of ``block`` consecutive rows; block b draws its random numbers from its
 own stream (``engine.stream_generator(seed, stream, b)``), so what an input receives does not
@@ -20,8 +25,10 @@ import torch
 
 from ..engine import stream_generator
 from ..mcmc import RowStreams
+from ..results import Result
+from ..stats import clopper_pearson_lower, clopper_pearson_upper
 
-#: ``attack(x, y, streams)`` -> per-row results {name: device tensor of shape (rows,)}.
+#: ``statistic(x, y, streams)`` -> per-row results {name: device tensor of shape (rows,)}.
 BlockAttack = Callable[[torch.Tensor, torch.Tensor, RowStreams], dict]
 
 
@@ -67,3 +74,17 @@ def over_blocks(run, x: torch.Tensor, y: torch.Tensor, block: int, stream: str, 
             local += _group(run, x, y, block, stream, attack, mine[i : i + per_group])
     parts = run.gather(local, n_blocks)
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def rate(run, outcomes: np.ndarray) -> tuple[float, float, float]:
+    """(share of inputs with outcome 1, its one-sided Clopper-Pearson lower and upper bounds at the
+    run's level) over the n inputs."""
+    n, k = len(outcomes), int(np.asarray(outcomes, dtype=bool).sum())
+    return k / n, clopper_pearson_lower(k, n, run.alpha), clopper_pearson_upper(k, n, run.alpha)
+
+
+def rate_result(run, outcomes: np.ndarray, perturbation: str, details: dict | None = None, note: str = "") -> Result:
+    """The whole check "share of inputs whose outcome is 1 >= threshold", over every input."""
+    estimate, lower, upper = rate(run, outcomes)
+    return run.result(estimate=estimate, lower=lower, upper=upper, draws=len(outcomes), perturbation=perturbation,
+                      details=details, note=note)

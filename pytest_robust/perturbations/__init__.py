@@ -10,6 +10,11 @@ by 1/std yourself.
 
 ``bounds=(lo, hi)`` is the input box (default [0, 1]); scalars or tensors broadcastable to one
 input (e.g. per-channel bounds of shape (C, 1, 1)); ``None`` switches the box off.
+
+Submodules (imported on use, not by this package): ``gmm``, NPPR's Gaussian-mixture perturbation
+model; ``gmm_fit``, its fit loop, fit cache and the frozen fitted mixture; ``gmm_data``, the
+fit/evaluation split and the classifier features it reads; ``projected``, Gaussian noise
+projected into a norm ball.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from typing import Callable
 
 import torch
 
-from .errors import ArgumentError, RobustWarning
-from .results import NO_IDENTITY
-from .inspection import check_perturbation_object
+from ..errors import ArgumentError, RobustWarning
+from ..results import NO_IDENTITY
+from ..inspection import check_perturbation_object
 
 
 def _check_size(name: str, value: float, *, allow_zero: bool) -> float:
@@ -91,7 +96,7 @@ def stable_identity(obj) -> str:
         return f"({inner},)" if isinstance(obj, tuple) and len(obj) == 1 else (
             f"({inner})" if isinstance(obj, tuple) else f"[{inner}]")
     if isinstance(obj, torch.Tensor):
-        from .cache import tensor_fingerprint
+        from ..cache import tensor_fingerprint
 
         return f"tensor({str(obj.dtype).removeprefix('torch.')}, {tuple(obj.shape)}, {tensor_fingerprint(obj)[:12]})"
     if inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.ismethod(obj):
@@ -350,7 +355,7 @@ class ParameterSpace(ABC):
 
     def propose(self, theta: torch.Tensor, step: torch.Tensor, streams) -> torch.Tensor:
         """Gaussian random walk theta + step * scale * N(0, I), mirrored into the support."""
-        from .mcmc import reflect
+        from ..mcmc import reflect
 
         move = streams.randn(*theta.shape[1:]).to(theta.dtype)
         out = theta + step.reshape((-1,) + (1,) * (theta.ndim - 1)) * self.scale * move
@@ -505,7 +510,7 @@ class Spatial(Perturbation):
         )
 
     def sample(self, x, generator):
-        from .mcmc import RowStreams
+        from ..mcmc import RowStreams
 
         self._check_images(x)
         return self.transform(x, self.sample_params(RowStreams.single(generator, len(x), x.device, x.dtype)))
@@ -557,7 +562,7 @@ class SpatialSpace(ParameterSpace):
         """Flip toggled with probability 1/2; angle and zoom + step * sd * N(0, 1) and shifts +
         round(step * sd * N(0, 1)), mirrored into range (shifts about the half-integers
         -translate - 1/2 and translate + 1/2, which keeps the integer walk symmetric)."""
-        from .mcmc import reflect
+        from ..mcmc import reflect
 
         u, z = streams.rand(1), streams.randn(5)
         move = step[:, None] * self.sd * z

@@ -1,0 +1,138 @@
+"""The library function of every check, derived from its declaration, and the one path from
+parameters to a ``Result`` that library calls and the pytest layer share.
+
+``function(name, metric)`` builds ``name(model, data, *, <threshold>=None, <parameters>,
+confidence=0.95, budget=<the metric's>, seed=0, batch_size=1024, device=None, normalize=None,
+logits=None)``: everything after (model, data) is keyword-only, so that a swapped threshold and
+radius cannot go unnoticed. ``evaluate`` validates the parameters by their declaration, builds the
+check's ``run.Run`` (direction, streams and certificate from the declaration), calls the body
+inside it with RobustWarnings captured (re-issued to the caller and listed in
+``details["warnings"]``) and checks the Result it returns.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+
+from . import model_io
+from .declarations import REQUIRED, Metric, load
+from .perturbations import as_perturbation
+from .errors import ArgumentError, BudgetError, RobustWarning, SettingError
+from .results import Result
+from .run import Run
+from .settings import Settings
+
+#: The common keywords of every check, with their library defaults (budget: the metric's).
+COMMON = ("confidence", "budget", "seed", "batch_size", "device", "normalize", "logits")
+#: Library defaults of settings keys a check takes that differ from the pytest layer's: a library
+#: call caches nothing unless it names a directory.
+LIBRARY_SETTINGS = {"cache_dir": None}
+
+
+def signature(metric: Metric) -> inspect.Signature:
+    """The library signature of ``metric`` (see the module docstring)."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    positional = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("model", "data")]
+    own = [inspect.Parameter(metric.call_threshold(), kw, default=None)]
+    own += [inspect.Parameter(p.name, kw, **({} if p.required else {"default": p.default})) for p in metric.params]
+    own += [inspect.Parameter(k, kw, default=LIBRARY_SETTINGS.get(k, getattr(Settings(), k))) for k in metric.settings]
+    defaults = {"budget": metric.budget, "device": None}
+    common = [inspect.Parameter(k, kw, default=defaults.get(k, getattr(Settings(), k, None))) for k in COMMON]
+    return inspect.Signature(positional + own + common, return_annotation=Result)
+
+
+def function(name: str, metric: Metric, public: str | None = None):
+    """The library function of metric ``name`` (called ``public``, default ``name``), with
+    ``signature(metric)`` and a docstring from the declaration."""
+    sig, public = signature(metric), public or name
+
+    def check(*args, **kwargs) -> Result:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as err:
+            raise ArgumentError(f"{public}{sig}: {err}: everything after (model, data) is a keyword") from None
+        bound.apply_defaults()
+        given = dict(bound.arguments)
+        model, data = given.pop("model"), given.pop("data")
+        threshold = given.pop(metric.call_threshold())
+        common = {k: given.pop(k) for k in COMMON}
+        settings = Settings(**{k: given.pop(k) for k in metric.settings})
+        with model_io.model_interface(*_interface(common.pop("normalize"), common.pop("logits"))):
+            return evaluate(name, metric, model, data, threshold, metric.resolved(given, settings), **common)
+
+    check.__name__ = check.__qualname__ = public
+    check.__signature__ = sig
+    check.__doc__ = f"{metric.title or name}: {metric.doc}\n\nKeywords:\n\n" + metric.help(name)
+    return check
+
+
+def _interface(normalize, logits) -> tuple:
+    """The model interface of a call: its ``normalize=``/``logits=``, else the current one."""
+    now = model_io.current()
+    return (now.normalize if normalize is None else normalize, now.logits if logits is None else logits)
+
+
+def evaluate(name: str, metric: Metric, model, data, threshold, params: dict, *, confidence, budget, seed,
+             batch_size, device) -> Result:
+    """Evaluate one check: ``params`` are every parameter's value (``Metric.resolved``)."""
+    missing = [k for k, v in params.items() if v is REQUIRED]
+    if missing:
+        raise ArgumentError(f"{name}(...) needs {', '.join(k + '=' for k in missing)}; " + metric.help(name))
+    if threshold is not None:
+        threshold = metric.threshold(metric.call_threshold(), threshold)
+    body = metric.load()
+    try:
+        inspect.signature(body).bind(None, **params)
+    except TypeError as err:
+        shown = ", ".join(["run"] + [k + "=" for k in params])
+        raise ArgumentError(f"metric {name}: its body {getattr(body, '__qualname__', body)!r} cannot be called as "
+                            f"body({shown}) ({err}); a check's body takes the Run and its declared parameters "
+                            "(docs: extending)") from None
+    perturbation = _perturbation(metric, params)
+    if "perturbation" in params:
+        params = {**params, "perturbation": perturbation}
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with Run(name, model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
+                     batch_size=batch_size, device=device, perturbation=perturbation, declaration=metric) as run:
+                try:
+                    result = body(run, **params)
+                except BudgetError as err:
+                    raise SettingError("budget", budget, f"enough for {name} to reach an estimate: {err}") from None
+    finally:  # re-issued also when the check raises, so the user sees what went before
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    result = checked_result(name, result)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RobustWarning)]
+    if messages:
+        result.details["warnings"] = list(dict.fromkeys(result.details.get("warnings", []) + messages))
+    return result
+
+
+def _perturbation(metric: Metric, params: dict):
+    """The perturbation the check draws from (``Metric.perturbation``), or None."""
+    if metric.perturbation is not None:
+        return load(metric.perturbation)(**params)
+    p = params.get("perturbation")
+    return None if p is None else as_perturbation(p)
+
+
+def checked_result(name: str, result) -> Result:
+    """``result`` if it is a ``Result`` whose numbers make sense (finite bounds, lower <= upper);
+    a metric that returns anything else has a bug, named here instead of failing later."""
+    if not isinstance(result, Result):
+        raise ArgumentError(
+            f"metric {name} returned {type(result).__name__}, not a pytest_robust Result: end its body with "
+            "return run.result(...) (docs: extending)"
+        )
+    numbers = (result.estimate, result.lower, result.upper)
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers) or result.lower > result.upper + 1e-12:
+        raise ArgumentError(
+            f"metric {name} returned estimate {result.estimate!r} with bounds [{result.lower!r}, {result.upper!r}]: "
+            "the bounds must be finite numbers with lower <= upper"
+        )
+    return result

@@ -1,0 +1,168 @@
+"""The Bernoulli-stream procedure: i.i.d. draws (input, perturbation) -> an anytime-valid gate.
+
+Each draw picks an input uniformly at random (with replacement) and one fresh perturbation of it;
+whether the model is correct is a Bernoulli(p) outcome, i.i.d. across draws, where
+
+    p = P_{(X, Y) ~ data, X' ~ perturbation(. | X)} ( argmax f(X') = Y )     (a tie is an error).
+
+The gate "p >= threshold" is the anytime-valid betting test of ``stats.SequentialGate`` at level
+alpha = 1 - confidence: it stops as soon as pass or fail is proven, and a stream that reaches the
+budget undecided is inconclusive. The bounds reported are the anytime-valid confidence sequence,
+which agrees with the gate's decision exactly. One draw costs one model evaluation; the batch in
+which the decision falls is evaluated whole, so evaluations can exceed draws by less than one batch.
+
+``accuracy(run, perturbation)`` is a whole check: TSRM, corruption accuracy and any metric declared
+as "a perturbation + a declaration" end their body with it. ``bernoulli_stream`` is the loop
+itself (NPPR gates its learned distribution with it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import collective
+from ..engine import TensorData, correct_predictions, report_progress
+from ..perturbations import Perturbation
+from ..results import Result
+from ..run import Run
+from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
+
+#: Draws generated from one random stream; a fixed size, so results do not depend on batch size.
+BLOCK = 256
+
+
+@dataclass
+class Stream:
+    """The outcomes of a Bernoulli stream (correct or not per draw), the inputs drawn, and the
+    gate's decision (None: undecided or ungated)."""
+
+    outcomes: np.ndarray
+    indices: np.ndarray
+    decision: object
+
+    @property
+    def used(self) -> int:
+        """Draws the verdict rests on: up to the decision, else all."""
+        return self.decision.at if self.decision is not None else len(self.outcomes)
+
+
+def _indices(n_inputs: int, run: Run, name: str, index: int) -> torch.Tensor:
+    """Input indices of block ``index`` of the draw stream (uniform, with replacement), drawn on
+    the run's device (on the CPU they are the same numbers on any host)."""
+    return torch.randint(n_inputs, (BLOCK,), generator=run.stream("index", index, namespace=name), device=run.device)
+
+
+def noise_generator(run: Run, name: str, block: int) -> torch.Generator:
+    """The generator that perturbs the draws of block ``block`` of stream ``name``: a metric that
+    mixes perturbations can recover which one each draw got."""
+    return run.stream("noise", block, namespace=name)
+
+
+def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int):
+    """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
+
+    A step is ``ceil(batch_size / BLOCK)`` blocks per process, fewer when the remaining draws
+    (``limit``) need fewer or when ``most`` (blocks in all) is smaller; under torch.distributed rank r
+    evaluates blocks first + r, first + r + W, ... and the outcomes are gathered in block order,
+    so every rank sees the same stream as a single process would. Only the first ``limit`` draws
+    of the step are evaluated, by a single process or across the ranks; a rank whose blocks all
+    lie past the limit evaluates nothing and still joins the gather. The batch size is the ranks'
+    smallest: each rank sends its batch size with its outcomes, so an out-of-memory error on one
+    rank shrinks every rank's next step alike. One collective and one host read per step: the
+    outcomes, the finiteness of the logits (``Forward.deferring``), the batch sizes and the input
+    indices come back together.
+    """
+    rank, size = collective.world()
+    batch = run.forward.batch_size
+    per_rank = max(1, min(-(-batch // BLOCK), -(-limit // (BLOCK * size)), -(-most // size)))
+    mine = range(first + rank, first + per_rank * size, size)
+    dev = run.device
+    needed = [min(max(limit - (b - first) * BLOCK, 0), BLOCK) for b in mine]  # rows of each block within the limit
+    idx = [_indices(len(ds), run, name, b) for b in mine]
+    x = torch.cat([
+        perturbation.draw(ds.x[i].to(dev), noise_generator(run, name, b), i, ds.y[i])[:k]
+        for b, i, k in zip(mine, idx, needed)
+    ])
+    with run.forward.deferring():
+        hits = correct_predictions(run.forward.logits(x), ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])])
+        # per block: its outcomes, then this rank's finiteness flag and batch size
+        local = torch.zeros((per_rank, BLOCK + 2), dtype=torch.long, device=dev)
+        for j, part in enumerate(hits.split(needed)):
+            local[j, : len(part)] = part
+        local[:, BLOCK] = run.forward.finite_flag(dev)
+        local[:, BLOCK + 1] = run.forward.batch_size
+    blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
+    indices = torch.cat([_indices(len(ds), run, name, b) if (b - first) % size != rank
+                         else idx[(b - first) // size] for b in blocks])
+    gathered = collective.gather_blocks(local)
+    host = torch.cat([gathered.reshape(-1), indices]).cpu().numpy()
+    table, indices = host[: gathered.numel()].reshape(gathered.shape), host[gathered.numel():]
+    run.forward.check_flag(int(table[:, BLOCK].min()))
+    run.forward.batch_size = int(table[:, BLOCK + 1].min())
+    return table[:, :BLOCK].reshape(-1)[:limit].astype(bool), indices[:limit], per_rank * size
+
+
+def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold: float | None = None,
+                     ds: TensorData | None = None, label: str = "", name: str | None = None) -> Stream:
+    """Draw (input, perturbation) pairs of ``ds`` (default: the run's data) and record whether the
+    model is correct, until the sequential gate at ``threshold`` decides or ``draws`` draws are made.
+
+    The random streams are the run's "<name>-index" and "<name>-noise" (``Run.stream``), with
+    ``name`` the check's stream namespace by default. ``label`` names the
+    stream in progress reports (default: the check's name). Evaluations are charged to the run's
+    current phase.
+    """
+    ds, name = run.ds if ds is None else ds, name or run.streams
+    gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
+    outcomes, indices, drawn, block = [], [], 0, 0
+    while drawn < draws and (gate is None or gate.decision is None):
+        # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
+        # so a gate that decides early never pays for a huge batch
+        most = max(1, block) if gate is not None else block + draws
+        hits, idx, consumed = _step(run, ds, perturbation, name, block, draws - drawn, most)
+        block += consumed
+        outcomes.append(hits)
+        indices.append(idx)
+        drawn += len(hits)
+        if gate is not None:
+            gate.update(hits)
+        report_progress(
+            metric=label or run.title, draws=drawn, budget=draws, forward_passes=run.forward.passes,
+            bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha),
+        )
+    return Stream(np.concatenate(outcomes), np.concatenate(indices),
+                  gate.decision if gate is not None else None)
+
+
+def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[float, float, float, dict]:
+    """(estimate, lower, upper, details) of a stream: the anytime-valid confidence sequence (agreeing
+    with the gate's decision exactly) and, for reference, fixed-sample Clopper-Pearson bounds."""
+    used, decision = stream.used, stream.decision
+    outcomes = stream.outcomes[:used]
+    correct = int(outcomes.sum())
+    lower, upper = confidence_sequence(
+        outcomes, alpha,
+        lower_at_least=threshold if decision and decision.verdict == "pass" else 0.0,
+        upper_at_most=threshold if decision and decision.verdict == "fail" else 1.0,
+    )
+    return correct / used, lower, upper, {
+        "correct": correct,
+        "cp_lower": clopper_pearson_lower(correct, used, alpha),
+        "cp_upper": clopper_pearson_upper(correct, used, alpha),
+        "cp_note": "Clopper-Pearson bounds are valid for a fixed number of draws only",
+        "test": f"anytime-valid betting test (Waudby-Smith & Ramdas 2024), one-sided, alpha={alpha:g}",
+        "inputs_seen": int(len(np.unique(stream.indices[:used]))),
+    }
+
+
+def accuracy(run: Run, perturbation: Perturbation, details: dict | None = None) -> Result:
+    """The whole check "accuracy under ``perturbation`` >= threshold": draws until the gate
+    decides or the budget is spent (exactly the budget without a threshold); ``details`` are
+    added to the stream's."""
+    stream = bernoulli_stream(run, perturbation, run.remaining(), run.args.threshold)
+    estimate, lower, upper, info = summary(stream, run.alpha, run.args.threshold)
+    return run.result(estimate=estimate, lower=lower, upper=upper, draws=stream.used,
+                      perturbation=repr(perturbation), details={**info, "procedure": "bernoulli", **(details or {})})

@@ -1,0 +1,19 @@
+"""Statistics for robustness gates, pure Python and NumPy (nothing here knows about torch or pytest):
+
+- ``binomial``: the regularized incomplete beta function, exact binomial tails, Clopper–Pearson
+  bounds and Student-t quantiles;
+- ``betting``: anytime-valid sequential tests by betting (``SequentialGate``) and the confidence
+  sequence they give (``confidence_sequence``);
+- ``group_sequential``: looks at growing samples, alpha spending over them, and the two-stage
+  Student-t bounds of a mean over sampled units (the q check's gate).
+
+The names below are those the checks import from ``pytest_robust.stats``.
+"""
+
+from .betting import BET_CAP, Decision, SequentialGate, confidence_sequence, mixture_bets, rejects_at
+from .binomial import betainc, betaincinv, binom_sf, clopper_pearson_lower, clopper_pearson_upper, t_quantile
+
+__all__ = [
+    "BET_CAP", "Decision", "SequentialGate", "betainc", "betaincinv", "binom_sf", "clopper_pearson_lower",
+    "clopper_pearson_upper", "confidence_sequence", "mixture_bets", "rejects_at", "t_quantile",
+]

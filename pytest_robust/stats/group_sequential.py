@@ -1,0 +1,125 @@
+"""Group-sequential bounds on a mean over sampled units (inputs) whose own values are estimates:
+looks at growing samples, alpha spending over the looks, an early lower bound, and the two-stage
+Student-t bound. The q check's gate (``analyses.q_estimate.gate``) runs on it.
+
+Estimates. Every function takes the estimate of the first n units of a seeded random order as an
+object with ``per_input`` (the estimate Z_i per unit), ``between_chain_var`` (v_i, the variance of
+each Z_i from its own sampling, e.g. its chains), ``arithmetic`` (None, or another combination of
+each unit's samples with its variances, whose upper bound is covered too) and ``problems`` (empty
+when the estimator's diagnostics are healthy).
+
+Two-stage bound (``two_stage_bound``): mean + t_{confidence, n-1} * se with the two-stage sampling
+variance se^2 = (1 - f) s^2 / n + f v / n, where n units were drawn from N (f = n / N), s^2 is the
+variance of the Z_i across units and v the mean of the v_i. With every unit evaluated (f = 1) it
+is a bound on the mean over these units that accounts for their sampling noise only; with a random
+subset it also accounts for which units were drawn. Both the t bound and a bootstrap rest on the
+normal approximation of a mean of independent per-unit estimates; the t bound is exact for normal
+data and cheap.
+
+Looks (``looks``): 16, 32, 64, ... units, then all N (the last look), fixed by N before any unit is
+evaluated. Only a "fail" of a requirement "mean <= threshold" can come early: a look before the
+last stops when its lower bound ``early_lower`` exceeds the threshold with healthy diagnostics.
+That bound counts every unit not yet evaluated as 0 (the values are >= 0), so it holds whatever
+those units are, up to the sampling noise of the evaluated ones. No such bound exists for a pass
+(an unevaluated unit's value has no upper limit), so a pass is decided at the last look only.
+
+Alpha spending (``spending``): look k takes its bound at level alpha_k = alpha n_k / sum_j n_j
+(alpha = 1 - confidence); each holds with probability >= 1 - alpha_k, so by the union bound all
+looks' bounds hold together with probability >= 1 - alpha, and the bound where the rule stops is
+valid however the data made it stop. A check without a threshold makes one look at the full level.
+Units of every bound: those of the Z_i (the q check: the loss's, nats for cross-entropy).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import numpy as np
+
+from ..results import decide
+from .binomial import t_quantile
+
+#: Units of the first look (``looks``); later looks double it.
+FIRST_LOOK = 16
+
+
+class Estimate(Protocol):
+    """What the bounds read from the estimate of the first n units (module docstring)."""
+
+    per_input: np.ndarray
+    between_chain_var: np.ndarray
+    arithmetic: tuple | None
+    problems: list
+
+
+def looks(n: int, sequential: bool) -> list[int]:
+    """Units evaluated by each look of the gate: FIRST_LOOK, doubling (16, 32, 64, ...) while a
+    look is at most two thirds of n, then all n; just n when the check has no threshold to stop
+    at. Fixed before any unit is evaluated (every look but the last is a multiple of 16 units)."""
+    made, k = [], FIRST_LOOK
+    while sequential and 3 * k <= 2 * n:
+        made.append(k)
+        k *= 2
+    return made + [n]
+
+
+def spending(looks: list[int], alpha: float) -> list[float]:
+    """The error probability each look's bound may spend: alpha_k = alpha * n_k / sum_j n_j. They
+    sum to alpha, and the larger, later looks (where a close threshold is decided) get most."""
+    return [alpha * n / sum(looks) for n in looks]
+
+
+def early_lower(est: Estimate, n_total: int, confidence: float) -> float:
+    """A lower bound on the mean of Z over all n_total units from the n evaluated so far, at
+    ``confidence``, that holds whatever the unevaluated units are: they count as 0 (every Z >= 0),
+    so the mean is at least sum_i Z_i / n_total, less t * sqrt(sum_i v_i) / n_total for the
+    sampling noise of the evaluated estimates (v_i: their between-chain variances)."""
+    t = t_quantile(confidence, len(est.per_input) - 1)
+    return max(0.0, float(est.per_input.sum() - t * math.sqrt(est.between_chain_var.sum())) / n_total)
+
+
+def sequential(looks: list[int], estimate_at, n_total: int, threshold: float | None, alpha: float):
+    """Evaluate look after look; stop early only for a fail of "mean <= threshold" (module docstring).
+
+    ``estimate_at(n)`` gives the ``Estimate`` of the first n units of the random order. A look
+    before the last stops when ``early_lower`` at level alpha_k exceeds the threshold with healthy
+    diagnostics; the last look is ``two_stage_bound`` at its level alpha_k (``spending``). Each
+    bound holds with probability >= 1 - alpha_k, so by the union bound all of them hold at once with
+    probability >= 1 - alpha, whatever made the rule stop. Returns (the last estimate, its bound
+    (mean, lower, upper, standard error), one record per look made). At an early stop the upper
+    bound is the two-stage t bound of the units evaluated, an approximation (the stop rests on
+    the lower bound alone).
+    """
+    record = []
+    for k, (n, a) in enumerate(zip(looks, spending(looks, alpha))):
+        est = estimate_at(n)
+        bound = two_stage_bound(est, n_total, 1.0 - a)
+        if k < len(looks) - 1:
+            lower = early_lower(est, n_total, 1.0 - a)
+            bound = (bound[0], lower, max(bound[2], lower), bound[3])
+        record.append({"inputs": len(est.per_input), "alpha": a, "lower": bound[1], "upper": bound[2],
+                       "healthy": not est.problems})
+        if k < len(looks) - 1 and decide(threshold, bound[1], bound[2], "<=", not est.problems) == "fail":
+            break
+    return est, bound, record
+
+
+def two_stage_bound(est: Estimate, n_total: int, confidence: float) -> tuple[float, float, float, float]:
+    """(mean, lower, upper, standard error): the two-sample-stage t bound of the module docstring;
+    with ``est.arithmetic`` the upper bound is the larger of the two combinations' (the q check:
+    the log-space and the arithmetic chain averages, ``analyses.q_estimate.combine_chains``)."""
+    n = len(est.per_input)
+    f = n / n_total
+    t = t_quantile(confidence, n - 1)
+
+    def mean_and_se(z, chain_var):
+        var = ((1.0 - f) * z.var(ddof=1) + f * chain_var.mean()) / n
+        return float(z.mean()), math.sqrt(max(var, 0.0))
+
+    mean, se = mean_and_se(est.per_input, est.between_chain_var)
+    upper = mean + t * se
+    if est.arithmetic is not None:
+        other, other_se = mean_and_se(*est.arithmetic)
+        upper = max(upper, other + t * other_se)
+    return mean, max(0.0, mean - t * se), upper, se
