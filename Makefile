@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := .ci/constraints.txt
 REPORTS ?= reports
 
-.PHONY: install demo demo-full test bench train clean
+.PHONY: install demo demo-full test docs bench train clean
 
 $(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,14 @@ demo-full: $(BIN)/.installed
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest tests -p no:cacheprovider
 
-## bench: every benchmark (tables in benchmarks/results/; figures copied into README). bench_corruptions.py
+## docs: the documentation site in site/ (MkDocs, mkdocs.yml); --strict: a broken link, a missing page or a
+## page left out of the navigation fails the build. Installs the docs extra if the environment lacks it.
+docs: $(BIN)/.installed
+	$(BIN)/python -m pip show --quiet mkdocs mkdocs-material mkdocstrings-python >/dev/null 2>&1 \
+		|| $(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict -d site
+
+## bench: every benchmark (tables in benchmarks/results/; figures copied into docs/). bench_corruptions.py
 ## needs the reference: $(BIN)/python -m pip install imagecorruptions scikit-image opencv-python-headless
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_tsrm.py
@@ -50,4 +57,4 @@ train: $(BIN)/.installed
 		&& ../../$(BIN)/python train_pgd.py
 
 clean:
-	rm -rf $(VENV) $(REPORTS) *.egg-info
+	rm -rf $(VENV) $(REPORTS) site *.egg-info
