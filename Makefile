@@ -20,9 +20,10 @@ DEMO = $(BIN)/python -m pytest examples/digits -rxs -p no:cacheprovider --junitx
 	--robust-report $(REPORTS)/robust --robust-junitxml $(REPORTS)/robust-junit.xml --robust-per-input csv
 
 ## demo: the example robustness suite on the digits models (every check, about a minute on 2 cores);
-## JUnit XML in reports/, report directory (summary, per-input CSV, plots, galleries) in reports/robust
+## JUnit XML in reports/, report directory (summary, per-input CSV, plots, galleries) in reports/robust;
+## ROBUST_ARGS="..." adds pytest-robust options (CI: --robust-compare main, --robust-save main)
 demo: $(BIN)/.installed
-	$(DEMO) -m "not slow_demo"
+	$(DEMO) -m "not slow_demo" $(ROBUST_ARGS)
 
 ## demo-full: the demo plus its slower examples (marked slow_demo: more NPPR fits, the pA report, ...)
 demo-full: $(BIN)/.installed
@@ -50,6 +51,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_syncs.py --threads 1 | tee benchmarks/results/syncs_cpu.txt
 	$(BIN)/python -m pip install --quiet --no-deps torchattacks==3.5.1
 	$(BIN)/python benchmarks/bench_adversarial.py --threads 2 | tee benchmarks/results/adversarial_cpu.txt
+	$(BIN)/python benchmarks/bench_paired.py --threads 1 --seeds 5 | tee benchmarks/results/paired_cpu.txt
 
 ## train: retrain the digits checkpoints shipped in examples/digits/checkpoints (seeded)
 train: $(BIN)/.installed

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
+from . import validation
 from .declarations import Metric
 from .errors import ArgumentError, MarkerError, SettingError
 from .results import Result
@@ -64,6 +65,7 @@ class CheckSpec:
     threshold: float | None
     params: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)
+    paired: dict | None = None  # {"reference": a fixture name or a model, "margin": the largest drop/increase}
 
 
 def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
@@ -85,26 +87,51 @@ def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
     name = names[0]
     metric = metrics[name]
     threshold_key, params_allowed = metric.keywords(name)
-    allowed = (threshold_key,) + params_allowed + KEY_NAMES
+    allowed = (threshold_key,) + params_allowed + metric.paired_keys() + KEY_NAMES
     unknown = [k for k in kwargs if k not in allowed]
     if unknown:
         raise MarkerError(
             f"unknown keyword(s) {', '.join(k + suggest(k, allowed) for k in unknown)} on robust({name}=...); "
             + valid_keywords(metrics, name)
         )
-    missing = [k for k in (threshold_key,) + metric.required if k not in kwargs]
+    paired = _pairing(name, metric, kwargs)
+    missing = [k for k in (() if paired else (threshold_key,)) + metric.required if k not in kwargs]
     if missing:
         raise MarkerError(
             f"robust({name}=...) needs {', '.join(k + '=' for k in missing)}; " + valid_keywords(metrics, name)
         )
     try:
-        threshold = metric.threshold(threshold_key, kwargs[threshold_key])
+        threshold = None if paired else metric.threshold(threshold_key, kwargs[threshold_key])
         overrides = {k: v for k, v in kwargs.items() if k in KEY_NAMES}
         parse_layer(overrides, "on the robust marker")
         params = metric.validate({k: kwargs[k] for k in params_allowed if k in kwargs})
     except (SettingError, ArgumentError) as err:
         raise MarkerError(str(err)) from None
-    return CheckSpec(name, threshold, params, overrides)
+    return CheckSpec(name, threshold, params, overrides, paired)
+
+
+def _pairing(name: str, metric: Metric, kwargs: dict) -> dict | None:
+    """The paired form asked for by ``reference=`` and ``max_drop=`` (``max_increase=``), validated;
+    its threshold keyword (``tsrm=``) must then be None."""
+    keys = metric.paired_keys()
+    if not keys or not any(k in kwargs for k in keys):
+        return None
+    reference, margin_key = keys
+    if not all(k in kwargs for k in keys):
+        raise MarkerError(f"robust({name}=...): the paired form needs both reference= (a fixture name: the reference "
+                          f"model) and {margin_key}= (the largest {margin_key.split('_')[1]} allowed)")
+    threshold_key = metric.threshold_key or name
+    if kwargs.get(threshold_key) is not None:
+        raise MarkerError(f"robust({name}=...): give either {threshold_key}=<threshold> (an absolute requirement) or "
+                          f"reference= with {margin_key}= (a paired comparison) with {threshold_key}=None, not both")
+    if not isinstance(kwargs[reference], str) or not kwargs[reference].isidentifier():
+        raise MarkerError(f"robust({name}=...): reference={kwargs[reference]!r} must name a fixture that returns "
+                          "the reference model, e.g. reference='prod_model'")
+    check = validation.non_negative_float if metric.direction == "<=" else validation.unit_interval
+    try:
+        return {"reference": kwargs[reference], "margin": check(margin_key, kwargs[margin_key])}
+    except SettingError as err:
+        raise MarkerError(str(err)) from None
 
 
 def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: str = "",
@@ -134,6 +161,7 @@ def run(spec: CheckSpec, metrics: dict, model, data, settings: Settings, device)
     from .library import evaluate
 
     metric = metrics[spec.metric]
+    paired = None if spec.paired is None else (spec.paired["reference"], spec.paired["margin"])
     return evaluate(spec.metric, metric, model, data, spec.threshold, metric.resolved(spec.params, settings),
                     confidence=settings.confidence, budget=budget_of(settings, metric), seed=settings.seed,
-                    batch_size=settings.batch_size, device=device)
+                    batch_size=settings.batch_size, device=device, paired=paired)

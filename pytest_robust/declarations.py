@@ -99,7 +99,10 @@ class Metric:
     when the model's logits are not float32). ``perturbation`` (a function or "module:function")
     builds, from the parameters, the perturbation the check draws from, which the run inspects the
     inputs against and shows in the gallery; by default it is the ``perturbation`` parameter, if
-    the check has one.
+    the check has one. ``paired`` names the check's paired form against a reference model
+    (``procedures.paired``): "bernoulli" (the check draws from its perturbation with the Bernoulli
+    procedure), "outcomes" (its per-input table's outcomes) or "values" (its per-input estimates);
+    None: the check has no paired form.
     """
 
     body: str | Callable
@@ -112,6 +115,7 @@ class Metric:
     streams: str = ""
     certificate: bool = False
     perturbation: str | Callable | None = None
+    paired: str | None = None
     doc: str = ""
 
     def __post_init__(self):
@@ -120,6 +124,13 @@ class Metric:
     def keywords(self, name: str) -> tuple[str, tuple[str, ...]]:
         """(the threshold's keyword on a marker, the parameters' keywords) of metric ``name``."""
         return self.threshold_key or name, tuple(p.name for p in self.params)
+
+    def paired_keys(self) -> tuple[str, ...]:
+        """The keywords of the paired form: ("reference", "max_drop") for an "at least" check,
+        ("reference", "max_increase") for an "at most" one; () without a paired form."""
+        if self.paired is None:
+            return ()
+        return "reference", "max_increase" if self.direction == "<=" else "max_drop"
 
     def call_threshold(self) -> str:
         """The threshold's keyword in a library or fixture call."""

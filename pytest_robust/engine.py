@@ -124,18 +124,26 @@ def load_data(data) -> TensorData:
     """Materialise an (x, y) pair, a torch Dataset of (x, y) items or of mappings (``input_and_label``),
     or a DataLoader into tensors, detached from any autograd graph.
 
-    A Dataset or DataLoader is read in index order (a shuffling loader is re-read with a
-    sequential sampler) under a fixed global RNG that is restored afterwards, so the data, and
-    every number computed from it, depend only on the check's seed. Inputs with NaN or infinite
-    values are refused, naming the first such input (``inspection.check_finite``).
+    A single input with one label (an unbatched (x, y) pair, a Dataset item) is refused with the
+    fix (add the batch dimension), never read as len(x) inputs. A Dataset or DataLoader is read in
+    index order (a shuffling loader is re-read with a sequential sampler) under a fixed global RNG
+    that is restored afterwards, so the data, and every number computed from it, depend only on
+    the check's seed. Inputs with NaN or infinite values are refused, naming the first such input
+    (``inspection.check_finite``).
     """
-    from .inspection import check_finite, check_loader_order, check_reads_repeat
-
     if isinstance(data, TensorData):
         return data
+    x, y = _read(data)
+    return _checked(torch.as_tensor(x).detach(), torch.as_tensor(y).detach())  # inputs may carry requires_grad
+
+
+def _read(data) -> tuple:
+    """(x, y) of an (x, y) pair, a Dataset or a DataLoader (``load_data``), not yet checked."""
+    from .inspection import check_loader_order, check_reads_repeat
+
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list)):
-        x, y = data
-    elif isinstance(data, torch.utils.data.DataLoader) or isinstance(data, torch.utils.data.Dataset):
+        return data
+    if isinstance(data, torch.utils.data.DataLoader) or isinstance(data, torch.utils.data.Dataset):
         if isinstance(data, torch.utils.data.DataLoader):
             loader = check_loader_order(data)
         else:
@@ -149,18 +157,32 @@ def load_data(data) -> TensorData:
                 ys.append(torch.as_tensor(labels))
         if not xs:
             raise RobustDataError("the data is empty: the dataset or loader yielded no items")
-        x, y = torch.cat(xs), torch.cat(ys)
-    else:
-        raise RobustDataError(
-            "data must be an (x, y) tensor pair, a torch Dataset of (input, label) items or a "
-            f"DataLoader, got {type(data).__name__}"
-        )
-    x, y = torch.as_tensor(x).detach(), torch.as_tensor(y).detach()  # inputs that carry requires_grad
+        return torch.cat(xs), torch.cat(ys)
+    raise RobustDataError(
+        "data must be an (x, y) tensor pair, a torch Dataset of (input, label) items or a "
+        f"DataLoader, got {type(data).__name__}"
+    )
+
+
+def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
+    """The data as ``TensorData`` once its shapes, dtypes and values make sense (``load_data``)."""
+    from .inspection import check_finite
+
+    if x.ndim == 0:
+        raise RobustDataError("x must hold one row per input, (n, ...), got a single number (a 0-d tensor)")
     if len(x) == 0:
         raise RobustDataError("the data is empty: x has no rows")
+    if y.numel() == 1 and len(x) != 1 and x.ndim >= 1:  # one label for what reads as several inputs
+        kind = "image" if x.ndim == 3 else "input"
+        raise RobustDataError(
+            f"the data is a single {kind} of shape {tuple(x.shape)} with one label (shape {tuple(y.shape)}), which "
+            f"would be read as {len(x)} inputs of shape {tuple(x.shape[1:])}: add the batch dimension "
+            "(x.unsqueeze(0), y.view(1)), or pass the whole dataset"
+        )
     if y.ndim != 1 or len(y) != len(x):
         raise RobustDataError(
             f"labels must have shape (n,) with n = len(x) = {len(x)}, got {tuple(y.shape)}"
+            + (" (a 0-d label: y.view(1))" if y.ndim == 0 else "")
         )
     if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
         raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}")

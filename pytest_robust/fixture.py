@@ -13,7 +13,8 @@ import inspect
 import pytest
 
 from .checks import CheckSpec, suggest, valid_keywords
-from .recording import RECORDED, enforce, evaluate, metrics, not_run, run_spec, settings_for
+from .errors import RobustError
+from .recording import ITEM_RESULTS, RECORDED, enforce, evaluate, metrics, not_run, run_spec, settings_for
 from .results import Result
 from .settings import KEY_NAMES, Settings
 
@@ -46,28 +47,57 @@ class RobustFixture:
         is ``robust.tsrm(model, data, perturbation=..., threshold=0.9)``: the library function's
         keywords (its threshold, its parameters; a fixture-valued parameter may name a fixture),
         plus settings keys, which override this test's settings. With a threshold the result
-        gates the test at its end like a marker, unless the call says ``enforce=False``."""
+        gates the test at its end like a marker, unless the call says ``enforce=False`` (then it is
+        recorded as not enforced, ``details["enforced"]`` False, which the metric-level JUnit file
+        shows as a passed testcase, never a failure). The result names the model by its fixture's
+        name when it is one of the test's fixtures (as a marker's result does), else by its class."""
         registered = metrics(self._request.config)
         if metric not in registered:
             pytest.fail(f"robust.measure: no metric {metric!r}{suggest(metric, registered)}; registered: "
                         f"{', '.join(registered)}", pytrace=False)
         declared = registered[metric]
         threshold_key, allowed = declared.call_threshold(), declared.keywords(metric)[1]
+        allowed += declared.paired_keys()
         unknown = [k for k in kwargs if k not in (threshold_key,) + allowed + KEY_NAMES + ("enforce",)]
         if unknown:
             pytest.fail(f"robust.{metric}(...): unknown keyword(s) "
                         f"{', '.join(k + suggest(k, (threshold_key,) + allowed + KEY_NAMES) for k in unknown)}; "
                         f"{valid_keywords(registered, metric)}, enforce", pytrace=False)
         gate, threshold = kwargs.pop("enforce", True), kwargs.pop(threshold_key, None)
+        paired = self._paired(metric, declared, threshold, [kwargs.pop(k, None) for k in declared.paired_keys()])
         settings, params = self._split(kwargs, metric)
         for p in declared.params:
             if p.fixture and isinstance(params.get(p.name), str):
                 params[p.name] = self._fixture(params[p.name], p.name)
-        spec = CheckSpec(metric, threshold, params, {})
-        result = run_spec(self._request.node, spec, model, data, settings, type(model).__name__)
-        if threshold is not None and gate:
+        spec = CheckSpec(metric, threshold, params, {}, paired)
+        item = self._request.node
+        result = run_spec(item, spec, model, data, settings, self._model_name(model, settings))
+        if (threshold is not None or paired) and gate:
             self._gated.append((settings, result))
+        elif threshold is not None or paired:  # recorded, not enforced: the reports say so (details["enforced"])
+            result.details["enforced"] = item.stash[ITEM_RESULTS][-1]["details"]["enforced"] = False
         return result
+
+    def _model_name(self, model, settings: Settings) -> str:
+        """The model under its fixture's name, as the test's markers record it; else its class."""
+        funcargs = getattr(self._request.node, "funcargs", {})
+        named = [settings.model] + list(funcargs)
+        return next((k for k in named if funcargs.get(k) is model), type(model).__name__)
+
+    def _paired(self, name: str, declared, threshold, given: list) -> dict | None:
+        """The paired form of a fixture call: ``reference=`` a model or a fixture name, and its margin."""
+        from .library import checked_pairing
+
+        try:
+            pairing = checked_pairing(f"robust.{name}", declared, threshold, tuple(given))
+        except RobustError as err:
+            pytest.fail(str(err), pytrace=False)
+        if pairing is None:
+            return None
+        reference, margin = pairing
+        if isinstance(reference, str):
+            reference = self._fixture(reference, "reference")
+        return {"reference": reference, "margin": margin}
 
     def __getattr__(self, name: str):
         registered = metrics(self._request.config)
@@ -99,7 +129,8 @@ class RobustFixture:
         def call():
             return fn(model, *args, device=resolve_device(settings.device), **common, **params)
 
-        return evaluate(self._request.node, call, type(model).__name__, CheckSpec(name, None, dict(params), {}), settings)
+        return evaluate(self._request.node, call, self._model_name(model, settings), CheckSpec(name, None, dict(params), {}),
+                        settings)
 
     def q_curve(self, model, data, **kwargs) -> Result:
         """The q-curve (path sampling, Monte Carlo, q = infinity; ``analyses.q_curve``), with the
@@ -130,15 +161,35 @@ class RobustFixture:
         return self._library(pa_report, "pa_report", model, data, sigma, **kwargs)
 
     def _fixture(self, name: str, role: str):
+        """The value of fixture ``name``, which gives the check its ``role`` (model, data, a
+        fixture-valued parameter); a missing one fails the test naming the closest fixture this
+        test can see (did you mean ...?) and where to name another."""
         try:
             return self._request.getfixturevalue(name)
-        except pytest.FixtureLookupError:
+        except pytest.FixtureLookupError as err:
+            if getattr(err, "argname", name) != name:  # a fixture it depends on is missing: pytest names it
+                raise
             where = f"{role}= on the marker" + (f" or robust_{role} in ini" if role in KEY_NAMES else "")
+            close = suggest(name, self._visible())
             pytest.fail(
-                f"robust check needs the {role}: define a fixture named {name!r} (e.g. in conftest.py), "
-                f"or name another one with {where}",
+                f"robust check needs the {role}: define a fixture named {name!r} (e.g. in conftest.py), or name another "
+                f"one with {where}" + (f"; this test sees no fixture {name!r}{close}" if close else ""),
                 pytrace=False,
             )
+
+    def _visible(self) -> list[str]:
+        """Names of the fixtures this test can request (pytest's own list when a lookup fails)."""
+        manager = self._request._fixturemanager
+        try:  # what pytest's FixtureLookupError lists as "available fixtures" (pytest >= 8.1)
+            parent = self._request._pyfuncitem.parent
+            return sorted({d.argname for d in manager._get_all_fixture_defs_for_node(parent)})
+        except Exception:  # older internals
+            pass
+        try:
+            node = self._request.node
+            return sorted(n for n in manager._arg2fixturedefs if manager.getfixturedefs(n, node))
+        except Exception:  # suggest from what this test uses
+            return sorted(self._request.fixturenames)
 
     def check(self) -> list[Result]:
         """Run this test's robust markers now; fail (or skip, if so configured) unless all pass.
@@ -174,6 +225,8 @@ class RobustFixture:
                 for p in metrics(item.config)[spec.metric].params:
                     if p.fixture and isinstance(params.get(p.name), str):
                         params[p.name] = self._fixture(params[p.name], p.name)
+                paired = spec.paired and {**spec.paired, "reference": self._fixture(spec.paired["reference"],
+                                                                                     "reference")}
             except (Exception, pytest.fail.Exception) as err:
                 failed = isinstance(err, pytest.fail.Exception)  # a missing fixture: its message says so
                 reason = err.msg if failed else f"a fixture it needs raised {type(err).__name__}: {err}"
@@ -181,7 +234,7 @@ class RobustFixture:
                 errors.append(f"robust check could not run: {reason}")
                 continue
             try:
-                resolved = dataclasses.replace(spec, params=params)
+                resolved = dataclasses.replace(spec, params=params, paired=paired or None)
                 runs.append((settings, run_spec(item, resolved, model, data, settings, settings.model)))
             except pytest.fail.Exception as err:
                 errors.append(err.msg)

@@ -15,13 +15,17 @@ meets its perturbation, ``check_outputs`` on the first batch of logits and
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
+import math
+import sys
 import warnings
 
 import torch
 
-from .errors import RobustDataError, RobustModelError, RobustWarning
+from .errors import ArgumentError, RobustDataError, RobustModelError, RobustWarning
 from .reading import host_rng, input_and_label
 
 #: Relative slack of the box check: data this close outside the box is float noise, not a mistake.
@@ -121,14 +125,88 @@ def check_reads_repeat(dataset) -> None:
         )
 
 
+def box_for(bounds, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The box ``bounds`` = (lo, hi) as two tensors in x's dtype on x's device that broadcast
+    against the batch x of shape (N, ...), or None for no box.
+
+    Each bound is a number, a per-channel sequence or tensor of length C (one value per channel
+    of (N, C, ...) inputs: the shape of mean/std lists; reshaped to (C, 1, ...)), or a tensor that
+    broadcasts to one input (e.g. (C, 1, 1) or the input's shape). Any other shape is an
+    ArgumentError naming the bounds' shape, the inputs' shape and the accepted shapes: a bound
+    must never broadcast along the wrong dimension (a length-4 bound on 4 px wide images)."""
+    if bounds is None:
+        return None
+    return tuple(_bound_like(b, x) for b in bounds)
+
+
+def _bound_like(bound, x: torch.Tensor) -> torch.Tensor:
+    """One bound of ``box_for``."""
+    t = torch.as_tensor(bound, dtype=x.dtype, device=x.device)
+    one = tuple(x.shape[1:])
+    if t.ndim == 1 and len(t) > 1 and x.ndim >= 3 and len(t) == x.shape[1]:
+        return t.reshape((len(t),) + (1,) * (x.ndim - 2))  # per channel
+    try:
+        fits = torch.broadcast_shapes(t.shape, x.shape) == x.shape and (t.ndim < x.ndim or t.shape[0] == 1)
+    except RuntimeError:
+        fits = False
+    if fits and not (t.ndim == 1 and len(t) > 1 and x.ndim >= 3):
+        return t
+    channels = one[0] if one else 1
+    per_channel = (f"a sequence of {channels} numbers (one per channel, the shape of mean/std lists), "
+                   f"a tensor of shape ({channels}, {', '.join('1' for _ in one[1:])}) "
+                   if len(one) >= 2 else f"a sequence of {channels} numbers (one per feature), ")
+    raise ArgumentError(
+        f"bounds of shape {tuple(t.shape)} do not fit inputs of shape {one} (a batch {tuple(x.shape)}): each of "
+        f"lo and hi must be a number, {per_channel}or a tensor that broadcasts to one input's shape {one}"
+    )
+
+
+def box_width(bounds, x: torch.Tensor) -> tuple[float, str]:
+    """(width, what it is) of the range a size is compared with: the narrowest side of the box
+    ``bounds`` (per channel or per element), or without a box the range the data ``x`` spans."""
+    if bounds is None:
+        low, high = (float(v) for v in torch.aminmax(x.detach()))
+        return high - low, f"the data's range [{low:.4g}, {high:.4g}]"
+    lo, hi = box_for(bounds, x[:1])
+    return float((hi - lo).min()), "the input box"
+
+
+def check_scale(owner: str, name: str, size: float, x: torch.Tensor, bounds, *, norm: str = "linf",
+                share: float = 1.0, effect: str = "", below: float | None = None) -> None:
+    """RobustWarning when a size parameter (an L-inf radius, a per-coordinate noise level, an
+    L2 radius with ``norm="l2"``) is at least ``share`` of the range it lives in: the width of the
+    box ``bounds`` (without a box: of the data's range), or for L2 sizes the box's L2 diameter
+    (width x sqrt(coordinates)). Such sizes are almost always a unit mistake (eps=8 meant as
+    8/255). ``effect`` says what the size does then (", so ..."); sizes of at least ``below``
+    times the range are left to another warning (the perturbation's own, ``check_size``). One
+    helper for every check's sizes: a perturbation's (``check_size``), smoothing's sigma and
+    radius, an attack's eps, NPPR's ball."""
+    width, where = box_width(bounds, x)
+    if norm == "l2":
+        scale = width * math.sqrt(math.prod(x.shape[1:]))
+        reach = f"the L2 diameter {scale:.4g} of {where} (width {width:.4g})"
+    else:
+        scale, reach = width, f"the width {width:.4g} of {where}"
+    if not scale > 0 or size < share * scale or (below is not None and size >= below * scale):
+        return
+    part = "" if share == 1 else "half " if share == 0.5 else f"{share:g} x "
+    warnings.warn(
+        f"{owner}: {name}={size:g} is at least {part}{reach}{effect}; {name} is in the units of your inputs "
+        "(8 grey levels in [0, 1] pixel space is 8/255, not 8)",
+        RobustWarning,
+        stacklevel=3,
+    )
+
+
 def check_in_box(x: torch.Tensor, bounds, name: str = "data") -> None:
     """Raise RobustDataError when inputs lie outside the perturbation's box ``bounds``: a
     perturbed input is clipped to the box, so such inputs would be silently moved (by more than
     eps) before the model sees them. 0..255 images get the conversion as their fix; with
-    ``normalize=`` in force, normalised data gets "give the images before normalisation"."""
+    ``normalize=`` in force, normalised data gets "give the images before normalisation".
+    Bounds of a shape that does not fit the inputs are an ArgumentError (``box_for``)."""
     if bounds is None:
         return
-    lo, hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in bounds)
+    lo, hi = box_for(bounds, x)
     slack = BOX_SLACK * float((hi - lo).abs().max())
     low, high = float(x.min()), float(x.max())
     if not bool((x < lo - slack).any() or (x > hi + slack).any()):
@@ -255,24 +333,15 @@ def check_uses_generator(perturbation, x: torch.Tensor) -> None:
         )
 
 
-def check_size(perturbation) -> None:
+def check_size(perturbation, x: torch.Tensor) -> None:
     """RobustWarning when a perturbation's size (eps, sigma, scale) is at least the width of its
-    box: every draw then spreads over the whole box (eps=8 meant as 8/255?)."""
+    box: every draw then spreads over the whole box (eps=8 meant as 8/255?); ``check_scale``."""
     bounds = getattr(perturbation, "bounds", None)
     name = getattr(perturbation, "coordinate_size", None)  # per-coordinate sizes only
-    sizes = {name: getattr(perturbation, name)} if name else {}
-    if bounds is None or not sizes:
+    if bounds is None or not name:
         return
-    width = float((torch.as_tensor(bounds[1]) - torch.as_tensor(bounds[0])).min())
-    for name, size in sizes.items():
-        if size >= width:
-            warnings.warn(
-                f"{perturbation!r}: {name}={size:g} is at least the width {width:g} of the input box, so "
-                f"draws spread over the whole box; {name} is in the units of your inputs (8 grey levels "
-                "in [0, 1] pixel space is 8/255, not 8)",
-                RobustWarning,
-                stacklevel=4,
-            )
+    check_scale(repr(perturbation), name, getattr(perturbation, name), x, bounds,
+                effect=", so draws spread over the whole box")
 
 
 def inspect_inputs(ds, perturbation) -> None:
@@ -280,7 +349,7 @@ def inspect_inputs(ds, perturbation) -> None:
     the box, and a perturbation that draws from its generator. Runs once per check, before any
     evaluation."""
     check_in_box(ds.x, getattr(perturbation, "bounds", None))
-    check_size(perturbation)
+    check_size(perturbation, ds.x)
     check_uses_generator(perturbation, ds.x)
 
 
@@ -329,6 +398,58 @@ def explain_model_error(x: torch.Tensor, err: Exception) -> None:
         ) from err
 
 
+#: Where the pytest layer says a check's warnings belong: (file, line) of the test that declared it.
+WARNING_SITE: contextvars.ContextVar = contextvars.ContextVar("robust_warning_site", default=None)
+
+
+@contextlib.contextmanager
+def warning_site(path, line: int):
+    """Within the block, warnings of checks that run from pytest's own machinery (a marker or a
+    YAML check) point at ``path``:``line``, the test that declared them."""
+    token = WARNING_SITE.set((str(path), line))
+    try:
+        yield
+    finally:
+        WARNING_SITE.reset(token)
+
+
+def user_site() -> tuple[str, int] | None:
+    """Where a check's warnings point: the first frame outside pytest-robust (the user's test
+    body or script); when that frame is pytest's own machinery, the declaring test's site
+    (``warning_site``); None when neither is known."""
+    frame, name = sys._getframe(1), ""
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name.startswith("pytest_robust") or name in ("contextlib", "functools")):
+            break
+        frame = frame.f_back
+    if frame is None or name.startswith(("_pytest", "pluggy", "pytest")):
+        return WARNING_SITE.get()
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+@contextlib.contextmanager
+def captured_warnings():
+    """Capture every warning of the block into the list it yields; on exit, also when the block
+    raises, re-issue each at the user's site (``user_site``), so pytest shows it with the test
+    that asked for the check, not inside pytest-robust."""
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield caught
+    finally:
+        site = user_site()
+        for w in caught:
+            filename, lineno = site or (w.filename, w.lineno)
+            warnings.warn_explicit(w.message, w.category, filename, lineno)
+
+
+def robust_messages(caught: list, earlier: list) -> list:
+    """``earlier`` messages followed by the RobustWarning messages of ``caught``, each once, in order."""
+    return list(dict.fromkeys(earlier + [str(w.message) for w in caught if issubclass(w.category, RobustWarning)]))
+
+
 def records_warnings(fn):
     """Decorate a metric function: RobustWarnings issued while it runs still reach the caller
     (pytest shows them with the test) and are listed, in order, in ``details["warnings"]`` of
@@ -338,17 +459,11 @@ def records_warnings(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        caught: list = []
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                result = fn(*args, **kwargs)
-        finally:  # re-issued also when the check raises, so the user sees what went before
-            for w in caught:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-        messages = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, RobustWarning)))
+        with captured_warnings() as caught:
+            result = fn(*args, **kwargs)
+        messages = robust_messages(caught, [])
         if messages and hasattr(result, "details"):
-            result.details["warnings"] = list(dict.fromkeys(result.details.get("warnings", []) + messages))
+            result.details["warnings"] = robust_messages(caught, result.details.get("warnings", []))
         return result
 
     return accepts_interface(wrapper)

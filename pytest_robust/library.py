@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import inspect
 import math
-import warnings
 
-from . import model_io
+from . import model_io, validation
 from .declarations import REQUIRED, Metric, load
 from .perturbations import as_perturbation
-from .errors import ArgumentError, BudgetError, RobustWarning, SettingError
+from .procedures import paired as paired_procedures
+from .errors import ArgumentError, BudgetError, SettingError
+from .inspection import captured_warnings, robust_messages
 from .results import Result
 from .run import Run
 from .settings import Settings
@@ -35,7 +36,7 @@ def signature(metric: Metric) -> inspect.Signature:
     """The library signature of ``metric`` (see the module docstring)."""
     kw = inspect.Parameter.KEYWORD_ONLY
     positional = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("model", "data")]
-    own = [inspect.Parameter(metric.call_threshold(), kw, default=None)]
+    own = [inspect.Parameter(k, kw, default=None) for k in (metric.call_threshold(), *metric.paired_keys())]
     own += [inspect.Parameter(p.name, kw, **({} if p.required else {"default": p.default})) for p in metric.params]
     own += [inspect.Parameter(k, kw, default=LIBRARY_SETTINGS.get(k, getattr(Settings(), k))) for k in metric.settings]
     defaults = {"budget": metric.budget, "device": None}
@@ -57,15 +58,32 @@ def function(name: str, metric: Metric, public: str | None = None):
         given = dict(bound.arguments)
         model, data = given.pop("model"), given.pop("data")
         threshold = given.pop(metric.call_threshold())
+        paired = tuple(given.pop(k) for k in metric.paired_keys())
         common = {k: given.pop(k) for k in COMMON}
         settings = Settings(**{k: given.pop(k) for k in metric.settings})
         with model_io.model_interface(*_interface(common.pop("normalize"), common.pop("logits"))):
-            return evaluate(name, metric, model, data, threshold, metric.resolved(given, settings), **common)
+            return evaluate(name, metric, model, data, threshold, metric.resolved(given, settings),
+                            paired=checked_pairing(public, metric, threshold, paired), **common)
 
     check.__name__ = check.__qualname__ = public
     check.__signature__ = sig
     check.__doc__ = f"{metric.title or name}: {metric.doc}\n\nKeywords:\n\n" + metric.help(name)
     return check
+
+
+def checked_pairing(name: str, metric: Metric, threshold, paired: tuple) -> tuple | None:
+    """(reference, margin) of a paired call, None for an ordinary one; a half-given or mixed
+    request is an ArgumentError naming what is missing."""
+    if not paired or all(v is None for v in paired):
+        return None
+    keys = metric.paired_keys()
+    if any(v is None for v in paired):
+        raise ArgumentError(f"{name}: the paired form needs both {keys[0]}= (the reference model) and {keys[1]}= (the "
+                            f"largest {keys[1].split('_')[1]} allowed)")
+    if threshold is not None:
+        raise ArgumentError(f"{name}: give either {metric.call_threshold()}= (an absolute requirement) or "
+                            f"{keys[0]}= with {keys[1]}= (a paired comparison), not both")
+    return paired
 
 
 def _interface(normalize, logits) -> tuple:
@@ -75,13 +93,36 @@ def _interface(normalize, logits) -> tuple:
 
 
 def evaluate(name: str, metric: Metric, model, data, threshold, params: dict, *, confidence, budget, seed,
-             batch_size, device) -> Result:
-    """Evaluate one check: ``params`` are every parameter's value (``Metric.resolved``)."""
+             batch_size, device, paired: tuple | None = None) -> Result:
+    """Evaluate one check: ``params`` are every parameter's value (``Metric.resolved``). With
+    ``paired`` = (reference model, margin) it is the check's paired form (``procedures.paired``):
+    the candidate ``model`` against the reference on common random numbers, gated "its drop (or
+    increase) <= margin"."""
     missing = [k for k, v in params.items() if v is REQUIRED]
     if missing:
         raise ArgumentError(f"{name}(...) needs {', '.join(k + '=' for k in missing)}; " + metric.help(name))
     if threshold is not None:
         threshold = metric.threshold(metric.call_threshold(), threshold)
+    body = _checked_body(name, metric, params)
+    perturbation = _perturbation(metric, params)
+    if "perturbation" in params:
+        params = {**params, "perturbation": perturbation}
+    shape = dict(confidence=confidence, budget=budget, seed=seed, batch_size=batch_size, device=device,
+                 perturbation=perturbation, declaration=metric)
+    with captured_warnings() as caught:  # re-issued at the user's test, also when the check raises
+        if paired is None:
+            with Run(name, model, data, threshold=threshold, **shape) as run:
+                result = _called(body, run, params, name)
+        else:
+            result = _paired(name, metric, body, (model, data, params), paired, shape)
+    result = checked_result(name, result)
+    if robust_messages(caught, []):
+        result.details["warnings"] = robust_messages(caught, result.details.get("warnings", []))
+    return result
+
+
+def _checked_body(name: str, metric: Metric, params: dict):
+    """The check's body, refused with a clear message when it cannot take the run and ``params``."""
     body = metric.load()
     try:
         inspect.signature(body).bind(None, **params)
@@ -90,27 +131,30 @@ def evaluate(name: str, metric: Metric, model, data, threshold, params: dict, *,
         raise ArgumentError(f"metric {name}: its body {getattr(body, '__qualname__', body)!r} cannot be called as "
                             f"body({shown}) ({err}); a check's body takes the Run and its declared parameters "
                             "(docs: extending)") from None
-    perturbation = _perturbation(metric, params)
-    if "perturbation" in params:
-        params = {**params, "perturbation": perturbation}
-    caught: list = []
+    return body
+
+
+def _called(body, run: Run, params: dict, name: str) -> Result:
+    """``body(run, **params)``; a budget that ran out before an estimate is a budget usage error."""
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with Run(name, model, data, threshold=threshold, confidence=confidence, budget=budget, seed=seed,
-                     batch_size=batch_size, device=device, perturbation=perturbation, declaration=metric) as run:
-                try:
-                    result = body(run, **params)
-                except BudgetError as err:
-                    raise SettingError("budget", budget, f"enough for {name} to reach an estimate: {err}") from None
-    finally:  # re-issued also when the check raises, so the user sees what went before
-        for w in caught:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-    result = checked_result(name, result)
-    messages = [str(w.message) for w in caught if issubclass(w.category, RobustWarning)]
-    if messages:
-        result.details["warnings"] = list(dict.fromkeys(result.details.get("warnings", []) + messages))
-    return result
+        return checked_result(name, body(run, **params))
+    except BudgetError as err:
+        raise SettingError("budget", run.args.budget, f"enough for {name} to reach an estimate: {err}") from None
+
+
+def _paired(name: str, metric: Metric, body, check: tuple, paired: tuple, shape: dict) -> Result:
+    """The paired form of the check (``procedures.paired``): both models run with the same seed,
+    so they see the same inputs, perturbations and noise."""
+    (model, data, params), (reference, margin) = check, paired
+    if metric.paired is None:
+        raise ArgumentError(f"{name} has no paired form (reference=): compare two runs of it instead")
+    key = metric.paired_keys()[1]
+    margin = (validation.non_negative_float if metric.direction == "<=" else validation.unit_interval)(key, margin)
+    with Run(name, model, data, **shape) as run, Run(name, reference, data, **shape) as ref:
+        if metric.paired == "bernoulli":
+            return paired_procedures.bernoulli(run, ref, run.perturbation, margin, repr(run.perturbation))
+        candidate, baseline = _called(body, run, params, name), _called(body, ref, params, name)
+        return getattr(paired_procedures, metric.paired)(run, ref, candidate, baseline, margin)
 
 
 def _perturbation(metric: Metric, params: dict):

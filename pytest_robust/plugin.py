@@ -88,6 +88,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="also write every per-input table (index, outcome, estimate, ...) of the run as "
                     "per_input.csv in the report directory (--robust-report); FORMAT: csv (ini: robust_per_input).")
     parser.addini("robust_per_input", "write the per-input tables beside the reports: csv.", default="")
+    group.addoption("--robust-familywise", dest="robust_familywise", default=None, choices=("none", "holm"),
+                    help="family-wise error over the run's checks with a threshold: none (each check at its own "
+                    "confidence) or holm (every check gated at alpha/k while it runs, k the checks collected, and "
+                    "Holm's step-down over the family in the reports) (default: none; ini: robust_familywise).")
+    parser.addini("robust_familywise", "family-wise error over the run's checks: none or holm.", default="")
 
 
 def _yaml_layer(config: pytest.Config) -> tuple[dict, str]:
@@ -208,6 +213,7 @@ def pytest_report_header(config: pytest.Config) -> str:
         + (f", profile={s.profile}" if s.profile else "")
         + (f", normalize=(mean {list(s.normalize[0])}, std {list(s.normalize[1])}) inside the model"
            if s.normalize else "")
+        + (", familywise=holm" if config.pluginmanager.get_plugin("robust-results").familywise == "holm" else "")
     )
 
 

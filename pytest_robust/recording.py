@@ -85,11 +85,14 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     from .engine import progress_sink
     from .model_execution import execution
     from .model_io import model_interface
+    from .inspection import warning_site
+    from .reading import data_keys
 
     how = settings or item.config.stash[SETTINGS]
     try:
         with progress_sink(_progress(item)), execution(how.precision, how.channels_last, how.compile,
-                                                       how.deterministic), model_interface(how.normalize, how.logits):
+                                                       how.deterministic), model_interface(how.normalize, how.logits), \
+                data_keys(how.data_keys), warning_site(item.path, item.location[1] + 1):
             result = call()
     except RobustError as err:
         not_run(item, spec, "error", str(err), model_name, settings)

@@ -37,6 +37,10 @@ PROPERTY_FIELDS = (
 #: baseline key holding it is reported as unmatchable, never matched with another object.
 NO_IDENTITY = "<no stable identity"
 
+#: An accuracy (direction ">=") whose upper bound is below this is low: its result states the clean
+#: accuracy on the same inputs beside it (``run.Run.clean_accuracy``), as a failed one does.
+LOW_ACCURACY = 0.5
+
 
 def decide(threshold: float | None, lower: float, upper: float, direction: str = ">=", healthy: bool = True) -> str:
     """The one verdict rule of every check.
@@ -60,6 +64,18 @@ def decide(threshold: float | None, lower: float, upper: float, direction: str =
     if healthy and bad:
         return "fail"
     return "inconclusive"
+
+
+def percent(confidence: float) -> str:
+    """A confidence as a percentage with the decimals it needs to state its error level 1 -
+    confidence within 1%: 95%, 99.5%, 98.33% (the family-wise levels of ``--robust-familywise``
+    are not whole percentages, and 99.75% must not read 100%)."""
+    value, error = confidence * 100, (1.0 - confidence) * 100
+    for decimals in range(8):
+        shown = f"{value:.{decimals}f}"
+        if abs(float(shown) - value) <= 0.01 * error:
+            break
+    return f"{shown}%"
 
 
 @dataclass
@@ -144,7 +160,7 @@ class Result:
         if self.estimate is None:
             what = "could not run" if self.verdict == "error" else "was skipped"
             return f"{self.name} check {what}: {self.details.get('error', '')}"
-        pct = f"{self.confidence:.0%}"
+        pct = percent(self.confidence)
         head = f"{self.name} {self.estimate:.3f} ({pct} lower bound {self.lower:.3f}, upper bound {self.upper:.3f})"
         space = self.details.get("space")
         cond = (
@@ -153,7 +169,7 @@ class Result:
             f"{self.forward_passes} of {self.budget} model evaluations"
             + (f", model in {self.precision}" if self.precision not in ("", "float32") else "")
         )
-        note = f"; {self.note}" if self.note else ""
+        note = (f"; {self.note}" if self.note else "") + self._clean()
         word = "required" if self.direction == ">=" else "allowed"
         broken = "<" if self.direction == ">=" else ">"
         if self.verdict == "pass":
@@ -168,6 +184,18 @@ class Result:
             )
             return f"{head} is inconclusive against {self.direction} {self.threshold:g} {cond}: {reason}{note}"
         return f"{head} {cond}{note}"
+
+    def _clean(self) -> str:
+        """"; clean accuracy 0.950 on the same inputs" beside an accuracy that failed, or did not
+        pass and is low (upper bound below ``LOW_ACCURACY``), with what a clean accuracy near chance
+        suggests (``details["clean_accuracy_advice"]``); "" otherwise."""
+        clean = self.details.get("clean_accuracy")
+        low = self.direction == ">=" and self.verdict != "pass" and (
+            self.verdict == "fail" or (self.upper is not None and self.upper < LOW_ACCURACY))
+        if not low or not isinstance(clean, (int, float)):
+            return ""
+        advice = self.details.get("clean_accuracy_advice")
+        return f"; clean accuracy {clean:.3f} on the same inputs" + (f": {advice}" if advice else "")
 
     def properties(self) -> list[tuple[str, str]]:
         """``robust.*`` name/value pairs for JUnit XML (values as strings, None as empty)."""

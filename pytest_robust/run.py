@@ -55,13 +55,14 @@ import torch
 import warnings
 
 from . import collective, model_execution, model_io
-from .engine import Forward, TensorData, autocast_dtype, guarded, load_data, resolve_device, stream_generator
+from .engine import (Forward, TensorData, autocast_dtype, correct_predictions, guarded, load_data, resolve_device,
+                     stream_generator)
 from .declarations import Metric
 from .errors import ArgumentError, RobustWarning, SettingError
 from .gallery import gallery as worst_gallery
 from .per_input import check_table
 from .inspection import check_data_normalisation, check_model, inspect_inputs
-from .results import Result, decide
+from .results import LOW_ACCURACY, Result, decide
 from .validation import check_run_args
 
 #: The reserved keys of ``Result.details``: what every check's run writes (the first group) and
@@ -90,6 +91,14 @@ RESERVED_DETAILS = {
     "tables": "[{title, text, header, rows}]: tables in summary.md",
     "inconclusive_reason": "why an inconclusive check is undecided and what to change",
     "error": "the message of a check that could not run",
+    "p_values": "{fail, pass}: the p-value of each claim from the check's own test (family-wise adjustment)",
+    "familywise": "the family-wise adjustment of the session (--robust-familywise) as it applied to this check",
+    "enforced": "False for a fixture call with enforce=False (reported, not gating its test)",
+    "paired": "the paired form against a reference model: both estimates, discordant counts, margin, test",
+    "clean_accuracy": "accuracy on the unperturbed inputs: a check's own, or the run's (``Run.clean_accuracy``) "
+                      "beside a low or failed accuracy",
+    "clean_accuracy_advice": "what a clean accuracy near chance suggests (inputs the model does not expect)",
+    "clean_accuracy_note": "why the clean accuracy beside a low accuracy was not computed (the budget)",
 }
 #: Share of evaluated rows with tied top logits above which a check warns (ties count as errors).
 TIE_WARNING = 1e-3
@@ -101,6 +110,13 @@ REDUCED_PRECISION_CERTIFICATE = (
 )
 #: Share of the device's free memory the data may take to be moved there whole.
 DEVICE_SHARE = 0.25
+
+
+def near_chance(classes: int) -> float:
+    """The clean accuracy at or below which a model of ``classes`` classes is near chance: the
+    smaller of twice chance and chance plus a tenth of the way to 1 (0.19 of 10 classes, 0.55 of 2)."""
+    chance = 1.0 / classes
+    return min(2 * chance, chance + 0.1 * (1 - chance))
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype | None:
@@ -179,6 +195,7 @@ class Run:
         self.started = time.perf_counter()
         self._stack = contextlib.ExitStack()
         self.info: dict = {}
+        self._clean: float | None = None
 
     # -- the guarded model ----------------------------------------------------------------------
 
@@ -259,6 +276,46 @@ class Run:
         self.forward.batch_size = collective.agree_min(self.forward.batch_size)
         return self.forward.batch_size
 
+    # -- the clean pass ---------------------------------------------------------------------------
+
+    def clean_accuracy(self, phase: str = "clean") -> float:
+        """Accuracy on the unperturbed inputs: one model evaluation per input, in phase ``phase``
+        (each rank evaluates its ``span`` of the inputs; ``gather_rows`` combines them), computed
+        once per run and cached (a later call spends nothing)."""
+        if self._clean is None:
+            rows = self.span(len(self.ds))
+            with self.forward.phase(phase):
+                hits = correct_predictions(self.forward.logits(self.ds.x[rows].to(self.device)),
+                                           self.ds.y[rows].to(self.device))
+            self._clean = float(self.gather_rows(hits.float()).mean())
+        return self._clean
+
+    def _clean_context(self, verdict: str, upper: float, details: dict) -> None:
+        """Beside an accuracy (direction ">=") that failed, or did not pass and is low (upper bound
+        below ``LOW_ACCURACY``): the clean accuracy on the same inputs in ``details["clean_accuracy"]``
+        (the check's own, else ``clean_accuracy``, when the budget has room for it), which the
+        message states; near chance (``near_chance``) also ``details["clean_accuracy_advice"]``
+        and a RobustWarning: the model may expect other inputs."""
+        if self.direction != ">=" or verdict == "pass" or not (verdict == "fail" or upper < LOW_ACCURACY):
+            return  # a pass (even at a low threshold) is what was asked: its numbers stay as they are
+        if "clean_accuracy" not in details:
+            if self.args.budget is not None and self.remaining() < len(self.ds):
+                details["clean_accuracy_note"] = (
+                    f"the clean accuracy was not computed: it needs {len(self.ds)} model evaluations and the budget "
+                    f"has {max(self.remaining(), 0)} left")
+                return
+            details["clean_accuracy"] = self.clean_accuracy()
+        clean, classes = details["clean_accuracy"], self.forward.n_classes
+        if isinstance(clean, (int, float)) and classes and clean <= near_chance(classes):
+            normalisation = ("check that normalize= is the model's own (mean, std)" if self.interface.normalize
+                             is not None else "give its normalisation as normalize=(mean, std) (--robust-normalize) "
+                             "with the data in [0, 1] pixel units")
+            details["clean_accuracy_advice"] = (
+                f"the model is near or below chance (1/{classes}) on the clean inputs too, so it may expect other inputs: "
+                f"{normalisation}, and check the channel order (RGB/BGR, (N, C, H, W)) and the labels")
+            warnings.warn(f"{self.title}: clean accuracy {clean:.3f}: {details['clean_accuracy_advice']}",
+                          RobustWarning, stacklevel=3)
+
     # -- the result -------------------------------------------------------------------------------
 
     def spent(self) -> dict:
@@ -295,7 +352,10 @@ class Run:
         ``gallery`` (when not given) shows its worst inputs perturbed by ``example`` (default: the
         run's perturbation)."""
         threshold = self.args.threshold
-        table = (details or {}).get("per_input")
+        verdict = decide(threshold, lower, upper, self.direction, healthy)
+        details = dict(details or {})
+        self._clean_context(verdict, float(upper), details)
+        table = details.get("per_input")
         if table is not None:
             try:
                 check_table(table)
@@ -311,7 +371,7 @@ class Run:
             upper=float(upper),
             threshold=threshold,
             confidence=self.args.confidence,
-            verdict=decide(threshold, lower, upper, self.direction, healthy),
+            verdict=verdict,
             n_inputs=len(self.ds) if n_inputs is None else n_inputs,
             draws=int(draws),
             forward_passes=evaluated,
@@ -325,7 +385,7 @@ class Run:
             note=note,
             gallery=gallery,
             details={
-                **(details or {}),
+                **details,
                 **self.details,
                 "title": self.title,
                 "budget_unit": "model evaluations",

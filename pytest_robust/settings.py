@@ -39,10 +39,25 @@ class Settings:
     deterministic: bool = False
     normalize: tuple | None = None  # ((mean, ...), (std, ...)): applied inside the model call
     logits: object = None  # which part of the model's output holds the logits (key, index, callable)
+    data_keys: tuple | None = None  # (input key, label key) of mapping data items
 
     def replace(self, values: dict, source: str) -> "Settings":
         """A copy with ``values`` (raw, validated here) applied; ``source`` names their origin."""
         return Settings(**{**self.__dict__, **parse_layer(values, source)})
+
+
+def data_key_pair(key: str, value) -> tuple[str, str] | None:
+    """``data_keys``: (input key, label key), two different non-empty names, as a pair or as the
+    text "image,label" (ini, command line); None, or the text "none", for the common names."""
+    accepted = ("a pair of two different non-empty names (input_key, label_key), e.g. ('img', 'klass'), or the "
+                "text 'img,klass'")
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
+    if not (isinstance(parts, (list, tuple)) and len(parts) == 2 and all(isinstance(p, str) and p.strip() for p in parts)
+            and parts[0] != parts[1]):
+        raise SettingError(key, value, accepted)
+    return tuple(parts)
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,10 @@ KEYS = (
     Key("logits", validation.logits_selector,
         "which part of the model's output holds the logits when it is not a tensor, an object with "
         ".logits or a mapping with a 'logits' key: a key or attribute name, or an index (0)"),
+    Key("data_keys", data_key_pair,
+        "the keys of mapping data items that hold the input and the label, as input_key,label_key (e.g. "
+        "img,klass); default: the common names (image, pixel_values, input, inputs, x; label, labels, "
+        "target, targets, y)"),
 )
 KEY_NAMES = tuple(k.name for k in KEYS)
 assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"

@@ -59,7 +59,7 @@ import yaml
 
 from .checks import CheckSpec, budget_of, parse_marker, suggest
 from .errors import ArgumentError, FactoryError, MarkerError, RobustError, SettingError, SuiteError
-from .recording import SETTINGS, SPECS, enforce, metrics, run_spec
+from .recording import RECORDED, SETTINGS, SPECS, enforce, metrics, run_spec
 from .settings import KEY_NAMES, Settings, parse_layer
 from .validation import positive_float
 
@@ -91,7 +91,7 @@ NOT_IN_SUITES = {
 SUITE_SETTINGS = tuple(k for k in KEY_NAMES if k not in NOT_IN_SUITES)
 
 #: Keys of a check besides its metric, the metric's parameters and settings.
-CHECK_KEYS = ("name", "profiles", "model", "model_args", "data", "data_args")
+CHECK_KEYS = ("name", "profiles", "model", "model_args", "data", "data_args", "reference_args")
 
 #: The profile used when --robust-profile is not given, if the suite defines it.
 DEFAULT_PROFILE = "ci"
@@ -324,7 +324,8 @@ def _import(doc: SuiteDocument, path: KeyPath, target, folder: Path) -> Callable
     value = module
     for part in attr.split("."):
         if not hasattr(value, part):
-            raise doc.error(path, f"module {module_name!r} has no attribute {attr!r}")
+            raise doc.error(path, f"module {module_name!r} has no attribute {attr!r}"
+                                  f"{suggest(part, [n for n in dir(value) if not n.startswith('_')])}")
         value = getattr(value, part)
     if not callable(value):
         raise doc.error(path, f"{target!r} is not callable (it is {_shown(value)})")
@@ -455,22 +456,27 @@ def _check(ctx: _Context, index: int, raw) -> Check:
     metric_name = metrics[0]
     metric = ctx.metrics[metric_name]
     threshold_key, params = metric.keywords(metric_name)
-    allowed = tuple(dict.fromkeys((metric_name, threshold_key) + params + CHECK_KEYS + SUITE_SETTINGS))
+    allowed = tuple(dict.fromkeys((metric_name, threshold_key) + params + metric.paired_keys() + CHECK_KEYS
+                                  + SUITE_SETTINGS))
     for key in raw:
         if key in NOT_IN_SUITES and key not in allowed:
             raise doc.error(path + (key,), f"not a suite setting: {key} {NOT_IN_SUITES[key]}")
     doc.no_unknown_keys(path, raw, allowed, f"a {metric_name} check takes")
-    missing = [k for k in (threshold_key,) + metric.required if k not in raw]
+    missing = [k for k in (() if "reference" in raw else (threshold_key,)) + metric.required if k not in raw]
     if missing:
         raise doc.error(path + (metric_name,), f"a {metric_name} check needs " + ", ".join(f"{k}:" for k in missing))
     overrides = _settings(doc, path, {k: v for k, v in raw.items() if k in SUITE_SETTINGS})
-    kwargs = {k: v for k, v in raw.items() if k in (metric_name, threshold_key) + params}
+    kwargs = {k: v for k, v in raw.items() if k in (metric_name, threshold_key) + params + metric.paired_keys()}
+    if "reference" in kwargs:  # a factory, built when the check runs; the marker rules see a name
+        kwargs["reference"] = "reference"
     if "perturbation" in kwargs:
         kwargs["perturbation"] = _perturbation(doc, path + ("perturbation",), raw["perturbation"], ctx.perturbations)
     try:
         spec = parse_marker((), {**kwargs, **overrides}, ctx.metrics)
     except MarkerError as err:
         raise doc.error(path + (threshold_key,), str(err)) from None
+    if spec.paired:
+        spec.paired["reference"] = _factory(doc, path, raw, "reference", ctx.folder)
     settings = ctx.settings.replace(overrides, f"in {doc.where}")
     settings = dataclasses.replace(
         settings, budget=max(1, round(budget_of(settings, metric) * ctx.profile.budget_scale)))
@@ -637,7 +643,12 @@ class SuiteItem(pytest.Item):
             pytest.fail(f"robust check could not run: {err}", pytrace=False)
         model = self.parent.built(self.check.model, device)
         data = self.parent.built(self.check.data)
-        result = run_spec(self, self.check.spec, model, data, settings, self.check.model.label)
+        spec = self.check.spec
+        if spec.paired:  # the reference model's factory, built like the model's; recorded as the declared check
+            spec = dataclasses.replace(spec, paired={**spec.paired,
+                                                     "reference": self.parent.built(spec.paired["reference"], device)})
+            self.stash.setdefault(RECORDED, set()).add(id(self.check.spec))
+        result = run_spec(self, spec, model, data, settings, self.check.model.label)
         enforce([(settings, result)])
 
     def reportinfo(self):

@@ -53,6 +53,14 @@ def non_negative_int(key: str, value) -> int:
     return number
 
 
+def unit_interval(key: str, value) -> float:
+    """A number from 0 to 1 (a share of accuracy, e.g. the largest drop allowed)."""
+    number = _number(key, value, float, "a number from 0 to 1")
+    if not (math.isfinite(number) and 0.0 <= number <= 1.0):
+        raise SettingError(key, value, "a number from 0 to 1")
+    return number
+
+
 def open_unit(key: str, value) -> float:
     """A probability strictly between 0 and 1 (confidence levels, thresholds)."""
     accepted = "a number strictly between 0 and 1"

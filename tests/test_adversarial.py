@@ -129,7 +129,8 @@ def test_per_input_table_schema_and_counts():
     assert "L-inf eps=0.05" in r.perturbation and "APGD-CE 5 steps" in r.perturbation
     assert "an upper estimate of the true adversarial accuracy: a fail is conclusive, a pass is only as " \
            "strong as the attack" in r.message()
-    assert not d["gradient_masking"]["suspected"] and "warnings" not in d
+    assert not d["gradient_masking"]["suspected"]
+    assert not any("gradient masking" in w for w in d.get("warnings", []))  # the random net is only near chance
 
 
 class Quantised(torch.nn.Module):

@@ -431,7 +431,7 @@ def test_broken_checks_reach_every_report_next_to_the_good_ones(suite, monkeypat
     result.stdout.fnmatch_lines(["*robust.check() runs the test's @pytest.mark.robust(...) checks*no robust marker*"])
     root = ET.parse(suite.path / "robust.xml").getroot()
     totals = {k: sum(int(s.get(k)) for s in root.iter("testsuite")) for k in ("tests", "errors", "failures", "skipped")}
-    assert totals == {"tests": 11, "errors": 5, "failures": 2, "skipped": 2}
+    assert totals == {"tests": 11, "errors": 5, "failures": 1, "skipped": 2}  # enforce=False: not a failure
     summary = (suite.path / "rep" / "summary.md").read_text()
     assert "2 passed, 2 failed, 0 inconclusive, 0 estimates, 5 errors, 1 skipped, 1 expected failures." in summary
     assert "bug inside the model" in summary

@@ -74,3 +74,11 @@ def test_the_package_ships_license_types_and_urls():
     urls = pyproject["project"]["urls"]
     assert {"Homepage", "Documentation", "Repository", "Issues"} <= set(urls)
     assert {"docs", "test"} <= set(pyproject["project"]["optional-dependencies"])
+
+
+def test_extending_lists_every_reserved_details_key():
+    """The extending page's table of reserved ``details`` keys cannot drift from ``run.RESERVED_DETAILS``."""
+    from pytest_robust.run import RESERVED_DETAILS
+
+    page = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
+    assert all(f"| `{key}` | {doc} |" in page for key, doc in RESERVED_DETAILS.items())

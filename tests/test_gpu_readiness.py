@@ -425,8 +425,8 @@ def test_a_certificate_from_reduced_precision_carries_a_warning(name):
     import warnings
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        CHECKS[name](SmallNet().eval(), (x, y))  # float32: no warning
+        warnings.filterwarnings("error", message=".*certificate")
+        CHECKS[name](SmallNet().eval(), (x, y))  # float32: no certificate warning (the random net is near chance)
 
 
 def _imports(path: Path, module: str, known: set) -> set:

@@ -94,7 +94,9 @@ def test_baseline_then_degraded_model_fails_compare(suite):
 
     same = suite.runpytest("--robust-compare", "main", "--robust-compare-fail")
     assert same.ret == pytest.ExitCode.TESTS_FAILED  # test_too_strict fails on its own
-    same.stdout.fnmatch_lines(["robust baseline 'main' (commit *): 0 regressed, 0 improved, 3 unchanged"])
+    # early-stopped gates leave bounds too wide to see a 1-point change: never "unchanged" from those
+    same.stdout.fnmatch_lines(["robust baseline 'main' (commit *): 0 regressed, 0 improved, 0 unchanged, "
+                               "3 cannot tell*"])
 
     suite.makeconftest(CONFTEST.replace(STEP_AT, "return Step(0.55)"))  # TSRM drops to 0.55
     worse = suite.runpytest("--robust-compare-fail", "--robust-inconclusive", "skip")
@@ -123,15 +125,28 @@ def _result(**kw) -> dict:
     "now, direction, status",
     [
         (dict(estimate=0.80, lower=0.78, upper=0.82), ">=", "regressed"),
-        (dict(estimate=0.87, lower=0.85, upper=0.89), ">=", "unchanged"),  # overlapping bounds
+        (dict(estimate=0.87, lower=0.85, upper=0.89), ">=", "cannot tell (these bounds could only flag a change "
+                                                             "larger than 0.04;"),  # overlapping, too wide
+        (dict(estimate=0.9, lower=0.897, upper=0.903, details={"title": "TSRM"}), ">=", "unchanged"),
         (dict(estimate=0.97, lower=0.95, upper=0.99), ">=", "improved"),
         (dict(estimate=0.80, lower=0.78, upper=0.82), "<=", "improved"),  # a loss went down
         (dict(estimate=0.97, lower=0.95, upper=0.99), "<=", "regressed"),
     ],
 )
 def test_comparison_uses_non_overlapping_bounds(now, direction, status):
-    (row,) = store.compare([_result(direction=direction)], [_result(direction=direction, **now)])
-    assert row["status"] == status
+    narrow = dict(lower=0.897, upper=0.903) if status == "unchanged" else {}
+    (row,) = store.compare([_result(direction=direction, **narrow)], [_result(direction=direction, **now)])
+    assert row["status"].startswith(status)
+
+
+def test_baselines_are_keyed_by_what_changes_results_not_by_the_host():
+    from pytest_robust.report.environment import baseline_key
+
+    env = {"hostname": "runner-7f3a", "machine": "x86_64", "torch": "2.14.1", "gpus": ["NVIDIA H100 80GB HBM3"]}
+    assert baseline_key(env) == baseline_key({**env, "hostname": "runner-0c11"}) == "x86_64-torch2.14.1-NVIDIA_H100_80GB_HBM3"
+    assert baseline_key({**env, "torch": "2.15.0"}) != baseline_key(env)
+    bf16 = _result(precision="autocast bfloat16")
+    assert [r["status"] for r in store.compare([_result()], [bf16])] == ["missing", "new"]
 
 
 def test_comparison_reports_new_and_missing_checks():

@@ -113,7 +113,8 @@ def test_checks_pass_and_fail_like_markers(suite):
         "robust_toy.yaml::passes PASSED*",
         "robust_toy.yaml::fails-0.9 FAILED*",
         "*_ [[]robust suite] fails-0.9 _*",
-        "TSRM 0.* < required 0.9 under UniformLinf(eps=0.5), * draws on 64 inputs, seed 0, * model evaluations",
+        "TSRM 0.* < required 0.9 under UniformLinf(eps=0.5), * draws on 64 inputs, seed 0, * model evaluations; "
+        "clean accuracy 1.000 on the same inputs",
         "*robustness checks*",
         "robust_toy.yaml::passes*TSRM*UniformLinf(eps=0.5)*>= 0.7*PASS",
     ])
@@ -343,7 +344,8 @@ SCHEMA_ERRORS = [  # (suite text, "line: key: message" expected in the error)
      "4: checks[0]: a check names exactly one metric with its threshold (tsrm:, q: with max_loss:, "
      "certified_accuracy:, nppr:, adversarial_accuracy:, corruption_accuracy:); found several (tsrm, nppr): write one check per metric"),
     (HEAD + CHECK + "    epsilon: 0.1\n",
-     "7: checks[0].epsilon: unknown key (did you mean eps?); a tsrm check takes: tsrm, perturbation, name,"),
+     "7: checks[0].epsilon: unknown key (did you mean eps?); a tsrm check takes: tsrm, perturbation, reference, "
+     "max_drop, name,"),
     (HEAD + "checks:\n  - name: a\n    tsrm: 0.9\n",
      "5: checks[0].tsrm: a tsrm check needs perturbation:"),
     (HEAD + "checks:\n  - name: a\n    q: 100\n",

@@ -1,10 +1,13 @@
 """Fixtures for the digits robustness suite: the models and the held-out test split, and the
 ``slow_demo`` marker: ``make demo`` leaves those examples out (``-m "not slow_demo"``), ``make
-demo-full`` runs them too."""
+demo-full`` runs them too. An expected failure (``xfail``) whose checks do not show what its reason
+claims (``claims.claim_problem``: a failure needs a "fail" verdict, an inconclusive check must say
+so) fails instead of counting as expected."""
 
 import pytest
 import torch
 
+from claims import claim_problem
 from digits_model import digits_split, load_model
 
 # The digits CNN is tiny (8x8 inputs): one CPU thread computes it as fast as two, and two threads
@@ -21,6 +24,19 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow_demo: an example too slow for `make demo` (a minute on 2 cores); `make demo-full` runs it"
     )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """An expected failure counts only if its checks show what its xfail reason claims."""
+    report = yield
+    if report.when == "call" and report.skipped and hasattr(report, "wasxfail"):
+        verdicts = [r["verdict"] for r in getattr(report, "robust_results", []) if r.get("threshold") is not None]
+        problem = claim_problem(report.wasxfail, verdicts)
+        if problem:
+            del report.wasxfail
+            report.outcome, report.longrepr = "failed", f"{item.nodeid}: {problem}"
+    return report
 
 
 @pytest.fixture(scope="session")

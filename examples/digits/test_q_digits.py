@@ -16,6 +16,9 @@ the PGD model's q >= 100 chains are flagged as not converged). The checks below 
 random subsets of the inputs (``inputs=``) with shorter annealing paths than the default, to stay
 within a few seconds each on a CPU; the bounds account for the subsets. These are estimates with
 MCMC diagnostics, not guarantees: a pass needs the 95% upper bound below max_loss and healthy chains.
+Each expected failure is shown by its gate (a 95% lower bound above max_loss), not merely left
+undecided: the PGD-trained model's average loss (0.30) is held to 0.2, since at 0.3 it sits on the
+requirement itself, and the noise-trained model's q = 10 loss is measured on 64 digits.
 """
 
 import pytest
@@ -36,10 +39,14 @@ def test_noise_trained_model_has_low_average_loss_under_noise():
     """Noise training targets exactly this: mean loss 0.13 under random noise of radius 0.3."""
 
 
-@pytest.mark.xfail(reason="adversarial training costs average-case loss (0.31 > 0.3): this gate shows it", strict=True)
-@pytest.mark.robust(**AVERAGE, model="pgd_model")
+@pytest.mark.xfail(reason="adversarial training costs average-case loss: the PGD-trained model's mean loss under "
+                   "random noise is about 0.30, twice the noise-trained model's, and its 95% lower bound (0.23) is "
+                   "above 0.2: this gate shows it", strict=True)
+@pytest.mark.robust(**{**AVERAGE, "max_loss": 0.2}, model="pgd_model")
 def test_pgd_trained_model_pays_in_average_loss():
-    """Expected to fail: the PGD-trained model's mean loss under random noise is about 0.31."""
+    """Expected to fail: the PGD-trained model's mean loss under random noise is about 0.30 (the
+    noise-trained model's 0.14). At the noise-trained model's requirement, 0.3, it would be
+    undecided, since 0.30 is the requirement itself; at 0.2 the gate shows the price."""
 
 
 @pytest.mark.robust(**INTERMEDIATE, model="pgd_model")
@@ -48,14 +55,16 @@ def test_pgd_trained_model_keeps_the_q10_loss_low():
 
 
 @pytest.mark.slow_demo
-@pytest.mark.xfail(reason="noise training does not protect against the worse perturbations (Z_10 about 1.4)",
-                   strict=True)
-@pytest.mark.robust(**INTERMEDIATE, model="noise_model")
+@pytest.mark.xfail(reason="noise training does not protect against the worse perturbations: Z_10 about 1.15 on 64 "
+                   "digits, 95% lower bound 0.83 > 0.8: this gate shows it", strict=True)
+@pytest.mark.robust(**{**INTERMEDIATE, "inputs": 64}, model="noise_model")
 def test_noise_trained_model_fails_at_q10():
-    """Expected to fail: random noise rarely hits the high-loss region the q = 10 norm weighs."""
+    """Expected to fail: random noise rarely hits the high-loss region the q = 10 norm weighs. On
+    24 digits the bounds [0.71, 1.99] straddle 0.8; 64 digits decide it (about 9 s)."""
 
 
-@pytest.mark.xfail(reason="the standard model is far from robust at q = 100 (Z_100 about 11)", strict=True)
+@pytest.mark.xfail(reason="the standard model is far from robust at q = 100 (Z_100 about 8, 95% lower bound 5.5 > 1)",
+                   strict=True)
 @pytest.mark.robust(q=100, max_loss=1.0, perturbation=BALL, inputs=10, steps=40)
 def test_standard_model_fails_at_q100():
     """Expected to fail: path sampling finds Z_100 of about 8-11 where Monte Carlo sees only 2-4."""

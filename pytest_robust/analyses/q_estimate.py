@@ -16,6 +16,10 @@ cannot see.
 
 Gate (``gate``): ``stats.group_sequential.sequential`` over the plan's inputs in their random
 order, each look sampling only the blocks it adds. Units: those of the loss (nats for cross-entropy).
+With a threshold the gate also leaves the p-values of its two claims in the run's details
+(``details["p_values"]``: the smallest over the looks made of each look's one-sided t-test p-value
+divided by its share of alpha, ``stats.group_sequential.p_values``), which the family-wise
+adjustment of a session reads (``--robust-familywise``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import numpy as np
 
 from ..mcmc import detrend, effective_sample_size, split_rhat
 from ..qnorm import mc_log_estimate, path_log_estimate, weight_ess
-from ..stats.group_sequential import sequential
+from ..stats.group_sequential import p_values, sequential
 from .q_draws import draw, extend
 from .q_plan import Config, Plan, blocks_for
 
@@ -161,4 +165,7 @@ def gate(plan: Plan, q: float, looks: list[int], threshold: float | None) -> tup
         state["blocks"] = upto
         return estimate(plan.config, q, state["raw"])
 
-    return sequential(looks, estimate_at, plan.n_total, threshold, 1.0 - plan.run.args.confidence)
+    est, bound, record = sequential(looks, estimate_at, plan.n_total, threshold, 1.0 - plan.run.args.confidence)
+    if threshold is not None:
+        plan.run.details["p_values"] = p_values(record)
+    return est, bound, record

@@ -14,6 +14,11 @@ by JPEG, whose codec runs on the host (one transfer per call, one per batch in a
 check of ``Corruption.sample`` reads the batch's extremes; the engine's ``draw`` skips it, as the
 check's data were checked once.
 
+Arguments and images a corruption cannot take raise ``ArgumentError`` (a ``ValueError``) naming
+the problem and the fix. A ``CorruptionGrid`` whose corruptions were not named (the default grid)
+leaves out those that cannot apply to the images (too small, or grey), with a ``RobustWarning``
+naming them and why (``CorruptionGrid.left_out``); corruptions named explicitly must all apply.
+
 The severity tables are those of ImageNet-C for images larger than 64 px and of CIFAR-10-C for
 64 px or less (``preset=`` forces one); see ``tables``. The families live in ``noise``, ``blur``,
 ``weather`` and ``digital``; each function there documents its math.
@@ -24,10 +29,13 @@ from __future__ import annotations
 import difflib
 import itertools
 import numbers
+import warnings
 
 import torch
 
 from ..engine import stream_generator, upload
+from ..errors import ArgumentError, RobustWarning
+from ..inspection import box_for
 from ..perturbations import Perturbation, _bounds_repr, _check_bounds
 from . import blur, digital, noise, weather
 from .tables import BENCHMARK, EXTRA, PRESETS, TABLES, default_preset
@@ -62,34 +70,60 @@ def corruption_names(subset: str = "all") -> list[str]:
     (the 4 held-out ones) or ``"all"`` (both, 19)."""
     subsets = {"benchmark": BENCHMARK, "extra": EXTRA, "all": ALL}
     if subset not in subsets:
-        raise ValueError(f"subset must be one of {', '.join(subsets)}, got {subset!r}")
+        raise ArgumentError(f"subset must be one of {', '.join(subsets)}, got {subset!r}")
     return list(subsets[subset])
 
 
 def check_name(name) -> str:
-    """``name`` if it is a corruption name, else a ValueError suggesting the closest one."""
+    """``name`` if it is a corruption name, else an ArgumentError suggesting the closest one."""
     if isinstance(name, str) and name in _FUNCTIONS:
         return name
     text = str(name).lower().replace("-", "_").replace(" ", "_")
     close = difflib.get_close_matches(text, ALL, n=1) or [n for n in ALL if text and text in n][:1]
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown corruption {name!r}{hint}; known: {', '.join(ALL)}")
+    raise ArgumentError(f"unknown corruption {name!r}{hint}; known: {', '.join(ALL)}")
 
 
 def check_severity(severity) -> int:
-    """``severity`` as an int if it is 1, 2, 3, 4 or 5, else a ValueError."""
+    """``severity`` as an int if it is 1, 2, 3, 4 or 5, else an ArgumentError."""
     if isinstance(severity, bool) or not isinstance(severity, numbers.Integral) or not 1 <= severity <= 5:
-        raise ValueError(f"severity must be an integer from 1 to 5 (as in ImageNet-C), got {severity!r}")
+        raise ArgumentError(f"severity must be an integer from 1 to 5 (as in ImageNet-C), got {severity!r}")
     return int(severity)
 
 
 def check_preset(preset) -> str | None:
     if preset is not None and preset not in PRESETS:
-        raise ValueError(
+        raise ArgumentError(
             f"preset must be None (by image size: cifar up to 64 px, imagenet above), 'imagenet' or 'cifar', "
             f"got {preset!r}"
         )
     return preset
+
+
+def check_layout(owner, x: torch.Tensor, generator: torch.Generator | None = None) -> None:
+    """Raise ArgumentError unless x is a batch of floating-point images (n, 1 or 3, height,
+    width) and ``generator`` (if given) is on x's device type: what every corruption needs, so
+    no grid can leave it out. ``owner`` names the corruption (or grid) in the message."""
+    if not isinstance(x, torch.Tensor) or x.ndim != 4:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ArgumentError(
+            f"{owner!r} corrupts images of shape (n, channels, height, width), got {shape}: "
+            "add the batch dimension (x[None]) or reshape flat inputs to images"
+        )
+    if not x.dtype.is_floating_point:
+        raise ArgumentError(
+            f"{owner!r} needs floating-point images in the box, got dtype {x.dtype}: use x.float() / 255"
+        )
+    if x.shape[1] not in (1, 3):
+        raise ArgumentError(
+            f"{owner!r} needs 1 (grey) or 3 (RGB) channels in dimension 1, got shape {tuple(x.shape)} "
+            "(channels-last images: x.permute(0, 3, 1, 2))"
+        )
+    if generator is not None and torch.device(generator.device).type != x.device.type:
+        raise ArgumentError(
+            f"the generator is on {generator.device} but the images are on {x.device}: "
+            f"use torch.Generator(device={str(x.device)!r})"
+        )
 
 
 class Corruption(Perturbation):
@@ -103,7 +137,7 @@ class Corruption(Perturbation):
 
     def __init__(self, name: str, severity: int = 3, preset: str | None = None, bounds=(0.0, 1.0)):
         if bounds is None:
-            raise ValueError("a Corruption needs the images' pixel box (bounds=(lo, hi)); None is not allowed")
+            raise ArgumentError("a Corruption needs the images' pixel box (bounds=(lo, hi)); None is not allowed")
         super().__init__(bounds)
         self.name = check_name(name)
         self.severity = check_severity(severity)
@@ -118,49 +152,41 @@ class Corruption(Perturbation):
         return TABLES[self.name][self.preset_for(x)][self.severity - 1]
 
     def check_images(self, x: torch.Tensor, generator: torch.Generator | None = None) -> None:
-        """Raise ValueError naming the problem if this corruption cannot apply to x: its shape,
+        """Raise ArgumentError naming the problem if this corruption cannot apply to x: its shape,
         dtype and size (``check_shape``) and its values (``check_box``)."""
         self.check_shape(x, generator)
         self.check_box(x)
 
     def check_shape(self, x: torch.Tensor, generator: torch.Generator | None = None) -> None:
-        """Raise ValueError if x is not a batch of images this corruption applies to, or the
+        """Raise ArgumentError if x is not a batch of images this corruption applies to, or the
         generator is on another device type; reads no value of x (no host synchronisation)."""
-        if not isinstance(x, torch.Tensor) or x.ndim != 4:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(
-                f"{self!r} corrupts images of shape (n, channels, height, width), got {shape}: "
-                "add the batch dimension (x[None]) or reshape flat inputs to images"
-            )
-        if not x.dtype.is_floating_point:
-            raise ValueError(
-                f"{self!r} needs floating-point images in the box, got dtype {x.dtype}: use x.float() / 255"
-            )
+        check_layout(self, x, generator)
+        problem = self.size_problem(x)
+        if problem is not None:
+            fix = (f"leave {self.name} out for grey images" if self.name in NEEDS_COLOUR else
+                   f"Leave it out for small images (corruptions that apply at any size: "
+                   f"{', '.join(n for n in ALL if n not in NEEDS_MIN_SIDE + NEEDS_COLOUR)})"
+                   if self.name in NEEDS_MIN_SIDE else "Use larger images or leave it out")
+            raise ArgumentError(f"{problem}{':' if self.name in NEEDS_COLOUR else '.'} {fix}")
+
+    def size_problem(self, x: torch.Tensor) -> str | None:
+        """Why this corruption cannot apply to images of x's size and channels (too small, or
+        grey for a colour corruption), or None when it can; x is a batch that ``check_layout``
+        accepted."""
         channels, h, w = x.shape[1:]
-        if channels not in (1, 3):
-            raise ValueError(
-                f"{self!r} needs 1 (grey) or 3 (RGB) channels in dimension 1, got shape {tuple(x.shape)} "
-                "(channels-last images: x.permute(0, 3, 1, 2))"
-            )
         if self.name in NEEDS_COLOUR and channels != 3:
-            raise ValueError(f"{self.name} changes colour saturation and needs RGB images (3 channels); "
-                             f"a grey image has none: leave {self.name} out for grey images")
+            return (f"{self.name} changes colour saturation and needs RGB images (3 channels); "
+                    "a grey image has none")
         need = MIN_SIDE if self.name in NEEDS_MIN_SIDE else ANY_MIN_SIDE
-        if min(h, w) < need:
-            raise ValueError(
-                f"{self.name} cannot apply to {h}x{w} images: its table describes structures tens of pixels long "
-                f"and needs at least {need}x{need} px. Leave it out for small images (corruptions that apply at any "
-                f"size: {', '.join(n for n in ALL if n not in NEEDS_MIN_SIDE + NEEDS_COLOUR)})"
-                if need == MIN_SIDE else f"{self.name} needs images of at least {need}x{need} px, got {h}x{w}"
-            )
-        if generator is not None and torch.device(generator.device).type != x.device.type:
-            raise ValueError(
-                f"the generator is on {generator.device} but the images are on {x.device}: "
-                f"use torch.Generator(device={str(x.device)!r})"
-            )
+        if min(h, w) >= need:
+            return None
+        if need == MIN_SIDE:
+            return (f"{self.name} cannot apply to {h}x{w} images: its table describes structures tens of pixels "
+                    f"long and needs at least {need}x{need} px")
+        return f"{self.name} needs images of at least {need}x{need} px, got {h}x{w}"
 
     def check_box(self, x: torch.Tensor) -> None:
-        """Raise ValueError if x has values outside the box (beyond ``BOX_SLACK``): reads the
+        """Raise ArgumentError if x has values outside the box (beyond ``BOX_SLACK``): reads the
         extremes of x back to the host, so it runs once per call of ``sample``, not per ``draw``."""
         lo, hi = self.bounds
         if isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
@@ -171,7 +197,7 @@ class Corruption(Perturbation):
             outside = max(float((lo - x).amax()), float((x - hi).amax()))
             smallest, largest = float(x.amin()), float(x.amax())
         if outside > BOX_SLACK * float(torch.as_tensor(hi - lo).amax()):
-            raise ValueError(
+            raise ArgumentError(
                 f"{self!r}: images must lie in the box {self.bounds} (pixel values, e.g. [0, 1] from "
                 f"ToTensor()), got values from {smallest:.4g} to {largest:.4g}. Normalise inside the model, "
                 "or pass bounds=(lo, hi) for the data's range"
@@ -179,9 +205,11 @@ class Corruption(Perturbation):
 
     def _box(self, x):
         """(lo, hi) as tensors on x's device in x's dtype; numbers are filled in on the device
-        (``torch.full``), tensors converted (a host tensor is copied there)."""
-        return tuple(torch.full((), b, device=x.device, dtype=x.dtype) if isinstance(b, numbers.Real)
-                     else torch.as_tensor(b, device=x.device, dtype=x.dtype) for b in self.bounds)
+        (``torch.full``), tensors and per-channel sequences converted and shaped against the
+        batch x (``inspection.box_for``; a host tensor is copied there)."""
+        if all(isinstance(b, numbers.Real) for b in self.bounds):
+            return tuple(torch.full((), b, device=x.device, dtype=x.dtype) for b in self.bounds)
+        return box_for(self.bounds, x)
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """The corrupted batch, already in the box (so ``__call__`` adds no clipping pass)."""
@@ -242,6 +270,11 @@ class CorruptionGrid(Perturbation):
     ``host_generator``): the cell index of each of the n images (cell k is ``self.grid[k]``);
     then one seed per cell for the corruptions of that cell's images. So the cells of a batch are
     recomputed from a copy of the generator's state.
+
+    Without ``corruptions`` (the default grid: the 15 of the benchmark) the corruptions that
+    cannot apply to the images a grid first meets (too small, or grey for a colour corruption) are
+    left out, with a RobustWarning naming them and why; ``left_out`` maps each to its reason.
+    Corruptions named explicitly must all apply: one that cannot is an ArgumentError.
     """
 
     def __init__(self, corruptions=None, severities=None, preset: str | None = None, bounds=(0.0, 1.0)):
@@ -249,9 +282,12 @@ class CorruptionGrid(Perturbation):
         names = corruption_names("benchmark") if corruptions is None else corruptions
         levels = (1, 2, 3, 4, 5) if severities is None else severities
         if isinstance(names, str) or not list(names):
-            raise ValueError(f"corruptions must be a non-empty list of names, e.g. ['fog', 'contrast'], got {names!r}")
+            raise ArgumentError(f"corruptions must be a non-empty list of names, e.g. ['fog', 'contrast'], "
+                                f"got {names!r}")
         if isinstance(levels, (str, int)) or not list(levels):
-            raise ValueError(f"severities must be a non-empty list of integers 1-5, e.g. [1, 2, 3], got {levels!r}")
+            raise ArgumentError(f"severities must be a non-empty list of integers 1-5, e.g. [1, 2, 3], got {levels!r}")
+        self.named = corruptions is not None  # named by the user: each must apply, none is left out
+        self.left_out: dict[str, str] = {}
         self.corruptions = tuple(dict.fromkeys(check_name(n) for n in names))
         self.severities = tuple(sorted(dict.fromkeys(check_severity(s) for s in levels)))
         self.preset = check_preset(preset)
@@ -268,9 +304,47 @@ class CorruptionGrid(Perturbation):
         return torch.randint(len(self.grid), (n,), generator=host)
 
     def check_shape(self, x: torch.Tensor, generator: torch.Generator | None = None) -> None:
-        """``Corruption.check_shape`` for every corruption of the grid (whichever cells are drawn)."""
+        """``Corruption.check_shape`` for every corruption of the grid (whichever cells are drawn),
+        after a default grid has left out those that cannot apply to x (``leave_out``)."""
+        check_layout(self, x, generator)
+        if not self.named:
+            self.leave_out(x)
         for member in self.members[::len(self.severities)]:
             member.check_shape(x, generator)
+
+    def leave_out(self, x: torch.Tensor) -> None:
+        """Drop the corruptions that cannot apply to the images x (``Corruption.size_problem``)
+        from the grid, with a RobustWarning naming them and why, and record them in
+        ``left_out``; an ArgumentError when none applies. Nothing to do (no warning) once the
+        grid fits images of x's size."""
+        why = {}
+        for member in self.members[::len(self.severities)]:
+            if member.size_problem(x) is not None:
+                need = MIN_SIDE if member.name in NEEDS_MIN_SIDE else ANY_MIN_SIDE
+                why[member.name] = ("it changes colour and needs RGB images (3 channels)" if member.name in NEEDS_COLOUR
+                                    else f"it needs images of at least {need}x{need} px")
+        if not why:
+            return
+        channels, h, w = x.shape[1:]
+        images = f"{h}x{w} {'grey ' if channels == 1 else ''}images"
+        kept = [n for n in self.corruptions if n not in why]
+        reasons = {}
+        for name, reason in why.items():
+            reasons.setdefault(reason, []).append(name)
+        told = "; ".join(f"{', '.join(names)}: {reason.replace('it ', 'each ' if len(names) > 1 else 'it ', 1)}"
+                         for reason, names in reasons.items())
+        if not kept:
+            raise ArgumentError(f"no corruption of the default grid applies to {images} ({told}): use images of at "
+                                f"least {ANY_MIN_SIDE}x{ANY_MIN_SIDE} px, or another perturbation")
+        self.left_out.update(why)
+        self.corruptions = tuple(kept)
+        self.members = [m for m in self.members if m.name not in why]
+        self.grid = [(m.name, m.severity) for m in self.members]
+        warnings.warn(
+            f"the default corruption grid leaves out {len(why)} corruption(s) that cannot apply to {images} ({told}) "
+            f"and runs the {len(kept)} that do: {', '.join(kept)}; name corruptions=[...] to choose them yourself",
+            RobustWarning, stacklevel=3,
+        )
 
     def sample(self, x, generator):
         """The corrupted batch (``_mix``), after the checks of ``Corruption.sample``."""

@@ -51,12 +51,12 @@ EPS_SETTING = FromSetting(lambda settings: settings.eps, "robust_eps (8/255)")
 
 BUILTIN = {
     "tsrm": Metric(
-        "pytest_robust.metrics.tsrm:evaluate", title="TSRM", budget=100_000,
+        "pytest_robust.metrics.tsrm:evaluate", title="TSRM", budget=100_000, paired="bernoulli",
         params=(Param("perturbation", perturbation, REQUIRED, "the random perturbation, e.g. UniformLinf(eps=0.1)"),),
         doc="accuracy under a random perturbation (TSRM) >= threshold",
     ),
     "q": Metric(
-        "pytest_robust.metrics.intermediate_q:evaluate", title="q-loss", direction="<=",
+        "pytest_robust.metrics.intermediate_q:evaluate", title="q-loss", direction="<=", paired="values",
         threshold_key="max_loss", budget=1_000_000,
         params=(
             Param("q", _q, REQUIRED, "q > 0: 1 is the average loss, larger q weighs high losses more"),
@@ -81,7 +81,8 @@ BUILTIN = {
         doc="mean intermediate-q loss Z_q <= max_loss",
     ),
     "certified_accuracy": Metric(
-        "pytest_robust.metrics.certified_accuracy:evaluate", title="certified accuracy", budget=2_000_000, certificate=True,
+        "pytest_robust.metrics.certified_accuracy:evaluate", title="certified accuracy", budget=2_000_000,
+        certificate=True, paired="outcomes",
         params=(
             Param("radius", non_negative_float, REQUIRED, "the L2 radius to certify, in input units"),
             Param("sigma", positive_float, REQUIRED, "the Gaussian noise level of the smoothed classifier"),
@@ -121,7 +122,7 @@ BUILTIN = {
         doc="accuracy under a learned worst-case noise distribution in the eps-ball >= threshold",
     ),
     "adversarial_accuracy": Metric(
-        "pytest_robust.metrics.adversarial:evaluate", title="adversarial accuracy", budget=1_000_000,
+        "pytest_robust.metrics.adversarial:evaluate", title="adversarial accuracy", budget=1_000_000, paired="outcomes",
         perturbation="pytest_robust.metrics.adversarial:ball",
         params=(
             Param("eps", positive_float, EPS_SETTING, "the L-inf radius of the attack, in input units"),
@@ -135,7 +136,7 @@ BUILTIN = {
             "robust accuracy)",
     ),
     "corruption_accuracy": Metric(
-        "pytest_robust.metrics.corruption_accuracy:evaluate", title="corruption accuracy", budget=100_000,
+        "pytest_robust.metrics.corruption_accuracy:evaluate", title="corruption accuracy", budget=100_000, paired="bernoulli",
         # its draws are TSRM's (same inputs and noise streams for a seed), so the two compare draw by draw
         streams="tsrm", perturbation="pytest_robust.metrics.corruption_accuracy:grid",
         params=(

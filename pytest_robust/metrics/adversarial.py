@@ -39,6 +39,7 @@ import torch
 
 from ..attacks.ensemble import BROKEN, MISCLASSIFIED, OUTCOMES, ROBUST, SQUARE, STAGES, Schedule, attack
 from ..errors import RobustWarning
+from ..inspection import check_scale
 from ..library import function
 from ..perturbations import UniformLinf
 from ..procedures.per_input import over_blocks, rate_result
@@ -128,7 +129,12 @@ def ball(eps, bounds, **_) -> UniformLinf:
 
 
 def evaluate(run: Run, eps, steps, restarts, targets, square_queries, bounds) -> Result:
-    """Attack every input (module docstring) and bound the share the attack left robust."""
+    """Attack every input (module docstring) and bound the share the attack left robust. An eps
+    of at least half the box's width gets a RobustWarning (``inspection.check_scale``; from the
+    whole width on, the ball's own inspection warns)."""
+    check_scale("adversarial accuracy", "eps", eps, run.ds.x, run.perturbation.bounds, share=0.5, below=1.0,
+                effect=", so the attack may move every input to the same point (the box's centre) and no "
+                       "classifier can stay robust")
     schedule = Schedule(eps=eps, steps=steps, restarts=restarts, targets=targets, square_queries=square_queries,
                         bounds=run.perturbation.bounds)
     per_input, n = schedule.worst_case(), len(run.ds)

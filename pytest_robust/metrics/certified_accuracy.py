@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from .. import certificates
 from ..errors import SettingError
+from ..inspection import check_scale
 from ..perturbations import GaussianNoise
 from ..procedures.rounds import CERTIFIED, OPEN, REFUTED, GatePlan, GateState, run_gates
 from ..library import function
@@ -103,6 +104,11 @@ def evaluate(run: Run, radius, sigma, alpha, max_draws) -> Result:
     to certify even when every draw is correct, too few inputs or too small a budget for the
     threshold) raise ``SettingError`` before any model evaluation.
     """
+    check_scale("certified accuracy", "sigma", sigma, run.ds.x, None,
+                effect=", so the noise drowns the inputs and the smoothed classifier is close to a constant")
+    check_scale("certified accuracy", "radius", radius, run.ds.x, None, norm="l2",
+                effect=", so the L2 ball around any input holds every point of that range and inputs of "
+                       "different classes cannot all be certified")
     fewest, fixed = _check_feasible(run, radius, sigma, alpha, max_draws)
     plan = GatePlan(sigma, certificates.required_pa(radius, sigma), alpha, run.args.budget, max_draws, fewest,
                     run.args.threshold, run.args.confidence)

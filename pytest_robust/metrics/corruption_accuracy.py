@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from ..corruptions import CorruptionGrid
-from ..engine import correct_predictions
 from ..library import function
 from ..procedures.bernoulli import BLOCK, bernoulli_stream, noise_generator, summary
 from ..results import Result
@@ -43,13 +42,6 @@ def _summary(hits: np.ndarray, alpha: float) -> dict:
         return {"draws": 0, "correct": 0, "accuracy": None, "cp_lower": None, "cp_upper": None}
     return {"draws": n, "correct": k, "accuracy": k / n, "cp_lower": clopper_pearson_lower(k, n, alpha),
             "cp_upper": clopper_pearson_upper(k, n, alpha)}
-
-
-def _clean_accuracy(run: Run) -> float:
-    """Accuracy on the unperturbed inputs; each rank evaluates its ``Run.span`` of them."""
-    rows = run.span(len(run.ds))
-    hits = correct_predictions(run.forward.logits(run.ds.x[rows].to(run.device)), run.ds.y[rows].to(run.device))
-    return float(run.gather_rows(hits.float()).mean())
 
 
 def _breakdown(grid: CorruptionGrid, outcomes: np.ndarray, cells: np.ndarray, alpha: float, clean: float) -> dict:
@@ -74,7 +66,10 @@ def _breakdown(grid: CorruptionGrid, outcomes: np.ndarray, cells: np.ndarray, al
 
 
 def grid(corruptions=None, severities=None, preset=None, **_) -> CorruptionGrid:
-    """The check's perturbation: one draw picks a cell of the grid uniformly and corrupts with it."""
+    """The check's perturbation: one draw picks a cell of the grid uniformly and corrupts with it.
+    Without ``corruptions`` it is the default grid, which leaves out (with a RobustWarning) the
+    corruptions that cannot apply to the check's images (``CorruptionGrid.leave_out``); named
+    corruptions must all apply."""
     return CorruptionGrid(corruptions, severities, preset)
 
 
@@ -96,17 +91,18 @@ def _table(d: dict, estimate: float, confidence: float, draws: int) -> dict:
 
 
 def evaluate(run: Run, corruptions, severities, preset) -> Result:
-    """The clean accuracy (one evaluation per input, the "context" phase), then the Bernoulli
-    stream over the grid; the details break its draws down by corruption, severity and cell."""
+    """The clean accuracy (``Run.clean_accuracy``: one evaluation per input, the "context" phase),
+    then the Bernoulli stream over the grid; the details break its draws down by corruption,
+    severity and cell, and name the corruptions a default grid left out (``left_out``)."""
     grid = run.perturbation
-    with run.forward.phase("context"):
-        clean = _clean_accuracy(run)
+    clean = run.clean_accuracy(phase="context")
     stream = bernoulli_stream(run, grid, run.remaining(), run.args.threshold, label="corruption accuracy")
     estimate, lower, upper, details = summary(stream, run.alpha, run.args.threshold)
     outcomes = stream.outcomes[: stream.used]
     details.update({
         "clean_accuracy": clean,
         "relative_drop": 1.0 - estimate / clean if clean > 0 else None,
+        "left_out": dict(grid.left_out),
         **_breakdown(grid, outcomes, _cells(grid, len(outcomes), run), run.alpha, clean),
     })
     details["tables"] = [_table(details, estimate, run.args.confidence, stream.used)]

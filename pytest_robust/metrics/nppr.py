@@ -46,6 +46,7 @@ from ..analyses import nppr_context
 from ..engine import TensorData, correct_predictions
 from ..errors import SettingError
 from ..gallery import gallery
+from ..inspection import check_scale
 from ..perturbations import UniformLinf, gmm_data, gmm_fit
 from ..perturbations.gmm_fit import FitSettings, FrozenGMM
 from ..procedures.bernoulli import BLOCK, bernoulli_stream, summary
@@ -89,6 +90,9 @@ def evaluate(run: Run, feature_layer, fit_data, fit_fraction, bounds, **options)
     accuracy (``pgd_steps`` steps) as the adversarial floor. ``cache_dir`` (None: no cache) and
     ``refit`` control reuse of fitted mixtures.
     """
+    check_scale("NPPR", "eps", options["eps"], run.ds.x, bounds, norm=options["norm"], share=0.5,
+                below=1.0 if options["norm"] == "linf" else None,  # from 1, the ball's own inspection warns
+                effect=", so the noise may move every input to the same point and no classifier can stay robust")
     if options["pgd"] and options["norm"] != "linf":
         raise SettingError("pgd", options["pgd"], "False with norm='l2' (the PGD floor is an L-inf attack)")
     fit = FitSettings(**{k: options.pop(f"fit_{k}") for k in ("steps", "batch_size", "draws", "lr", "clip_norm")},

@@ -8,8 +8,10 @@ If your data is normalised (x - mean) / std, either move the normalisation into 
 (recommended: then eps stays in pixel units) or pass ``bounds`` in normalised units and scale eps
 by 1/std yourself.
 
-``bounds=(lo, hi)`` is the input box (default [0, 1]); scalars or tensors broadcastable to one
-input (e.g. per-channel bounds of shape (C, 1, 1)); ``None`` switches the box off.
+``bounds=(lo, hi)`` is the input box (default [0, 1]); each of lo and hi a number, a per-channel
+sequence of length C (one per channel of (N, C, ...) inputs, like mean/std lists), or a tensor that
+broadcasts to one input (e.g. shape (C, 1, 1)); ``None`` switches the box off. Bounds of another
+shape are an ArgumentError naming both shapes when they meet the inputs (``inspection.box_for``).
 
 Submodules (imported on use, not by this package): ``gmm``, NPPR's Gaussian-mixture perturbation
 model; ``gmm_fit``, its fit loop, fit cache and the frozen fitted mixture; ``gmm_data``, the
@@ -30,7 +32,7 @@ import torch
 
 from ..errors import ArgumentError, RobustWarning
 from ..results import NO_IDENTITY
-from ..inspection import check_perturbation_object
+from ..inspection import box_for, check_perturbation_object
 
 
 def _check_size(name: str, value: float, *, allow_zero: bool) -> float:
@@ -51,19 +53,23 @@ def _check_bounds(bounds):
     except (TypeError, ValueError):
         raise ArgumentError(f"bounds must be a pair (lo, hi) or None, got {bounds!r}") from None
     try:
-        ordered = not torch.any(torch.as_tensor(lo) >= torch.as_tensor(hi))
+        a, b = torch.as_tensor(lo), torch.as_tensor(hi)
+        a, b = (t.reshape(-1, *[1] * (max(a.ndim, b.ndim) - 1)) if t.ndim == 1 else t for t in (a, b))
+        ordered = not torch.any(a >= b)  # a per-channel sequence against a (C, 1, 1) tensor: channel by channel
     except (TypeError, ValueError, RuntimeError):
-        raise ArgumentError(f"bounds must be numbers or tensors (lo, hi), got {bounds!r}") from None
+        raise ArgumentError(f"bounds must be numbers or tensors (lo, hi): each a number, a per-channel sequence or a "
+                            f"tensor, of shapes that broadcast together, got {bounds!r}") from None
     if not ordered:
         raise ArgumentError(f"bounds must satisfy lo < hi everywhere, got {bounds!r}")
     return lo, hi
 
 
 def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, torch.Tensor]:
-    """Coordinate-wise [max(x - eps, lo), min(x + eps, hi)] (bounds None: no box)."""
+    """Coordinate-wise [max(x - eps, lo), min(x + eps, hi)] for a batch x (bounds None: no box;
+    per-channel bounds as ``inspection.box_for``)."""
     lo, hi = x - eps, x + eps
     if bounds is not None:
-        box_lo, box_hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in bounds)
+        box_lo, box_hi = box_for(bounds, x)
         lo, hi = torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)
     return lo, hi
 
@@ -152,13 +158,14 @@ class Perturbation(ABC):
         """Draw one perturbed copy of every row of x (before clipping to the box)."""
 
     def clip(self, x: torch.Tensor) -> torch.Tensor:
-        """x clamped coordinate-wise to the box (scalar bounds take the cheaper scalar clamp)."""
+        """The batch x clamped coordinate-wise to the box (scalar bounds take the cheaper scalar
+        clamp; per-channel bounds as ``inspection.box_for``)."""
         if self.bounds is None:
             return x
         lo, hi = self.bounds
         if isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
             return x.clamp(float(lo), float(hi))
-        lo, hi = (torch.as_tensor(b, dtype=x.dtype, device=x.device) for b in self.bounds)
+        lo, hi = box_for(self.bounds, x)
         return torch.maximum(torch.minimum(x, hi), lo)
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

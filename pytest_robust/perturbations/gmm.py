@@ -296,9 +296,8 @@ class GMMPerturbation(nn.Module):
         (for L2 the clamp only enforces the box; the L2 ball lies inside that L-inf box).
         """
         delta = self.budget(self.decode(z))
-        x = x[:, None]
-        lo, hi = feasible_box(x, self.cfg.eps, bounds)
-        return torch.minimum(torch.maximum(x + delta, lo), hi)
+        lo, hi = feasible_box(x, self.cfg.eps, bounds)  # of the batch, so per-channel bounds meet its channels
+        return torch.minimum(torch.maximum(x[:, None] + delta, lo[:, None]), hi[:, None])
 
 
 def _diagonal_positions(d: int) -> torch.Tensor:

@@ -8,7 +8,8 @@ whether the model is correct is a Bernoulli(p) outcome, i.i.d. across draws, whe
 The gate "p >= threshold" is the anytime-valid betting test of ``stats.SequentialGate`` at level
 alpha = 1 - confidence: it stops as soon as pass or fail is proven, and a stream that reaches the
 budget undecided is inconclusive. The bounds reported are the anytime-valid confidence sequence,
-which agrees with the gate's decision exactly. One draw costs one model evaluation; the batch in
+which agrees with the gate's decision exactly, and so do the p-values of its two claims
+(``details["p_values"]``: 1 / the largest capital of each side's betting test). One draw costs one model evaluation; the batch in
 which the decision falls is evaluated whole, so evaluations can exceed draws by less than one batch.
 
 ``accuracy(run, perturbation)`` is a whole check: TSRM, corruption accuracy and any metric declared
@@ -18,6 +19,7 @@ itself (NPPR gates its learned distribution with it).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,12 +38,14 @@ BLOCK = 256
 
 @dataclass
 class Stream:
-    """The outcomes of a Bernoulli stream (correct or not per draw), the inputs drawn, and the
-    gate's decision (None: undecided or ungated)."""
+    """The outcomes of a Bernoulli stream (correct or not per draw), the inputs drawn, the gate's
+    decision (None: undecided or ungated) and its p-values ({"pass": p, "fail": p}, the gate's
+    anytime-valid ones, ``SequentialGate.p_values``; None when ungated)."""
 
     outcomes: np.ndarray
     indices: np.ndarray
     decision: object
+    p_values: dict | None = None
 
     @property
     def used(self) -> int:
@@ -61,8 +65,11 @@ def noise_generator(run: Run, name: str, block: int) -> torch.Generator:
     return run.stream("noise", block, namespace=name)
 
 
-def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int):
+def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
+          forwards: tuple = ()):
     """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
+    The outcomes have one row per model: the run's, then those of ``forwards`` (the paired
+    procedure's reference), each evaluated on the same perturbed draws.
 
     A step is ``ceil(batch_size / BLOCK)`` blocks per process, fewer when the remaining draws
     (``limit``) need fewer or when ``most`` (blocks in all) is smaller; under torch.distributed rank r
@@ -76,7 +83,8 @@ def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first
     indices come back together.
     """
     rank, size = collective.world()
-    batch = run.forward.batch_size
+    models = (run.forward, *forwards)
+    batch = min(f.batch_size for f in models)
     per_rank = max(1, min(-(-batch // BLOCK), -(-limit // (BLOCK * size)), -(-most // size)))
     mine = range(first + rank, first + per_rank * size, size)
     dev = run.device
@@ -86,23 +94,28 @@ def _step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first
         perturbation.draw(ds.x[i].to(dev), noise_generator(run, name, b), i, ds.y[i])[:k]
         for b, i, k in zip(mine, idx, needed)
     ])
-    with run.forward.deferring():
-        hits = correct_predictions(run.forward.logits(x), ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])])
-        # per block: its outcomes, then this rank's finiteness flag and batch size
-        local = torch.zeros((per_rank, BLOCK + 2), dtype=torch.long, device=dev)
-        for j, part in enumerate(hits.split(needed)):
-            local[j, : len(part)] = part
-        local[:, BLOCK] = run.forward.finite_flag(dev)
-        local[:, BLOCK + 1] = run.forward.batch_size
+    y = ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])]
+    width = len(models) * BLOCK
+    # per block: each model's outcomes, then this rank's finiteness flag of each model and batch size
+    local = torch.zeros((per_rank, width + len(models) + 1), dtype=torch.long, device=dev)
+    with contextlib.ExitStack() as deferred:
+        for m, forward in enumerate(models):
+            deferred.enter_context(forward.deferring())
+            for j, part in enumerate(correct_predictions(forward.logits(x), y).split(needed)):
+                local[j, m * BLOCK: m * BLOCK + len(part)] = part
+        local[:, width: width + len(models)] = torch.cat([f.finite_flag(dev) for f in models])
+        local[:, -1] = min(f.batch_size for f in models)
     blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
     indices = torch.cat([_indices(len(ds), run, name, b) if (b - first) % size != rank
                          else idx[(b - first) // size] for b in blocks])
     gathered = collective.gather_blocks(local)
     host = torch.cat([gathered.reshape(-1), indices]).cpu().numpy()
     table, indices = host[: gathered.numel()].reshape(gathered.shape), host[gathered.numel():]
-    run.forward.check_flag(int(table[:, BLOCK].min()))
-    run.forward.batch_size = int(table[:, BLOCK + 1].min())
-    return table[:, :BLOCK].reshape(-1)[:limit].astype(bool), indices[:limit], per_rank * size
+    for m, forward in enumerate(models):
+        forward.check_flag(int(table[:, width + m].min()))
+        forward.batch_size = int(table[:, -1].min())
+    outcomes = table[:, :width].reshape(-1, len(models), BLOCK).transpose(1, 0, 2).reshape(len(models), -1)
+    return outcomes[:, :limit].astype(bool), indices[:limit], per_rank * size
 
 
 def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold: float | None = None,
@@ -122,7 +135,8 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
         # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
         # so a gate that decides early never pays for a huge batch
         most = max(1, block) if gate is not None else block + draws
-        hits, idx, consumed = _step(run, ds, perturbation, name, block, draws - drawn, most)
+        hits, idx, consumed = step(run, ds, perturbation, name, block, draws - drawn, most)
+        hits = hits[0]
         block += consumed
         outcomes.append(hits)
         indices.append(idx)
@@ -134,12 +148,13 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
             bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha),
         )
     return Stream(np.concatenate(outcomes), np.concatenate(indices),
-                  gate.decision if gate is not None else None)
+                  gate.decision if gate is not None else None, gate.p_values() if gate is not None else None)
 
 
 def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[float, float, float, dict]:
     """(estimate, lower, upper, details) of a stream: the anytime-valid confidence sequence (agreeing
-    with the gate's decision exactly) and, for reference, fixed-sample Clopper-Pearson bounds."""
+    with the gate's decision exactly), for reference fixed-sample Clopper-Pearson bounds, and with
+    a threshold the gate's anytime-valid p-values of its two claims (``details["p_values"]``)."""
     used, decision = stream.used, stream.decision
     outcomes = stream.outcomes[:used]
     correct = int(outcomes.sum())
@@ -148,7 +163,9 @@ def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[floa
         lower_at_least=threshold if decision and decision.verdict == "pass" else 0.0,
         upper_at_most=threshold if decision and decision.verdict == "fail" else 1.0,
     )
+    gated = {"p_values": stream.p_values} if threshold is not None and stream.p_values is not None else {}
     return correct / used, lower, upper, {
+        **gated,
         "correct": correct,
         "cp_lower": clopper_pearson_lower(correct, used, alpha),
         "cp_upper": clopper_pearson_upper(correct, used, alpha),

@@ -4,7 +4,9 @@
 that adversarial accuracy, the q check's PGD context, NPPR's adversarial floor and any per-input
 metric share. ``rate`` bounds the mean of a 0/1 statistic over the n inputs with one-sided
 Clopper-Pearson bounds at the check's level (each side alpha = 1 - confidence); ``rate_result``
-is the whole check "share of inputs with outcome 1 >= threshold".
+is the whole check "share of inputs with outcome 1 >= threshold", and with a threshold it carries
+the exact one-sided binomial p-values of its two claims (``details["p_values"]``, ``p_values``),
+consistent with the Clopper-Pearson bounds: each is <= alpha exactly when its bound decides.
 
 Inputs are cut into blocks of ``block`` consecutive rows; block b draws its random numbers from its
 own stream (``engine.stream_generator(seed, stream, b)``), so what an input receives does not
@@ -26,7 +28,7 @@ import torch
 from ..engine import stream_generator
 from ..mcmc import RowStreams
 from ..results import Result
-from ..stats import clopper_pearson_lower, clopper_pearson_upper
+from ..stats import clopper_pearson_lower, clopper_pearson_p_values, clopper_pearson_upper
 
 #: ``statistic(x, y, streams)`` -> per-row results {name: device tensor of shape (rows,)}.
 BlockAttack = Callable[[torch.Tensor, torch.Tensor, RowStreams], dict]
@@ -83,8 +85,22 @@ def rate(run, outcomes: np.ndarray) -> tuple[float, float, float]:
     return k / n, clopper_pearson_lower(k, n, run.alpha), clopper_pearson_upper(k, n, run.alpha)
 
 
+def p_values(successes: int, n: int, threshold: float, direction: str = ">=") -> dict[str, float]:
+    """{"pass": p, "fail": p}: the exact one-sided binomial p-values of the two claims about a
+    share bounded by Clopper-Pearson (``stats.clopper_pearson_p_values``). For a requirement "share
+    >= threshold" a pass rejects H0: share <= threshold (the lower bound reaches it) and a fail
+    rejects H0: share >= threshold (the upper bound reaches it); mirrored for "<="."""
+    above, below = clopper_pearson_p_values(successes, n, threshold)
+    return {"pass": above, "fail": below} if direction == ">=" else {"pass": below, "fail": above}
+
+
 def rate_result(run, outcomes: np.ndarray, perturbation: str, details: dict | None = None, note: str = "") -> Result:
-    """The whole check "share of inputs whose outcome is 1 >= threshold", over every input."""
+    """The whole check "share of inputs whose outcome is 1 >= threshold", over every input; with a
+    threshold, ``details["p_values"]`` holds the p-values of its two claims (``p_values``)."""
     estimate, lower, upper = rate(run, outcomes)
+    details = dict(details or {})
+    if run.args.threshold is not None:
+        successes = int(np.asarray(outcomes, dtype=bool).sum())
+        details["p_values"] = p_values(successes, len(outcomes), run.args.threshold, run.direction)
     return run.result(estimate=estimate, lower=lower, upper=upper, draws=len(outcomes), perturbation=perturbation,
                       details=details, note=note)

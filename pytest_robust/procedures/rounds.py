@@ -16,10 +16,17 @@ about ``batch_size`` draws.
 Host reads. The sequential tests run on the host and the next batch depends on their decisions,
 so each batch reads one boolean per draw, once per batch (``outcomes``); nothing else touches the
 device.
+
+P-values. With a threshold, ``run_gates`` leaves the p-values of the check's two claims in the
+run's details (``details["p_values"]``, ``p_values``): those of the bounds over inputs, the exact
+binomial tests behind Clopper-Pearson shifted by the per-input alpha, each <= 1 - confidence
+exactly when its bound decides. The scheduler's early stop only leaves inputs undecided, so they
+are conservative: the p-values of the full run would be no larger.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -31,7 +38,7 @@ from ..analyses.smoothing_draws import Shard, draw_noisy
 from ..engine import correct_predictions, report_progress
 from ..results import decide
 from ..run import Run
-from ..stats import SequentialGate
+from ..stats import SequentialGate, clopper_pearson_p_values
 
 #: An input may take at most drawn / GROWTH more draws in one step (bounds the draws a decision
 #: mid-chunk wastes to about 1/GROWTH), and never less than FIRST.
@@ -208,7 +215,7 @@ def run_gates(run: Run, plan: GatePlan) -> GateState:
         open_inputs = [i for i in range(n) if state.verdict[i] == OPEN and state.drawn[i] < plan.max_draws]
         share = (plan.budget - int(state.evaluated.sum())) // len(open_inputs) if open_inputs else 0
         if share == 0:
-            return state
+            return _with_p_values(run, plan, state)
         state.rounds += 1
         allowance = np.minimum(state.evaluated + share, plan.max_draws)
         if plan.threshold is not None:
@@ -219,4 +226,28 @@ def run_gates(run: Run, plan: GatePlan) -> GateState:
         state.verdict, state.drawn, state.hits, state.evaluated = (np.array(col, np.int64) for col in zip(*rows))
         if plan.threshold is not None and decide(plan.threshold, *state.bounds(plan)) != "inconclusive":
             state.settled = True
-            return state
+            return _with_p_values(run, plan, state)
+
+
+def p_values(plan: GatePlan, state: GateState) -> dict[str, float]:
+    """{"pass": p, "fail": p} of the bounds over inputs (``certificates.certified_accuracy_bounds``)
+    against the threshold. With K certified and U undecided of n, and alpha the per-input level,
+    the lower bound CP_lower(K, n, a) - alpha reaches the threshold t exactly when a >= P(Bin(n, t
+    + alpha) >= K), and the upper bound CP_upper(K + U, n, a) + alpha comes down to t exactly when
+    a >= P(Bin(n, t - alpha) <= K + U): those are the p-values of pass and fail (1 when t + alpha >=
+    1, resp. t - alpha <= 0: no level decides). The rounding at 1 - confidence itself is resolved
+    by the bounds' own decision."""
+    certified, undecided = int((state.verdict == CERTIFIED).sum()), int((state.verdict == OPEN).sum())
+    n, t = len(state.verdict), plan.threshold
+    found = {"pass": clopper_pearson_p_values(certified, n, t + plan.alpha)[0],
+             "fail": clopper_pearson_p_values(certified + undecided, n, t - plan.alpha)[1]}
+    verdict, level = decide(t, *state.bounds(plan)), 1.0 - plan.confidence
+    return {side: min(p, level) if verdict == side else max(p, math.nextafter(level, 1.0))
+            for side, p in found.items()}
+
+
+def _with_p_values(run: Run, plan: GatePlan, state: GateState) -> GateState:
+    """``state``, with the p-values of its claims in the run's details when the check has a threshold."""
+    if plan.threshold is not None:
+        run.details["p_values"] = p_values(plan, state)
+    return state

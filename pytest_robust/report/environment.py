@@ -50,7 +50,10 @@ def environment(root) -> dict:
     return env
 
 
-def machine_key(env: dict) -> str:
-    """Baselines are comparable only on the same machine and software: host, torch, accelerators."""
+def baseline_key(env: dict) -> str:
+    """Where baselines are stored: what changes results, not which host ran them: the
+    architecture, the torch version and the accelerators (their model names; "cpu" without). An
+    ephemeral CI runner of the same kind finds the previous run's baselines. (The precision each
+    check ran in is part of its own key: ``store.compare``.)"""
     gpus = "+".join(sorted(set(env.get("gpus", [])))) or "cpu"
-    return f"{env['hostname']}-{env['machine']}-torch{env['torch']}-{gpus}"
+    return f"{env['machine']}-torch{env['torch']}-{gpus}".replace(" ", "_")

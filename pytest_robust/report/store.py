@@ -1,14 +1,23 @@
 """Baselines: save a run's results under a name, compare a later run against one statistically.
 
-Baselines live in ``<directory>/<machine key>/<name>.json`` (machine key: host, architecture,
-torch version and accelerators, see ``environment.machine_key``), with the commit and time.
+Baselines live in ``<directory>/<key>/<name>.json`` (key: architecture, torch version and
+accelerators, see ``environment.baseline_key``; not the host, so a CI runner finds the previous
+run's baseline), with the commit and time. A check is matched by its test, metric, perturbation
+and precision.
 
 The comparison is not a difference of two noisy estimates. Each check carries one-sided bounds
 that each hold with probability >= its confidence. A check is flagged **regressed** when the
 current run's bound on the good side lies beyond the baseline's bound on the other side (for an
 accuracy: current upper < baseline lower; for a loss: current lower > baseline upper), and
 **improved** in the mirror case. If all four bounds hold, a flagged change is real; the chance
-of a false flag is at most 2 x (1 - confidence). Overlapping bounds are "unchanged".
+of a false flag is at most 2 x (1 - confidence). Overlapping bounds say "unchanged" only when they
+could have seen a change of ``TOLERANCE`` (in the check's units): the smallest change the pair of
+bounds can detect is the distance the estimates must move apart for the bounds to stop
+overlapping, (base estimate - base lower) + (current upper - current estimate) for an accuracy
+(mirrored for a loss). Wider than that, the status says so and names the smallest detectable
+change: a gate that stopped early leaves wide bounds, which cannot tell a 1-point change. The
+paired gate against a reference model (``reference=``, ``procedures.paired``) is the tool for
+small changes.
 """
 
 from __future__ import annotations
@@ -18,12 +27,12 @@ import time
 from pathlib import Path
 
 from ..results import NO_IDENTITY, Result
-from .environment import machine_key
+from .environment import baseline_key
 from .inputs import without_pixels
 
 
 def save(directory: Path, name: str, results: list[dict], env: dict) -> Path:
-    path = directory / machine_key(env) / f"{name}.json"
+    path = directory / baseline_key(env) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"name": name, "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": env.get("commit", ""),
                "environment": env, "results": [without_pixels(r) for r in results]}
@@ -33,11 +42,11 @@ def save(directory: Path, name: str, results: list[dict], env: dict) -> Path:
 
 def load(directory: Path, name: str | None, env: dict) -> dict:
     """The named baseline of this machine, or its newest when ``name`` is None or empty."""
-    folder = directory / machine_key(env)
+    folder = directory / baseline_key(env)
     saved = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     if not saved:
         raise FileNotFoundError(
-            f"no baseline saved for this machine ({machine_key(env)}) in {directory}: "
+            f"no baseline saved for this machine ({baseline_key(env)}) in {directory}: "
             "run once with --robust-save NAME first"
         )
     path = folder / f"{name}.json" if name else saved[-1]
@@ -61,7 +70,7 @@ def _keyed(results: list[dict]) -> dict[str, Result]:
     keyed: dict[str, Result] = {}
     for data in results:
         r = Result.from_dict(data)
-        base = f"{r.test_id}::{r.metric}::{r.perturbation}"
+        base = f"{r.test_id}::{r.metric}::{r.perturbation}" + (f"::{r.precision}" if r.precision != "float32" else "")
         key, n = base, 1
         while key in keyed:
             n += 1
@@ -70,13 +79,30 @@ def _keyed(results: list[dict]) -> dict[str, Result]:
     return keyed
 
 
+#: Largest change (in the check's units) a comparison must be able to see to call a check "unchanged".
+TOLERANCE = 0.01
+
+
+def detectable(base: Result, now: Result) -> float:
+    """The smallest change of the truth the two runs' bounds could flag (module docstring)."""
+    drop = (base.estimate - base.lower) + (now.upper - now.estimate)
+    rise = (base.upper - base.estimate) + (now.estimate - now.lower)
+    return max(drop, rise)
+
+
 def _status(base: Result, now: Result) -> str:
     if base.estimate is None or now.estimate is None:
         return "not comparable (a run has no numbers)"
     worse, better = (now.upper < base.lower, now.lower > base.upper)
     if base.direction == "<=":
         worse, better = better, worse
-    return "regressed" if worse else "improved" if better else "unchanged"
+    if worse or better:
+        return "regressed" if worse else "improved"
+    smallest = detectable(base, now)
+    if smallest > TOLERANCE:
+        return (f"cannot tell (these bounds could only flag a change larger than {smallest:.3g}; gate against the "
+                "baseline model with reference= and max_drop= to decide small changes)")
+    return "unchanged"
 
 
 def _shown(r: Result | None) -> str:

@@ -11,7 +11,7 @@ shown. The full numbers stay in the reports (results.json, summary.md, the JUnit
 
 from __future__ import annotations
 
-from ..results import Result
+from ..results import Result, percent
 
 COLUMNS = (
     "test", "metric", "perturbation", "estimate", "bounds", "threshold", "evaluations/budget",
@@ -37,7 +37,7 @@ def _row(r: Result) -> tuple[str, ...]:
         r.name,
         r.perturbation,
         _number(r.estimate),
-        f"[{r.lower:.4f}, {r.upper:.4f}] @{r.confidence:.0%}" if ran else "-",
+        f"[{r.lower:.4f}, {r.upper:.4f}] @{percent(r.confidence)}" if ran else "-",
         "-" if r.threshold is None else f"{r.direction} {r.threshold:g}",
         f"{r.forward_passes}/{r.budget}" if ran else "-",
         f"{r.seconds:.2f}",
@@ -103,6 +103,29 @@ def _fit(rows: list[tuple[str, ...]], width: int) -> list[str]:
         out += [INDENT + piece for piece in wrap("under " + row[perturbation], width - len(INDENT))]
         out.append(numbers_line)
     return out
+
+
+def familywise_text(family: dict) -> list[str]:
+    """The family-wise adjustment in sentences (``session.holm_adjust``'s summary): first the
+    family and the adjustment, then one line per verdict it changed or would allow."""
+    gate = family["gate_level"]
+    head = (f"Holm's step-down at alpha={family['alpha']:g} over a family of {family['family']} "
+            f"checks with a threshold ({family['collected']} known at collection, each gated at alpha/"
+            f"{max(family['collected'], 1)} = {gate:.3g}, i.e. confidence {1 - gate:.4g}, while its test ran): "
+            f"{family['confirmed']['fail']} fail(s) and {family['confirmed']['pass']} pass(es) confirmed, "
+            f"{len(family['retracted'])} not confirmed, {len(family['allowed'])} more allowed")
+    lines = [head]
+    lines += [f"not confirmed, now inconclusive: {r['test_id']} {r['metric']} {r['was']} (p = {r['p']:.3g})"
+              for r in family["retracted"]]
+    lines += [f"Holm also allows: {r['test_id']} {r['metric']} {r['claim']} (p = {r['p']:.3g}); not enforced: its "
+              "test's gate could not know it while the test ran" for r in family["allowed"]]
+    return lines
+
+
+def familywise_lines(family: dict) -> list[str]:
+    """The family-wise adjustment as terminal lines (``familywise_text``), details indented."""
+    head, *rest = familywise_text(family)
+    return [f"family-wise error: {head}"] + [INDENT + line for line in rest]
 
 
 def summary_lines(results: list[dict], width: int = 10**6) -> list[str]:

@@ -5,15 +5,24 @@
 - ``betting``: anytime-valid sequential tests by betting (``SequentialGate``) and the confidence
   sequence they give (``confidence_sequence``);
 - ``group_sequential``: looks at growing samples, alpha spending over them, and the two-stage
-  Student-t bounds of a mean over sampled units (the q check's gate).
+  Student-t bounds of a mean over sampled units (the q check's gate);
+- ``familywise``: Holm's step-down over a family of checks' p-values (``--robust-familywise``).
+
+Every gate also gives the p-values of its two claims (pass, fail), each <= alpha exactly when the
+gate makes that claim: the betting test's 1 / largest capital (``SequentialGate.p_values``), the
+exact binomial tests of the Clopper–Pearson bounds (``clopper_pearson_p_values``), and the
+share-scaled t tests of the group-sequential looks (``group_sequential.p_values``).
 
 The names below are those the checks import from ``pytest_robust.stats``.
 """
 
 from .betting import BET_CAP, Decision, SequentialGate, confidence_sequence, mixture_bets, rejects_at
-from .binomial import betainc, betaincinv, binom_sf, clopper_pearson_lower, clopper_pearson_upper, t_quantile
+from .binomial import (betainc, betaincinv, binom_cdf, binom_sf, clopper_pearson_lower, clopper_pearson_p_values,
+                       clopper_pearson_upper, t_quantile, t_sf)
+from .familywise import holm
 
 __all__ = [
-    "BET_CAP", "Decision", "SequentialGate", "betainc", "betaincinv", "binom_sf", "clopper_pearson_lower",
-    "clopper_pearson_upper", "confidence_sequence", "mixture_bets", "rejects_at", "t_quantile",
+    "BET_CAP", "Decision", "SequentialGate", "betainc", "betaincinv", "binom_cdf", "binom_sf",
+    "clopper_pearson_lower", "clopper_pearson_p_values", "clopper_pearson_upper", "confidence_sequence", "holm",
+    "mixture_bets", "rejects_at", "t_quantile", "t_sf",
 ]

@@ -172,6 +172,10 @@ class SequentialGate:
     of constant bets sized for the gaps n draws can resolve, plus the bold bet (module docstring):
     still level alpha per side, much faster near a threshold close to 0 or 1, and a side whose
     data all sit at its favoured extreme decides within a few draws of the fixed-size minimum.
+
+    ``p_values()`` gives each side's anytime-valid p-value, 1 / the largest capital its betting
+    process reached up to the decision: by Ville's inequality P(p <= a) <= a under that side's
+    null for every level a, at any stopping time, and it is <= alpha exactly when that side decided.
     """
 
     def __init__(self, threshold: float, alpha: float, horizon: int | None = None):
@@ -188,6 +192,8 @@ class SequentialGate:
             self._pass, self._fail = _Mixture(threshold, alpha, horizon), _Mixture(1.0 - threshold, alpha, horizon)
         self.seen = 0
         self.decision: Decision | None = None
+        #: the largest log capital of each side so far (0: the initial capital 1), up to the decision
+        self._best = {"pass": 0.0, "fail": 0.0}
 
     def update(self, x: np.ndarray) -> Decision | None:
         """Consume a block of observations; return the decision once one is reached."""
@@ -201,8 +207,26 @@ class SequentialGate:
             "fail": np.flatnonzero(log_fail >= self._log_level),
         }
         hits = [(int(v[0]), k) for k, v in crossings.items() if len(v)]
+        end = len(x)
         if hits:
             at, verdict = min(hits)
             self.decision = Decision(verdict, self.seen + at + 1)
+            end = at + 1  # what follows the decision is not part of the test
+        for side, logs in (("pass", log_pass), ("fail", log_fail)):
+            if end:
+                self._best[side] = max(self._best[side], float(logs[:end].max()))
         self.seen += len(x)
         return self.decision
+
+    def p_values(self) -> dict[str, float]:
+        """{"pass": p, "fail": p}: each side's anytime-valid p-value, min(1, 1 / the largest
+        capital its betting process reached so far, up to the decision) (class docstring). The
+        p-value of H0: mean <= threshold is "pass" (its rejection proves the requirement), that of
+        H0: mean >= threshold "fail". It agrees with the gate exactly: a side's p-value is <= alpha
+        if and only if that side decided (rounding at the level itself resolved by the decision)."""
+        out = {}
+        for side, best in self._best.items():
+            p = min(1.0, math.exp(-best))
+            decided = self.decision is not None and self.decision.verdict == side
+            out[side] = min(p, self.alpha) if decided else max(p, math.nextafter(self.alpha, 1.0))
+        return out

@@ -9,6 +9,12 @@ Clopper–Pearson (fixed sample size n, k successes, one-sided level alpha):
 Binomial tail: P(Bin(n, p) >= k) = I_p(k, n - k + 1). Student t with nu degrees of freedom:
 P(T > t) = I_x(nu/2, 1/2) / 2 with x = nu / (nu + t^2). I_x(a, b) by its continued fraction
 (modified Lentz), its inverse by bisection.
+
+P-values of the Clopper–Pearson bounds (``clopper_pearson_p_values``): the smallest level at which
+the bound crosses m. The lower bound BetaInv(a; k, n - k + 1) is >= m exactly when a >= I_m(k, n -
+k + 1) = P(Bin(n, m) >= k), the exact one-sided binomial test of H0: p <= m; the upper bound is <=
+m exactly when a >= P(Bin(n, m) <= k), the test of H0: p >= m. So each p-value is <= alpha exactly
+when the bound at level alpha decides, and P(p <= a) <= a under its null for every a.
 """
 
 from __future__ import annotations
@@ -90,6 +96,39 @@ def binom_sf(k: int, n: int, p: float) -> float:
     if k > n:
         return 0.0
     return betainc(k, n - k + 1, p)
+
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(Bin(n, p) <= k), exactly, via P(Bin(n, 1 - p) >= n - k) (no cancellation in small tails)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return binom_sf(n - k, n, 1.0 - p)
+
+
+def t_sf(t: float, dof: int) -> float:
+    """P(T > t) for Student's t with ``dof`` degrees of freedom (the p-value of a one-sided t test
+    whose statistic is t; ``t_quantile`` is its inverse): I_x(dof/2, 1/2) / 2 with x = dof / (dof +
+    t^2) for t >= 0, one minus that below 0; 0 and 1 at plus and minus infinity."""
+    if math.isnan(t):
+        return 1.0
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    tail = 0.5 * betainc(dof / 2.0, 0.5, dof / (dof + t * t))
+    return tail if t >= 0 else 1.0 - tail
+
+
+def clopper_pearson_p_values(k: int, n: int, m: float) -> tuple[float, float]:
+    """(p above, p below): the exact one-sided binomial p-values of H0: p <= m (rejected when the
+    Clopper–Pearson lower bound is >= m) and of H0: p >= m (rejected when the upper bound is <= m),
+    for k successes in n trials (module docstring). Each is the smallest level at which its bound
+    crosses m: ``clopper_pearson_lower(k, n, a) >= m`` exactly when ``a >= p above``."""
+    if not (n >= 1 and 0 <= k <= n):
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    above = 0.0 if m <= 0.0 else 1.0 if m >= 1.0 else binom_sf(k, n, m)
+    below = 0.0 if m >= 1.0 else 1.0 if m <= 0.0 else binom_cdf(k, n, m)
+    return above, below
 
 
 def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:

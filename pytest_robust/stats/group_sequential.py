@@ -28,6 +28,15 @@ Alpha spending (``spending``): look k takes its bound at level alpha_k = alpha n
 looks' bounds hold together with probability >= 1 - alpha, and the bound where the rule stops is
 valid however the data made it stop. A check without a threshold makes one look at the full level.
 Units of every bound: those of the Z_i (the q check: the loss's, nats for cross-entropy).
+
+P-values (``p_values``). Each look's bound crosses the threshold at the levels a above its one-sided
+t test's p-value p_k (the smallest level at which that bound decides: ``t_sf`` of the statistic the
+bound compares with ``t_quantile``), and the look spends the share s_k = n_k / sum_j n_j of alpha.
+The gate's p-value of a claim is min_k p_k / s_k over the looks made (capped at 1): by the union
+bound P(min_k p_k / s_k <= a) <= sum_k a s_k = a under the claim's null, for every level a, and it
+is <= alpha exactly when the gate made that claim (p_k <= alpha s_k is the look's own decision).
+A "fail" (H0: mean <= threshold) counts the healthy looks made; a "pass" (H0: mean >= threshold)
+only the last look, the only one that can pass; an unhealthy look claims nothing (p = 1).
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from typing import Protocol
 import numpy as np
 
 from ..results import decide
-from .binomial import t_quantile
+from .binomial import t_quantile, t_sf
 
 #: Units of the first look (``looks``); later looks double it.
 FIRST_LOOK = 16
@@ -95,14 +104,61 @@ def sequential(looks: list[int], estimate_at, n_total: int, threshold: float | N
     for k, (n, a) in enumerate(zip(looks, spending(looks, alpha))):
         est = estimate_at(n)
         bound = two_stage_bound(est, n_total, 1.0 - a)
-        if k < len(looks) - 1:
+        last = k == len(looks) - 1
+        if not last:
             lower = early_lower(est, n_total, 1.0 - a)
             bound = (bound[0], lower, max(bound[2], lower), bound[3])
         record.append({"inputs": len(est.per_input), "alpha": a, "lower": bound[1], "upper": bound[2],
                        "healthy": not est.problems})
-        if k < len(looks) - 1 and decide(threshold, bound[1], bound[2], "<=", not est.problems) == "fail":
+        verdict = decide(threshold, bound[1], bound[2], "<=", not est.problems)
+        if threshold is not None:
+            record[-1].update(_look_p_values(est, n_total, threshold, last, a / alpha, alpha, verdict))
+        if not last and verdict == "fail":
             break
     return est, bound, record
+
+
+def _t_p(excess: float, se: float, dof: int) -> float:
+    """The p-value of a one-sided t bound that crosses the threshold once t_{1-a, dof} * se <=
+    excess: t_sf(excess / se); with se = 0 the bound is the mean itself (0 if excess >= 0, else 1)."""
+    if se <= 0.0:
+        return 0.0 if excess >= 0.0 else 1.0
+    return t_sf(excess / se, dof)
+
+
+def _look_p_values(est: Estimate, n_total: int, threshold: float, last: bool, share: float, alpha: float,
+                   verdict: str) -> dict:
+    """{"p_fail", "p_pass"} of one look, divided by its share of alpha (module docstring): fail is
+    H0: mean <= threshold, rejected by ``early_lower`` at a look before the last and by the lower
+    ``two_stage_bound`` at the last; pass is H0: mean >= threshold, rejected by the upper
+    ``two_stage_bound`` (every combination's) at the last look only. An unhealthy look claims
+    nothing. The rounding at alpha itself is resolved by the look's own decision (``verdict``)."""
+    n = len(est.per_input)
+    p_fail, p_pass = 1.0, 1.0
+    if not est.problems:
+        if threshold <= 0.0:  # every lower bound (>= 0) is >= the threshold
+            p_fail = 0.0
+        elif not last:
+            p_fail = _t_p(float(est.per_input.sum()) - n_total * threshold,
+                          math.sqrt(float(est.between_chain_var.sum())), n - 1)
+        else:
+            mean, se = _mean_and_se(est.per_input, est.between_chain_var, n / n_total)
+            p_fail = _t_p(mean - threshold, se, n - 1)
+        if last:
+            parts = [_mean_and_se(est.per_input, est.between_chain_var, n / n_total)]
+            if est.arithmetic is not None:
+                parts.append(_mean_and_se(*est.arithmetic, n / n_total))
+            p_pass = max(_t_p(threshold - mean, se, n - 1) for mean, se in parts)
+    scaled = {"fail": min(1.0, p_fail / share), "pass": min(1.0, p_pass / share)}
+    made = {"fail": verdict == "fail", "pass": last and verdict == "pass"}
+    return {f"p_{side}": (min(p, alpha) if made[side] else max(p, math.nextafter(alpha, 1.0)))
+            for side, p in scaled.items()}
+
+
+def p_values(record: list[dict]) -> dict[str, float]:
+    """{"fail": p, "pass": p} of the gate from the records of the looks it made (``sequential``
+    with a threshold): the smallest of the looks' share-scaled p-values (module docstring)."""
+    return {side: min(look[f"p_{side}"] for look in record) for side in ("fail", "pass")}
 
 
 def two_stage_bound(est: Estimate, n_total: int, confidence: float) -> tuple[float, float, float, float]:
@@ -112,14 +168,16 @@ def two_stage_bound(est: Estimate, n_total: int, confidence: float) -> tuple[flo
     n = len(est.per_input)
     f = n / n_total
     t = t_quantile(confidence, n - 1)
-
-    def mean_and_se(z, chain_var):
-        var = ((1.0 - f) * z.var(ddof=1) + f * chain_var.mean()) / n
-        return float(z.mean()), math.sqrt(max(var, 0.0))
-
-    mean, se = mean_and_se(est.per_input, est.between_chain_var)
+    mean, se = _mean_and_se(est.per_input, est.between_chain_var, f)
     upper = mean + t * se
     if est.arithmetic is not None:
-        other, other_se = mean_and_se(*est.arithmetic)
+        other, other_se = _mean_and_se(*est.arithmetic, f)
         upper = max(upper, other + t * other_se)
     return mean, max(0.0, mean - t * se), upper, se
+
+
+def _mean_and_se(z: np.ndarray, chain_var: np.ndarray, f: float) -> tuple[float, float]:
+    """The mean of the n per-unit estimates z and its two-stage standard error (sampling fraction f)."""
+    n = len(z)
+    var = ((1.0 - f) * z.var(ddof=1) + f * chain_var.mean()) / n
+    return float(z.mean()), math.sqrt(max(var, 0.0))

@@ -1,0 +1,241 @@
+"""The paired procedures: a candidate model against a reference model on common random numbers.
+
+Both models see the same draws: the same inputs, the same perturbations, the same noise (the
+candidate's and the reference's runs share the seed, so every stream gives both the same numbers).
+The quantity gated is the candidate's loss of robustness against the reference, in the check's own
+units:
+
+- for an "at least" check (an accuracy): the drop d = E[R - C], where R and C say whether the
+  reference and the candidate are correct on a draw (or input); gate "d <= max_drop";
+- for an "at most" check (a loss): the increase d = E[L_C - L_R] of the per-input loss; gate
+  "d <= max_increase".
+
+Three forms, one per procedure:
+
+- ``bernoulli``: per draw D = R - C in {-1, 0, 1}. Draws where both models agree carry D = 0, so
+  the evidence is the discordant pairs. The gate is anytime-valid: for each side a betting test
+  (Waudby-Smith & Ramdas, JRSS-B 2024) with the predictable variance-adaptive bet (their aGRAPA)
+      K_t = prod_{i <= t} (1 + lambda_i Z_i),  lambda_i = clip(mu_{i-1} / (v_{i-1} + mu_{i-1}^2), 0, c / b),
+  on Z = max_drop - D (rejecting E[D] >= max_drop: pass) and Z = D - max_drop (rejecting
+  E[D] <= max_drop: fail), with mu, v the running mean and variance of Z from past draws only and
+  b the largest loss one draw can bring (so every factor stays >= 1 - c > 0). Under each null K is
+  a non-negative supermartingale, and by Ville's inequality a side is proven with error
+  probability <= alpha = 1 - confidence at any stopping time. Because the bet adapts to the
+  variance of D (the discordance rate), a small drop is decided with far fewer draws than two
+  separate gates need. The bounds reported are the confidence sequence of these tests, inverted
+  over max_drop by bisection.
+- ``outcomes``: per input the two 0/1 outcomes of a per-input check (adversarial or certified
+  accuracy): D_i = R_i - C_i over the n inputs, in a seeded random order, with the same betting
+  confidence sequence (a McNemar-style comparison: only discordant inputs move it).
+- ``values``: per input the two estimates of a per-input statistic (the q-loss): D_i = L_C,i -
+  L_R,i, with one-sided Student-t bounds over the inputs at level alpha each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from ..engine import report_progress
+from ..results import Result, decide
+from ..stats import t_quantile
+from .bernoulli import step
+
+#: Largest fraction of the admissible bet that is ever staked (each factor stays >= 1 - BET_CAP).
+BET_CAP = 0.9
+
+
+def _log_capital(z: np.ndarray, reach: float) -> np.ndarray:
+    """Log capital after each element of ``z`` of the betting test of H0: E[Z] <= 0, for Z >= -reach.
+
+    The bet lambda_i = clip(mu / (v + mu^2), 0, BET_CAP / reach) uses the running mean mu and the
+    running second moment v + mu^2 of z_1..z_{i-1} (with a prior of one observation at 0 and
+    variance 1/4), so it is predictable and the capital a supermartingale under H0.
+    """
+    if len(z) == 0:
+        return np.zeros(0)
+    count = np.arange(len(z), dtype=np.float64) + 1.0
+    sums = np.concatenate(([0.0], np.cumsum(z)[:-1]))
+    squares = np.concatenate(([0.0], np.cumsum(z * z)[:-1]))
+    mean = sums / count
+    second = (0.25 + squares) / count
+    lam = np.clip(mean / np.maximum(second, 1e-12), 0.0, BET_CAP / reach)
+    return np.cumsum(np.log1p(lam * z))
+
+
+def _rejected(d: np.ndarray, margin: float, alpha: float) -> tuple[int | None, int | None]:
+    """(first draw at which "E[D] < margin" is proven, first at which "E[D] > margin" is), or None."""
+    level = math.log(1.0 / alpha)
+    out = []
+    for z, reach in ((margin - d, 1.0 - margin), (d - margin, 1.0 + margin)):
+        hits = np.flatnonzero(_log_capital(z, max(reach, 1e-9)) >= level)
+        out.append(int(hits[0]) + 1 if len(hits) else None)
+    return out[0], out[1]
+
+
+def p_values(d: np.ndarray, margin: float) -> dict:
+    """{"pass": p, "fail": p}: the anytime-valid p-value of each claim, 1 / the largest capital its
+    test reached over ``d`` (<= alpha exactly when the test rejected at level alpha)."""
+    sides = {"pass": (margin - d, 1.0 - margin), "fail": (d - margin, 1.0 + margin)}
+    return {claim: float(min(1.0, math.exp(-max(0.0, _log_capital(z, max(reach, 1e-9)).max(initial=0.0)))))
+            for claim, (z, reach) in sides.items()}
+
+
+def confidence_sequence(d: np.ndarray, alpha: float, tol: float = 1e-4) -> tuple[float, float]:
+    """(lower, upper) anytime-valid bounds on E[D] for D in [-1, 1] after the stream ``d``: lower
+    is the largest m whose test of "E[D] <= m" has rejected (at level alpha, at any time so far),
+    upper the smallest m whose test of "E[D] >= m" has; each found by bisection (the rejection
+    regions are the intervals below lower and above upper)."""
+    level = math.log(1.0 / alpha)
+
+    def rejects(m: float, side: int) -> bool:  # side 1: E[D] <= m rejected; side -1: E[D] >= m rejected
+        reach = 1.0 + m if side == 1 else 1.0 - m
+        return len(d) > 0 and _log_capital(side * (d - m), max(reach, 1e-9)).max() >= level
+
+    def edge(side: int) -> float:
+        inside, outside = (-1.0, 1.0) if side == 1 else (1.0, -1.0)  # rejected end, kept end
+        if not rejects(inside, side):
+            return inside
+        while abs(outside - inside) > tol:
+            mid = 0.5 * (inside + outside)
+            inside, outside = (mid, outside) if rejects(mid, side) else (inside, mid)
+        return inside
+
+    return edge(1), edge(-1)
+
+
+class PairedGate:
+    """The anytime-valid gate "E[D] <= margin" over a growing stream of paired differences."""
+
+    def __init__(self, margin: float, alpha: float):
+        self.margin, self.alpha = margin, alpha
+        self.d = np.zeros(0)
+        self.decision: tuple[str, int] | None = None  # ("pass" | "fail", draws it rests on)
+
+    def update(self, d: np.ndarray) -> None:
+        self.d = np.concatenate([self.d, d])
+        passed, failed = _rejected(self.d, self.margin, self.alpha)
+        decided = [(t, verdict) for t, verdict in ((passed, "pass"), (failed, "fail")) if t is not None]
+        if decided:
+            t, verdict = min(decided)
+            self.decision = (verdict, t)
+
+    @property
+    def used(self) -> int:
+        return self.decision[1] if self.decision else len(self.d)
+
+
+def bernoulli(run, ref, perturbation, margin: float, perturbation_name: str) -> Result:
+    """The paired Bernoulli check: draws until the paired gate decides "drop <= margin" or the
+    budget (two model evaluations per draw) is spent."""
+    gate, draws = PairedGate(margin, run.alpha), max(1, run.args.budget // 2)
+    cand, refs, drawn, block = [], [], 0, 0
+    while drawn < draws and gate.decision is None:
+        # steps grow by a quarter (at least one block): a decision overshoots by at most ~25%
+        (c, r), _, consumed = step(run, run.ds, perturbation, run.streams, block, draws - drawn,
+                                   max(1, block // 4), (ref.forward,))
+        block += consumed
+        cand.append(c)
+        refs.append(r)
+        drawn += len(c)
+        gate.update(r.astype(float) - c.astype(float))
+        report_progress(metric=f"{run.title} vs reference", draws=drawn, budget=draws,
+                        forward_passes=run.forward.passes + ref.forward.passes)
+    used = gate.used
+    c, r = np.concatenate(cand)[:used], np.concatenate(refs)[:used]
+    lower, upper = confidence_sequence(r.astype(float) - c.astype(float), run.alpha)
+    if gate.decision is not None:  # the bounds agree with the gate's decision
+        lower, upper = (lower, min(upper, margin)) if gate.decision[0] == "pass" else (max(lower, margin), upper)
+    counts = {"draws": used, "candidate_correct": int(c.sum()), "reference_correct": int(r.sum()),
+              "reference_only": int((r & ~c).sum()), "candidate_only": int((c & ~r).sum())}
+    counts["p_values"] = p_values(r.astype(float) - c.astype(float), margin)
+    return paired_result(run, ref, (float(r.mean() - c.mean()), lower, upper), margin, perturbation_name, counts,
+                         "anytime-valid betting tests on the paired differences (variance-adaptive bets)")
+
+
+def outcomes(run, ref, candidate: Result, reference: Result, margin: float) -> Result:
+    """The paired per-input check from two per-input tables whose outcome column marks the good
+    outcome ("robust", "certified", ...): D_i = R_i - C_i over the inputs both tables hold."""
+    good = _good_outcome(candidate)
+    c, r = (_column(t, lambda o: o == good) for t in (candidate, reference))
+    index = sorted(set(c) & set(r))
+    order = np.random.default_rng(run.seed).permutation(len(index))
+    cv = np.array([c[i] for i in index], dtype=bool)[order]
+    rv = np.array([r[i] for i in index], dtype=bool)[order]
+    lower, upper = confidence_sequence(rv.astype(float) - cv.astype(float), run.alpha)
+    counts = {"inputs": len(index), "candidate_correct": int(cv.sum()), "reference_correct": int(rv.sum()),
+              "reference_only": int((rv & ~cv).sum()), "candidate_only": int((cv & ~rv).sum()),
+              "p_values": p_values(rv.astype(float) - cv.astype(float), margin)}
+    return paired_result(run, ref, (float(rv.mean() - cv.mean()), lower, upper), margin, candidate.perturbation,
+                         counts, "betting confidence sequence over the inputs (McNemar-style: discordant inputs)",
+                         (candidate, reference))
+
+
+def values(run, ref, candidate: Result, reference: Result, margin: float) -> Result:
+    """The paired per-input check of a loss: D_i = L_C,i - L_R,i, one-sided Student-t bounds."""
+    c, r = (_column(t, float, "estimate") for t in (candidate, reference))
+    index = sorted(set(c) & set(r))
+    d = np.array([c[i] - r[i] for i in index])
+    n = len(d)
+    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+    half = t_quantile(1.0 - run.alpha, n - 1) * se if n > 1 else math.inf
+    mean = float(d.mean())
+    counts = {"inputs": n, "candidate_mean": float(np.mean([c[i] for i in index])),
+              "reference_mean": float(np.mean([r[i] for i in index])), "candidate_worse": int((d > 0).sum()),
+              "reference_worse": int((d < 0).sum())}
+    bounds = (mean - half, mean + half) if math.isfinite(half) else (-1e300, 1e300)
+    return paired_result(run, ref, (mean, *bounds), margin, candidate.perturbation, counts,
+                         "one-sided Student-t bounds on the mean per-input difference", (candidate, reference))
+
+
+def _good_outcome(result: Result) -> str:
+    outcomes_ = set(result.details["per_input"]["outcome"])
+    for good in ("robust", "certified", "correct", "stable"):
+        if good in outcomes_ or not outcomes_ - {"broken", "misclassified", "not certified", "abstained", "open"}:
+            return good
+    return sorted(outcomes_)[0]
+
+
+def _column(result: Result, convert, key: str = "outcome") -> dict:
+    table = result.details["per_input"]
+    return {int(i): convert(v) for i, v in zip(table["index"], table[key])}
+
+
+def paired_result(run, ref, numbers: tuple, margin: float, perturbation: str, counts: dict, test: str,
+                  results: tuple | None = None) -> Result:
+    """The Result of a paired check: the difference (drop or increase) with its bounds, gated
+    "<= margin", both models' estimates and the discordant counts in ``details["paired"]``."""
+    estimate, lower, upper = numbers
+    spent = {"candidate": run.spent(), "reference": ref.spent()}
+    tests = {"p_values": counts.pop("p_values")} if "p_values" in counts else {}
+    result = run.result(estimate=estimate, lower=lower, upper=upper, draws=counts.get("draws", counts.get("inputs")),
+                        perturbation=perturbation, details={
+                            "paired": {**counts, "margin": margin, "test": test, **_estimates(results, counts)},
+                            **tests})
+    noun = "increase" if run.direction == "<=" else "drop"
+    result = replace(result, threshold=margin, direction="<=",
+                     verdict=decide(margin, lower, upper, "<=", True),
+                     forward_passes=sum(sum(s.values()) for s in spent.values()))
+    result.details.update(title=f"{run.title} {noun} vs reference", evaluations=spent)
+    result.note = _note(result.details["paired"], noun)
+    return result
+
+
+def _estimates(results: tuple | None, counts: dict) -> dict:
+    if results is not None:
+        return {"candidate_estimate": results[0].estimate, "reference_estimate": results[1].estimate}
+    n = counts["draws"]
+    return {"candidate_estimate": counts["candidate_correct"] / n, "reference_estimate": counts["reference_correct"] / n}
+
+
+def _note(p: dict, noun: str) -> str:
+    """Both models' estimates and the discordant counts, in words."""
+    both = f"candidate {p['candidate_estimate']:.4f}, reference {p['reference_estimate']:.4f}"
+    if "reference_only" in p:
+        where = "draws" if "draws" in p else "inputs"
+        return (f"{both}; {p['reference_only']} {where} right only for the reference, {p['candidate_only']} only for "
+                f"the candidate; {noun} <= {p['margin']:g} tested by {p['test']}")
+    return (f"{both}; candidate worse on {p['candidate_worse']} inputs, reference worse on {p['reference_worse']}; "
+            f"{noun} <= {p['margin']:g} tested by {p['test']}")

@@ -1,0 +1,285 @@
+"""The paired gate against a reference model (procedures.paired): error rates at the boundary by
+simulation, the digits CNN against itself, a better copy and a degraded copy, the evaluations it
+saves over two separate gates, the per-input forms, and every route (library, marker, fixture, YAML)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_robust import ArgumentError, UniformLinf, adversarial_accuracy, intermediate_q, tsrm
+from pytest_robust.procedures.paired import PairedGate, confidence_sequence
+from pytest_robust.procedures.bernoulli import bernoulli_stream
+from pytest_robust.run import Run
+from pytest_robust.stats import confidence_sequence as bernoulli_sequence
+
+from toy_models import SmallNet, image_data
+
+DIGITS = Path(__file__).parents[1] / "examples" / "digits"
+sys.path.insert(0, str(DIGITS))
+from digits_model import digits_split, load_model  # noqa: E402
+
+ALPHA = 0.05
+
+
+def _pairs(rng, n, p_ref_only, p_cand_only):
+    """n paired differences D = R - C with P(D = 1) = p_ref_only and P(D = -1) = p_cand_only."""
+    u = rng.random(n)
+    return (u < p_ref_only).astype(float) - ((u >= p_ref_only) & (u < p_ref_only + p_cand_only)).astype(float)
+
+
+def _decision(d, margin):
+    gate = PairedGate(margin, ALPHA)
+    for start in range(0, len(d), 512):  # updated in steps, as the procedure does
+        gate.update(d[start:start + 512])
+        if gate.decision:
+            return gate.decision[0]
+    return None
+
+
+@pytest.mark.parametrize("p_ref_only, p_cand_only", [(0.03, 0.02), (0.11, 0.10), (0.01, 0.0)])
+def test_false_alarms_and_false_passes_at_the_boundary_are_at_most_alpha(p_ref_only, p_cand_only):
+    """A true drop exactly at max_drop: "fail" (drop > max_drop) and "pass" (drop < max_drop) are
+    both wrong there, and each happens in at most alpha of 300 simulated streams (plus three
+    standard errors of the simulation)."""
+    margin = p_ref_only - p_cand_only
+    rng = np.random.default_rng(1)
+    decisions = [_decision(_pairs(rng, 6000, p_ref_only, p_cand_only), margin) for _ in range(300)]
+    slack = 3 * np.sqrt(ALPHA * (1 - ALPHA) / 300)
+    assert decisions.count("fail") / 300 <= ALPHA + slack
+    assert decisions.count("pass") / 300 <= ALPHA + slack
+
+
+def test_a_drop_two_points_beyond_the_margin_is_caught_and_an_equal_model_passes():
+    rng = np.random.default_rng(2)
+    caught = [_decision(_pairs(rng, 20000, 0.04, 0.01), 0.01) for _ in range(100)]
+    equal = [_decision(_pairs(rng, 20000, 0.02, 0.02), 0.01) for _ in range(100)]
+    assert caught.count("fail") >= 95 and equal.count("pass") >= 95
+
+
+def test_the_confidence_sequence_covers_the_true_difference():
+    rng = np.random.default_rng(3)
+    covered = 0
+    for _ in range(200):
+        d = _pairs(rng, 3000, 0.05, 0.02)
+        lower, upper = confidence_sequence(d, ALPHA)
+        covered += lower <= 0.03 <= upper
+    assert covered / 200 >= 1 - 2 * ALPHA
+
+
+# -- real models: the digits CNN -----------------------------------------------------------------
+
+
+def _degraded(model, scale):
+    """A copy of ``model`` with seeded noise of ``scale`` times each tensor's spread on its weights."""
+    noisy = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(scale * p.std() * torch.randn(p.shape, generator=generator))
+    return noisy
+
+
+@pytest.fixture(scope="module")
+def digits():
+    torch.set_num_threads(1)
+    return load_model("standard"), digits_split()[1]
+
+
+BALL = UniformLinf(eps=0.1)
+
+
+def test_the_digits_cnn_against_itself_is_never_flagged(digits):
+    model, data = digits
+    for seed in range(3):
+        r = tsrm(model, data, perturbation=BALL, reference=model, max_drop=0.01, seed=seed)
+        assert r.verdict == "pass" and r.details["paired"]["reference_only"] == r.details["paired"]["candidate_only"] == 0
+
+
+def test_a_better_candidate_passes_and_a_degraded_copy_fails(digits):
+    model, data = digits
+    worse = _degraded(model, 0.3)
+    accuracy = [tsrm(m, data, perturbation=BALL, budget=20_000).estimate for m in (model, worse)]
+    assert 0.02 <= accuracy[0] - accuracy[1] <= 0.03  # the copy is 2-3 points worse
+    better = tsrm(model, data, perturbation=BALL, reference=worse, max_drop=0.01)
+    degraded = tsrm(worse, data, perturbation=BALL, reference=model, max_drop=0.01)
+    assert better.verdict == "pass" and better.estimate < 0
+    assert degraded.verdict == "fail" and degraded.lower >= 0.01, degraded.message()
+    p = degraded.details["paired"]
+    assert p["reference_only"] > p["candidate_only"] and "candidate 0." in degraded.note and "reference 0." in degraded.note
+    assert degraded.forward_passes == sum(sum(v.values()) for v in degraded.details["evaluations"].values())
+
+
+def _separate_gates(model, reference, data, margin, seed, most=60_000):
+    """Model evaluations two separate TSRM checks (each model on its own seed) need before their
+    anytime-valid bounds decide "drop <= margin" (upper_R - lower_C <= margin) or its opposite,
+    looked at every 256 draws growing by a quarter (as benchmarks/bench_paired.py does)."""
+    streams = []
+    for m, s in ((model, 2 * seed + 1), (reference, 2 * seed + 2)):
+        with Run("tsrm", m, data, budget=most, seed=s, perturbation=DEFAULT) as run:
+            streams.append(bernoulli_stream(run, DEFAULT, most).outcomes.astype(float))
+    n = 256
+    while n <= most:
+        (c_lo, c_hi), (r_lo, r_hi) = (bernoulli_sequence(s[:n], ALPHA) for s in streams)
+        if r_hi - c_lo <= margin or r_lo - c_hi > margin:
+            return 2 * n
+        n = int(n * 1.25) // 256 * 256 + 256
+    return 2 * most
+
+
+#: The default perturbation of the checks: UniformLinf(eps=robust_eps), robust_eps = 8/255.
+DEFAULT = UniformLinf(eps=8 / 255)
+
+
+@pytest.mark.parametrize("scale, factor", [(0.0, 5), (0.3, 3)])
+def test_the_paired_gate_spends_several_times_fewer_evaluations_than_two_separate_gates(digits, scale, factor):
+    """At the default perturbation, averaged over 3 seeds: the CNN against itself decides "drop <=
+    1 point" with at least 5x fewer model evaluations than two separate gates, its noisy-weight
+    copy (2-3 points worse) is caught with at least 3x fewer (benchmarks/bench_paired.py: 10 seeds)."""
+    model, data = digits
+    candidate = _degraded(model, scale)
+    paired = [tsrm(candidate, data, perturbation=DEFAULT, reference=model, max_drop=0.01, seed=s) for s in range(3)]
+    assert {p.verdict for p in paired} == {"pass" if scale == 0 else "fail"}
+    separate = [_separate_gates(candidate, model, data, 0.01, s) for s in range(3)]
+    assert factor * np.mean([p.forward_passes for p in paired]) <= np.mean(separate)
+
+
+# -- per-input forms ---------------------------------------------------------------------------
+
+
+def test_adversarial_accuracy_pairs_per_input_outcomes():
+    x, y = image_data(n=24)
+    model = SmallNet().eval()
+    same = adversarial_accuracy(model, (x, y), eps=0.05, steps=4, targets=1, square_queries=10, reference=model,
+                                max_drop=0.05)
+    p = same.details["paired"]
+    assert same.verdict in ("pass", "inconclusive") and p["inputs"] == 24
+    assert p["reference_only"] == p["candidate_only"] == 0 and same.estimate == 0.0
+    assert same.details["title"] == "adversarial accuracy drop vs reference"
+
+
+def test_the_q_loss_pairs_per_input_losses_with_a_t_bound():
+    x, y = image_data(n=12)
+    model = SmallNet().eval()
+    r = intermediate_q(model, (x, y), q=1, perturbation=UniformLinf(eps=0.05), estimator="mc", reference=model,
+                       max_increase=0.1, budget=20_000)
+    assert r.estimate == 0.0 and r.verdict == "pass" and r.details["paired"]["inputs"] == 12
+    assert r.details["title"] == "q-loss increase vs reference"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m, d: tsrm(m, d, perturbation=BALL, reference=m), "needs both reference= (the reference model) and "
+                                                               "max_drop="),
+    (lambda m, d: tsrm(m, d, perturbation=BALL, threshold=0.9, reference=m, max_drop=0.01), "not both"),
+    (lambda m, d: tsrm(m, d, perturbation=BALL, reference=m, max_drop=1.5), "max_drop=1.5 is invalid"),
+    (lambda m, d: intermediate_q(m, d, q=1, reference=m, max_drop=0.1), "unexpected keyword argument 'max_drop'"),
+])
+def test_a_half_given_or_mixed_paired_request_is_named(call, message):
+    x, y = image_data(n=8)
+    with pytest.raises((ArgumentError, ValueError), match=re.escape(message)):
+        call(SmallNet().eval(), (x, y))
+
+
+# -- every route ---------------------------------------------------------------------------------
+
+
+CONFTEST = f'''
+import copy, sys
+sys.path.insert(0, {str(DIGITS)!r})
+import pytest, torch
+from digits_model import digits_split, load_model
+torch.set_num_threads(1)
+
+def model():
+    return load_model("standard")
+
+def degraded():
+    noisy = copy.deepcopy(load_model("standard"))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=generator))
+    return noisy
+
+def data():
+    return digits_split()[1]
+
+@pytest.fixture(scope="session")
+def robust_model():
+    return model()
+
+@pytest.fixture(scope="session")
+def prod_model():
+    return model()
+
+@pytest.fixture(scope="session")
+def worse_model():
+    return degraded()
+
+@pytest.fixture(scope="session")
+def robust_data():
+    return data()
+'''
+
+
+def test_marker_fixture_and_yaml_run_the_paired_gate(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_paired_routes='''
+        import pytest
+        from pytest_robust import UniformLinf
+
+        @pytest.mark.robust(tsrm=None, perturbation=UniformLinf(eps=0.1), reference="prod_model", max_drop=0.01)
+        def test_same():
+            pass
+
+        @pytest.mark.robust(tsrm=None, perturbation=UniformLinf(eps=0.1), reference="prod_model", max_drop=0.01,
+                            model="worse_model")
+        def test_worse():
+            pass
+
+        def test_fixture(robust, worse_model, robust_data):
+            r = robust.tsrm(worse_model, robust_data, perturbation=UniformLinf(eps=0.1), reference="prod_model",
+                            max_drop=0.01, enforce=False)
+            assert r.verdict == "fail"
+    ''')
+    pytester.makefile(".yaml", robust_paired='''
+        model: conftest:degraded
+        data: conftest:data
+        checks:
+          - name: against-prod
+            tsrm:
+            perturbation: {UniformLinf: {eps: 0.1}}
+            reference: conftest:model
+            max_drop: 0.01
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out")
+    result.assert_outcomes(passed=2, failed=2)
+    results = {r["test_id"].rsplit("::", 1)[-1]: r for r in
+               json.loads((pytester.path / "out" / "results.json").read_text())["results"]}
+    assert {k: r["verdict"] for k, r in results.items()} == {
+        "test_same": "pass", "test_worse": "fail", "test_fixture": "fail", "against-prod": "fail"}
+    assert results["test_worse"]["details"]["paired"]["reference_only"] > 0
+    assert "TSRM drop vs reference" in (pytester.path / "out" / "summary.md").read_text()
+    result.stdout.fnmatch_lines(["*TSRM drop vs reference 0.0* > allowed 0.01*candidate 0.9*, reference 0.9*"])
+
+
+@pytest.mark.parametrize("marker, message", [
+    ("tsrm=0.9, perturbation=UniformLinf(eps=0.1), reference='prod_model', max_drop=0.01", "not both"),
+    ("tsrm=None, perturbation=UniformLinf(eps=0.1), reference='prod_model'", "needs both reference="),
+    ("tsrm=None, perturbation=UniformLinf(eps=0.1), reference=3, max_drop=0.01", "must name a fixture"),
+    ("nppr=None, eps=0.1, reference='prod_model', max_drop=0.01", "unknown keyword(s) reference"),
+])
+def test_bad_paired_markers_are_usage_errors(pytester, marker, message):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(f"import pytest\nfrom pytest_robust import UniformLinf\n\n@pytest.mark.robust({marker})\n"
+                        "def test_x():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stdout.str() + result.stderr.str()
