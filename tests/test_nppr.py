@@ -484,3 +484,18 @@ def test_frozen_mixture_is_a_conditional_perturbation_of_rows_and_labels():
     assert out.shape == x.shape and (out - x).abs().max() <= 0.1 + 1e-6
     assert torch.equal(out, frozen.draw(x, torch.Generator().manual_seed(0), index, y))
     assert not torch.equal(out, frozen.draw(x, torch.Generator().manual_seed(0), index, 1 - y))
+
+
+def test_the_headline_uses_every_draw_of_the_learned_distribution_it_paid_for():
+    """One stream carries the gate and per-input PR: even when the gate decides after a handful of
+    draws, the estimate and bounds rest on all n x draws_per_input draws, and per-input PR is read
+    from the same draws (their count-weighted mean is the estimate)."""
+    x, y = weak_data()
+    r = nppr(WeakLinear(), (x, y), threshold=0.2, eps=0.3, dependency="label", **{**TINY, "draws_per_input": 8})
+    n_eval = r.n_inputs
+    assert r.verdict in ("pass", "fail") and r.draws >= 8 * n_eval
+    assert r.details["per_input_pr"]["draws"] == pytest.approx(r.draws / n_eval)
+    table = r.details["per_input"]
+    drawn = [e for e in table["estimate"] if e is not None]
+    assert len(drawn) == r.details["per_input_pr"]["inputs_drawn"] and len(table["estimate"]) == n_eval
+    assert r.lower <= r.estimate <= r.upper and r.upper - r.lower < 0.2

@@ -1,5 +1,5 @@
-"""NPPR's context numbers, next to its gate: PR of each evaluation input over its own exact draws
-from the frozen mixture (``per_input_pr``), PR under predefined distributions in the same ball
+"""NPPR's context numbers, next to its gate: PR of each evaluation input over the draws of the
+gate's stream that picked it (``per_input_pr``), PR under predefined distributions in the same ball
 (``context_noises``: Gaussian N(0, sigma^2) projected into the ball, sigma = eps for L-inf and
 eps / sqrt(D) for L2, and uniform; both clipped to the box), and the PGD robust accuracy as the
 adversarial floor (``pgd_floor``, L-inf only). Expected ordering: PGD accuracy <= NPPR <=
@@ -15,37 +15,21 @@ import torch
 
 from ..attacks import pgd
 from ..procedures.per_input import over_blocks
-from ..engine import TensorData, correct_predictions, stream_generator
+from ..engine import TensorData, correct_predictions
 from ..perturbations import Perturbation, UniformL2, UniformLinf
-from ..perturbations.gmm_fit import FrozenGMM
 from ..perturbations.projected import ProjectedGaussian
 from ..procedures.bernoulli import BLOCK, summary
 from ..run import Run
 
 
-def per_input_pr(run: Run, perturbation: FrozenGMM, ds: TensorData, draws: int) -> np.ndarray:
-    """PR of each evaluation input over ``draws`` exact draws, shape (n,).
-
-    Inputs are taken in groups of max(1, BLOCK // draws), each group with its own random stream,
-    so the numbers do not depend on the batch size; a rank evaluates its share of the groups
-    (``Run.shard``), as many together as fill a batch.
-    """
-    size = max(1, BLOCK // draws)
-    n_groups = -(-len(ds) // size)
-    mine = run.shard(n_groups).tolist()
-    per_batch = max(1, run.forward.batch_size // (size * draws))
-    hits = []
-    for i in range(0, len(mine), per_batch):
-        groups = mine[i : i + per_batch]
-        parts = []
-        for g in groups:
-            index = torch.arange(g * size, min((g + 1) * size, len(ds))).repeat_interleave(draws)
-            x, y = ds.x[index.to(ds.x.device)].to(run.device), ds.y[index.to(ds.y.device)].to(run.device)
-            gen = stream_generator(run.seed, "nppr-per-input", g, device=run.device)
-            parts.append((perturbation.draw(x, gen, index, y), y))
-        ok = correct_predictions(run.forward.logits(torch.cat([p[0] for p in parts])), torch.cat([p[1] for p in parts]))
-        hits += torch.split(ok.cpu(), [len(p[1]) for p in parts])
-    return torch.cat(run.gather(hits, n_groups)).reshape(-1, draws).float().mean(dim=1).numpy()
+def per_input_pr(outcomes: np.ndarray, indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(PR of each of the ``n`` evaluation inputs over the draws of the gate's stream that picked
+    it, NaN for an input it never drew; the number of those draws), from the stream's outcomes
+    and input indices."""
+    counts = np.bincount(indices, minlength=n).astype(np.float64)
+    correct = np.bincount(indices, weights=outcomes.astype(np.float64), minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, correct / np.maximum(counts, 1), np.nan), counts
 
 
 def pgd_floor(run: Run, ds: TensorData, eps: float, steps: int, bounds) -> float:

@@ -20,7 +20,10 @@ the input box) and searches it for the most damaging member:
 2. **Freeze** the fitted mixture and **gate** PR under it on the evaluation inputs with exact draws:
    the Bernoulli-stream procedure (``procedures.bernoulli``) draws an evaluation input uniformly
    and one perturbation from the frozen mixture per draw, and its anytime-valid betting test decides
-   "PR >= threshold" at the stated confidence.
+   "PR >= threshold" at the stated confidence. The stream goes on to ``draws_per_input`` draws per
+   evaluation input on average whatever the gate decided, and the headline estimate and its
+   anytime-valid bounds rest on all of them (the verdict is the gate's): no draw the check paid for
+   is left out of the number it reports.
 
 **What a verdict means.** The learned distribution's PR is an *upper estimate* of the true NPPR
 infimum (a better fit can only find a lower PR, and the family is not every distribution in the
@@ -29,9 +32,8 @@ it does not certify robustness to every perturbation distribution in the ball.
 
 **Context** in ``details`` (``analyses.nppr_context``): PR under Gaussian noise N(0, eps^2 I) (L2:
 sigma = eps / sqrt(D), so that E||delta||^2 = eps^2) and uniform noise in the same ball, both
-clipped to the box; the fraction
-of evaluation inputs whose own PR (over ``draws_per_input`` exact draws) is at least 1 - gamma for
-gamma in 0.1, 0.05, 0.01; and, with ``pgd=True`` (L-inf only), the PGD robust accuracy as the
+clipped to the box; the fraction of evaluation inputs whose own PR (over the stream's draws of it,
+``draws_per_input`` on average) is at least 1 - gamma for gamma in 0.1, 0.05, 0.01; and, with ``pgd=True`` (L-inf only), the PGD robust accuracy as the
 adversarial floor. Expected ordering: PGD accuracy <= NPPR <= min(Gaussian PR, uniform PR).
 
 Defaults, reproducibility and the fit cache (``cache_dir``, ``refit``): ``perturbations.gmm_fit``.
@@ -86,7 +88,7 @@ def evaluate(run: Run, feature_layer, fit_data, fit_fraction, bounds, **options)
     (default: the input of the model's last ``nn.Linear``), ``grid_size`` the side of the latent
     image (default: ``gmm.default_grid_size``). Split: ``fit_data`` (any data ``load_data``
     accepts) or else a seeded ``fit_fraction`` of ``data``. Fit: see ``FitSettings``. Evaluation:
-    ``draws_per_input`` exact draws per input for per-input PR, ``pgd`` adds the PGD robust
+    ``draws_per_input`` draws per input on average in the gate's stream (module docstring); ``pgd`` adds the PGD robust
     accuracy (``pgd_steps`` steps) as the adversarial floor. ``cache_dir`` (None: no cache) and
     ``refit`` control reuse of fitted mixtures.
     """
@@ -113,7 +115,7 @@ def evaluate(run: Run, feature_layer, fit_data, fit_fraction, bounds, **options)
     clean = correct_predictions(eval_logits, eval_ds.y.to(run.device))
     details.update(_details(run, cfg, fit, fitted, layer, (split, fit_ds, eval_ds, clean), (context, per_input, floor),
                             options))
-    details["per_input"] = _per_input_table(eval_index, clean, per_input)
+    details["per_input"] = _per_input_table(eval_index, clean, per_input[0])
     rows = {int(i): k for k, i in enumerate(eval_index)}
     return run.result(estimate=estimate, lower=lower, upper=upper, draws=gate.used, n_inputs=len(eval_ds),
                       perturbation=repr(frozen), details=details, note=_note(details, run.args.confidence),
@@ -122,11 +124,13 @@ def evaluate(run: Run, feature_layer, fit_data, fit_fraction, bounds, **options)
 
 def _per_input_table(eval_index: list[int], clean_correct: torch.Tensor, pr: np.ndarray) -> dict:
     """The per-input table (``per_input``) of the evaluation inputs: PR over their draws from the
-    learned distribution, and the outcome: "misclassified" (wrong without noise), "broken" (some
-    draw misclassified) or "robust" (every draw correct)."""
+    learned distribution (None for an input the stream never drew), and the outcome:
+    "misclassified" (wrong without noise), "broken" (some draw misclassified), "robust" (every
+    draw correct) or "not drawn"."""
     clean = clean_correct.tolist()
-    return {"index": list(eval_index), "estimate": pr.tolist(),
-            "outcome": ["misclassified" if not ok else "robust" if p == 1.0 else "broken" for ok, p in zip(clean, pr)]}
+    return {"index": list(eval_index), "estimate": [None if np.isnan(p) else float(p) for p in pr],
+            "outcome": ["misclassified" if not ok else "not drawn" if np.isnan(p) else "robust" if p == 1.0 else "broken"
+                        for ok, p in zip(clean, pr)]}
 
 
 def _details(run: Run, cfg, fit, fitted, layer, data: tuple, evidence: tuple, options) -> dict:
@@ -134,7 +138,7 @@ def _details(run: Run, cfg, fit, fitted, layer, data: tuple, evidence: tuple, op
     context distributions, per-input PR fractions and the fit's loss curve. ``data`` is (split,
     fit data, evaluation data, clean correctness), ``evidence`` (context streams, per-input PR, PGD
     floor)."""
-    (split, fit_ds, eval_ds, clean), (context, per_input, floor) = data, evidence
+    (split, fit_ds, eval_ds, clean), (context, (per_input, counts), floor) = data, evidence
     return {
         "semantics": SEMANTICS,
         "mixture": cfg.to_dict(),
@@ -146,38 +150,43 @@ def _details(run: Run, cfg, fit, fitted, layer, data: tuple, evidence: tuple, op
         "cache_file": fitted.cache_file,
         "context": nppr_context.context_details(context, run.alpha, floor, options["pgd_steps"]),
         "per_input_pr": {
-            "draws": options["draws_per_input"],
-            "mean_pr": float(per_input.mean()),
-            **{f"fraction_pr_at_least_{1 - g:g}": float(np.mean(per_input >= 1 - g - 1e-9)) for g in GAMMAS},
+            "draws": float(counts.mean()),
+            "inputs_drawn": int((counts > 0).sum()),
+            "mean_pr": float(np.nanmean(per_input)),
+            **{f"fraction_pr_at_least_{1 - g:g}": float(np.mean(per_input[~np.isnan(per_input)] >= 1 - g - 1e-9))
+               for g in GAMMAS},
         },
         "curves": {"fit_loss": gmm_fit.loss_curve(fitted.record["loss"], fit)},
     }
 
 
 def _evaluate(run: Run, frozen: "FrozenGMM", eval_ds: TensorData, options: dict, bounds):
-    """Per-input PR, the PGD floor, the gate and the context noises, within the run's budget.
+    """The PGD floor, the gate's stream, per-input PR and the context noises, within the budget.
 
-    The gate gets what the fixed costs (per-input PR, PGD floor) and a reserve for the context
-    noises leave (the reserve: ``CONTEXT_MIN_DRAWS`` draws each, or half of what is left if that
-    is less); each context noise then gets as many draws as the gate used (at least
-    ``CONTEXT_MIN_DRAWS``), within what is left.
+    One stream of draws from the learned distribution carries the headline and the per-input PR:
+    the gate decides on it, and it goes on to ``draws_per_input`` draws per evaluation input on
+    average (inputs drawn uniformly, as every draw of the stream), so the estimate and its
+    anytime-valid bounds use every draw the check paid for, and per-input PR is read from the same
+    draws. The gate gets what the PGD floor and a reserve for the context noises leave (the
+    reserve: ``CONTEXT_MIN_DRAWS`` draws each, or half of what is left if that is less); each
+    context noise then gets as many draws as the gate used (at least ``CONTEXT_MIN_DRAWS``).
     """
     n = len(eval_ds)
-    fixed = n * options["draws_per_input"] + (n * (options["pgd_steps"] + 1) if options["pgd"] else 0)
+    fixed = n * (options["pgd_steps"] + 1) if options["pgd"] else 0
     left = run.remaining() - fixed
     gate_draws = left - min(2 * CONTEXT_MIN_DRAWS, left // 2)
     if gate_draws < BLOCK:
         spent = run.args.budget - run.remaining()
         need = spent + fixed + 2 * BLOCK
-        run.refuse(need, f"({spent} spent on the clean pass and the fit, {fixed} for per-input PR and the PGD "
-                         f"floor, and {BLOCK} each for the gate and the context noises); raise budget= (or lower "
-                         "fit_steps=, draws_per_input=)")
+        run.refuse(need, f"({spent} spent on the clean pass and the fit, {fixed} for the PGD floor, and {BLOCK} "
+                         "each for the gate and the context noises); raise budget= (or lower fit_steps=)")
     with run.forward.phase("context"):
-        per_input = nppr_context.per_input_pr(run, frozen, eval_ds, options["draws_per_input"])
         floor = (nppr_context.pgd_floor(run, eval_ds, options["eps"], options["pgd_steps"], bounds) if options["pgd"]
                  else None)
     with run.forward.phase("gate"):
-        gate = bernoulli_stream(run, frozen, gate_draws, run.args.threshold, ds=eval_ds, label="NPPR", name="tsrm")
+        gate = bernoulli_stream(run, frozen, gate_draws, run.args.threshold, ds=eval_ds, label="NPPR", name="tsrm",
+                                at_least=n * options["draws_per_input"])
+    per_input = nppr_context.per_input_pr(gate.outcomes, gate.indices, n)
     context_draws = min(run.remaining() // 2, max(gate.used, CONTEXT_MIN_DRAWS))
     with run.forward.phase("context"):
         context = {name: (repr(noise), bernoulli_stream(run, noise, context_draws, ds=eval_ds, label=f"{name} PR", name="tsrm"))

@@ -46,11 +46,13 @@ class Stream:
     indices: np.ndarray
     decision: object
     p_values: dict | None = None
+    at_least: int = 0
 
     @property
     def used(self) -> int:
-        """Draws the verdict rests on: up to the decision, else all."""
-        return self.decision.at if self.decision is not None else len(self.outcomes)
+        """Draws the estimate and bounds rest on: up to the decision, else all; every draw made
+        when the stream was asked for ``at_least`` draws (the check paid for them)."""
+        return self.decision.at if self.decision is not None and not self.at_least else len(self.outcomes)
 
 
 def _indices(n_inputs: int, run: Run, name: str, index: int) -> torch.Tensor:
@@ -119,9 +121,13 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
 
 
 def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold: float | None = None,
-                     ds: TensorData | None = None, label: str = "", name: str | None = None) -> Stream:
+                     ds: TensorData | None = None, label: str = "", name: str | None = None,
+                     at_least: int = 0) -> Stream:
     """Draw (input, perturbation) pairs of ``ds`` (default: the run's data) and record whether the
     model is correct, until the sequential gate at ``threshold`` decides or ``draws`` draws are made.
+    With ``at_least`` the stream goes on to that many draws (within ``draws``) after a decision,
+    and every draw counts in the estimate and bounds (the anytime-valid bounds hold at any time;
+    the verdict is the gate's).
 
     The random streams are the run's "<name>-index" and "<name>-noise" (``Run.stream``), with
     ``name`` the check's stream namespace by default. ``label`` names the
@@ -131,7 +137,7 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     ds, name = run.ds if ds is None else ds, name or run.streams
     gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
     outcomes, indices, drawn, block = [], [], 0, 0
-    while drawn < draws and (gate is None or gate.decision is None):
+    while drawn < draws and (gate is None or gate.decision is None or drawn < at_least):
         # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
         # so a gate that decides early never pays for a huge batch
         most = max(1, block) if gate is not None else block + draws
@@ -141,14 +147,15 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
         outcomes.append(hits)
         indices.append(idx)
         drawn += len(hits)
-        if gate is not None:
+        if gate is not None and gate.decision is None:
             gate.update(hits)
         report_progress(
             metric=label or run.title, draws=drawn, budget=draws, forward_passes=run.forward.passes,
             bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha),
         )
     return Stream(np.concatenate(outcomes), np.concatenate(indices),
-                  gate.decision if gate is not None else None, gate.p_values() if gate is not None else None)
+                  gate.decision if gate is not None else None, gate.p_values() if gate is not None else None,
+                  at_least)
 
 
 def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[float, float, float, dict]:
