@@ -16,28 +16,17 @@ Both are averaged over ``--seeds`` seeds. Counts of model evaluations do not dep
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 
 import common
+from digits_model import noisy_copy
 from pytest_robust import GaussianNoise, UniformLinf, tsrm
 from pytest_robust.procedures.bernoulli import bernoulli_stream
 from pytest_robust.run import Run
 from pytest_robust.stats import confidence_sequence
 
 ALPHA, MARGIN, MOST = 0.05, 0.01, 100_000
-
-
-def degraded(model: torch.nn.Module, scale: float) -> torch.nn.Module:
-    """``model`` with seeded noise of ``scale`` times each tensor's spread on its weights."""
-    noisy = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in noisy.parameters():
-            p.add_(scale * p.std() * torch.randn(p.shape, generator=generator))
-    return noisy
 
 
 def outcomes(model, data, perturbation, seed: int) -> np.ndarray:
@@ -64,7 +53,7 @@ def table(seeds: int) -> str:
     data = common.digits()[1]
     rows = []
     for perturbation in (UniformLinf(eps=8 / 255), UniformLinf(eps=0.3), GaussianNoise(sigma=0.3)):
-        for name, candidate in (("the CNN itself", cnn), ("noisy-weight copy", degraded(cnn, 0.3))):
+        for name, candidate in (("the CNN itself", cnn), ("noisy-weight copy", noisy_copy(cnn, 0.3))):
             drop = (tsrm(cnn, data, perturbation=perturbation, budget=50_000).estimate
                     - tsrm(candidate, data, perturbation=perturbation, budget=50_000).estimate)
             paired = [tsrm(candidate, data, perturbation=perturbation, reference=cnn, max_drop=MARGIN, seed=s)

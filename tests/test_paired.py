@@ -4,7 +4,6 @@ saves over two separate gates, the per-input forms, and every route (library, ma
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import sys
@@ -24,7 +23,7 @@ from toy_models import SmallNet, image_data
 
 DIGITS = Path(__file__).parents[1] / "examples" / "digits"
 sys.path.insert(0, str(DIGITS))
-from digits_model import digits_split, load_model  # noqa: E402
+from digits_model import digits_split, load_model, noisy_copy  # noqa: E402
 
 ALPHA = 0.05
 
@@ -77,16 +76,6 @@ def test_the_confidence_sequence_covers_the_true_difference():
 # -- real models: the digits CNN -----------------------------------------------------------------
 
 
-def _degraded(model, scale):
-    """A copy of ``model`` with seeded noise of ``scale`` times each tensor's spread on its weights."""
-    noisy = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in noisy.parameters():
-            p.add_(scale * p.std() * torch.randn(p.shape, generator=generator))
-    return noisy
-
-
 @pytest.fixture(scope="module")
 def digits():
     torch.set_num_threads(1)
@@ -105,7 +94,7 @@ def test_the_digits_cnn_against_itself_is_never_flagged(digits):
 
 def test_a_better_candidate_passes_and_a_degraded_copy_fails(digits):
     model, data = digits
-    worse = _degraded(model, 0.3)
+    worse = noisy_copy(model, 0.3)
     accuracy = [tsrm(m, data, perturbation=BALL, budget=20_000).estimate for m in (model, worse)]
     assert 0.02 <= accuracy[0] - accuracy[1] <= 0.03  # the copy is 2-3 points worse
     better = tsrm(model, data, perturbation=BALL, reference=worse, max_drop=0.01)
@@ -142,9 +131,9 @@ DEFAULT = UniformLinf(eps=8 / 255)
 def test_the_paired_gate_spends_several_times_fewer_evaluations_than_two_separate_gates(digits, scale, factor):
     """At the default perturbation, averaged over 3 seeds: the CNN against itself decides "drop <=
     1 point" with at least 5x fewer model evaluations than two separate gates, its noisy-weight
-    copy (2-3 points worse) is caught with at least 3x fewer (benchmarks/bench_paired.py: 10 seeds)."""
+    copy (2-3 points worse) is caught with at least 3x fewer (benchmarks/bench_paired.py: 5 seeds)."""
     model, data = digits
-    candidate = _degraded(model, scale)
+    candidate = noisy_copy(model, scale)
     paired = [tsrm(candidate, data, perturbation=DEFAULT, reference=model, max_drop=0.01, seed=s) for s in range(3)]
     assert {p.verdict for p in paired} == {"pass" if scale == 0 else "fail"}
     separate = [_separate_gates(candidate, model, data, 0.01, s) for s in range(3)]
@@ -191,22 +180,17 @@ def test_a_half_given_or_mixed_paired_request_is_named(call, message):
 
 
 CONFTEST = f'''
-import copy, sys
+import sys
 sys.path.insert(0, {str(DIGITS)!r})
 import pytest, torch
-from digits_model import digits_split, load_model
+from digits_model import digits_split, load_model, noisy_copy
 torch.set_num_threads(1)
 
 def model():
     return load_model("standard")
 
 def degraded():
-    noisy = copy.deepcopy(load_model("standard"))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in noisy.parameters():
-            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=generator))
-    return noisy
+    return noisy_copy(load_model("standard"), 0.3)
 
 def data():
     return digits_split()[1]
