@@ -186,7 +186,7 @@ def _evaluate(run: Run, frozen: "FrozenGMM", eval_ds: TensorData, options: dict,
     with run.forward.phase("gate"):
         gate = bernoulli_stream(run, frozen, gate_draws, run.args.threshold, ds=eval_ds, label="NPPR", name="tsrm",
                                 at_least=n * options["draws_per_input"])
-    per_input = nppr_context.per_input_pr(gate.outcomes, gate.indices, n)
+    per_input = nppr_context.per_input_pr(gate.outcomes[: gate.used], gate.indices[: gate.used], n)
     context_draws = min(run.remaining() // 2, max(gate.used, CONTEXT_MIN_DRAWS))
     with run.forward.phase("context"):
         context = {name: (repr(noise), bernoulli_stream(run, noise, context_draws, ds=eval_ds, label=f"{name} PR", name="tsrm"))

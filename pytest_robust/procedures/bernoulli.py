@@ -50,9 +50,12 @@ class Stream:
 
     @property
     def used(self) -> int:
-        """Draws the estimate and bounds rest on: up to the decision, else all; every draw made
-        when the stream was asked for ``at_least`` draws (the check paid for them)."""
-        return self.decision.at if self.decision is not None and not self.at_least else len(self.outcomes)
+        """Draws the estimate and bounds rest on: up to the decision, else all; with ``at_least``,
+        up to the later of the decision and ``at_least`` (the same number on any count of ranks,
+        whose steps may overshoot differently)."""
+        if self.decision is None:
+            return len(self.outcomes)
+        return min(len(self.outcomes), max(self.decision.at, self.at_least))
 
 
 def _indices(n_inputs: int, run: Run, name: str, index: int) -> torch.Tensor:
@@ -125,9 +128,9 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
                      at_least: int = 0) -> Stream:
     """Draw (input, perturbation) pairs of ``ds`` (default: the run's data) and record whether the
     model is correct, until the sequential gate at ``threshold`` decides or ``draws`` draws are made.
-    With ``at_least`` the stream goes on to that many draws (within ``draws``) after a decision,
-    and every draw counts in the estimate and bounds (the anytime-valid bounds hold at any time;
-    the verdict is the gate's).
+    With ``at_least`` the stream goes on to that many draws (rounded up to whole blocks of
+    ``BLOCK``, within ``draws``) after a decision, and every one of them counts in the estimate and
+    bounds (the anytime-valid bounds hold at any time; the verdict is the gate's).
 
     The random streams are the run's "<name>-index" and "<name>-noise" (``Run.stream``), with
     ``name`` the check's stream namespace by default. ``label`` names the
@@ -135,13 +138,16 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     current phase.
     """
     ds, name = run.ds if ds is None else ds, name or run.streams
+    at_least = -(-at_least // BLOCK) * BLOCK
     gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
     outcomes, indices, drawn, block = [], [], 0, 0
     while drawn < draws and (gate is None or gate.decision is None or drawn < at_least):
         # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
         # so a gate that decides early never pays for a huge batch
         most = max(1, block) if gate is not None else block + draws
-        hits, idx, consumed = step(run, ds, perturbation, name, block, draws - drawn, most)
+        decided = gate is not None and gate.decision is not None  # then only on to at_least, exactly
+        hits, idx, consumed = step(run, ds, perturbation, name, block, min(draws, at_least) - drawn if decided
+                                   else draws - drawn, most)
         hits = hits[0]
         block += consumed
         outcomes.append(hits)
@@ -170,6 +176,8 @@ def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[floa
         lower_at_least=threshold if decision and decision.verdict == "pass" else 0.0,
         upper_at_most=threshold if decision and decision.verdict == "fail" else 1.0,
     )
+    if decision is None:  # a betting sequence can exclude the sample mean; shown bounds hold it (conservative)
+        lower, upper = min(lower, correct / used), max(upper, correct / used)
     gated = {"p_values": stream.p_values} if threshold is not None and stream.p_values is not None else {}
     return correct / used, lower, upper, {
         **gated,
