@@ -3,7 +3,7 @@
 Library use (no pytest needed)::
 
     from pytest_robust import tsrm, UniformLinf
-    result = tsrm(model, (x, y), UniformLinf(eps=0.1), threshold=0.9)
+    result = tsrm(model, (x, y), perturbation=UniformLinf(eps=0.1), threshold=0.9)
     print(result.message())
 
 Names are imported lazily so that loading the pytest plugin does not import torch.

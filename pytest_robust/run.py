@@ -35,13 +35,16 @@ Budget unit, for every check: model evaluations (one input row through the model
 without a backward pass). ``Result.forward_passes`` is what was spent (summed over ranks),
 ``Result.budget`` the cap, and ``details["evaluations"]`` splits the spending by phase.
 
-Usage::
+A check's body does not build its Run: ``library.evaluate`` builds it from the check's
+declaration and calls the body inside it. A body looks like::
 
-    with Run("my_metric", model, data, threshold=..., confidence=..., budget=..., seed=...,
-             batch_size=..., device=...) as run:
+    def evaluate(run, sigma, copies):
         with run.forward.phase("gate"):
-            hits = correct_predictions(run.forward.logits(x), y)
-    return run.result(estimate=..., lower=..., upper=..., draws=..., perturbation=...)
+            hits = correct_predictions(run.forward.logits(run.ds.x), run.ds.y)
+        return run.result(estimate=..., lower=..., upper=..., draws=..., perturbation=...)
+
+(analyses that are not declared checks, such as ``analyses.q_curve``, build a Run with a
+``declaration`` of their own shape).
 """
 
 from __future__ import annotations
