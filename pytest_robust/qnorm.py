@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from .attacks import cross_entropy
 from .engine import Forward
-from .mcmc import Point, RowStreams, adapt_log_step, hmc_transition, mh_transition, repeat_rows
+from .mcmc import Point, RowStreams, adapt_log_step, hmc_transition, mh_transition
 from .validation import SettingError
 
 #: Losses below this are taken as this in log space (see the module docstring).
@@ -248,12 +248,16 @@ def _start(space, evaluate, streams, with_grad: bool) -> Point:
     return Point(theta, log_loss, grad)
 
 
-def _warmup_schedule(sampler: Sampler, space, evaluate, q: float, chains: int,
-                     streams) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+def _warmup_schedule(sampler: Sampler, space, evaluate, q: float, streams,
+                     progress: Callable[[], None] | None = None) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
     """Pilot run: ``warmup`` transitions annealing t over the same kind of grid as the path (without
     t = 0), adapting log h per row by Robbins-Monro towards ``target_accept`` after each one.
-    Returns the pilot's temperatures, log h per row after each (averaged over the chains of an
-    input) and the acceptances."""
+    Returns the pilot's temperatures, log h per row after each, and the acceptances.
+
+    Every row (chain) keeps its own schedule: the chains of an input share no warm-up, so they are
+    independent given the input and their spread is an honest estimate of the noise of their
+    average (pooling the schedule over an input's chains made them share its error, and the lower
+    bound under-covered; issue 18)."""
     lo, hi = sampler.log_step_range(space)
     point = _start(space, evaluate, streams, sampler.kind == "hmc")
     log_step = torch.full((len(point.theta),), sampler.initial_log_step(space), device=point.theta.device,
@@ -265,9 +269,9 @@ def _warmup_schedule(sampler: Sampler, space, evaluate, q: float, chains: int,
         log_step = adapt_log_step(log_step, prob, sampler.target_accept, ADAPT_GAIN, lo, hi)
         steps.append(log_step)
         accepts.append(prob)
-    per_row = torch.stack(steps, dim=1)
-    pooled = repeat_rows(per_row.reshape(-1, chains, len(ts)).mean(dim=1), chains)
-    return ts, pooled, torch.stack(accepts, dim=1)
+        if progress is not None:
+            progress()
+    return ts, torch.stack(steps, dim=1), torch.stack(accepts, dim=1)
 
 
 def _interpolate(ts_from: np.ndarray, values: torch.Tensor, ts_to: np.ndarray) -> torch.Tensor:
@@ -281,16 +285,19 @@ def _interpolate(ts_from: np.ndarray, values: torch.Tensor, ts_to: np.ndarray) -
 
 
 def path_sampling(space, evaluate, q: float, steps: int, sampler: Sampler, chains: int,
-                  warmup_streams: RowStreams, streams: RowStreams) -> PathTrace:
+                  warmup_streams: RowStreams, streams: RowStreams,
+                  progress: Callable[[], None] | None = None) -> PathTrace:
     """Algorithm 1 for every row of ``space`` at once (rows = inputs x ``chains``, input-major).
 
-    With ``sampler.warmup`` > 0 a pilot run first learns a step size per input as a function of
-    t (``_warmup_schedule``); the measured path then uses that fixed schedule, so each of its
-    transitions leaves its own p(. | t_i) invariant exactly (no adaptation inside the path).
+    With ``sampler.warmup`` > 0 a pilot run first learns a step size per chain as a function of
+    t (``_warmup_schedule``, one independent pilot per chain); the measured path then uses that
+    fixed schedule, so each of its transitions leaves its own p(. | t_i) invariant exactly (no
+    adaptation inside the path). ``progress()`` is called after every transition (a progress
+    report that returns at once when throttled; it changes no number).
     """
     ts = temperatures(q, steps)
     if sampler.warmup:
-        pilot_ts, pilot_steps, warmup_accept = _warmup_schedule(sampler, space, evaluate, q, chains, warmup_streams)
+        pilot_ts, pilot_steps, warmup_accept = _warmup_schedule(sampler, space, evaluate, q, warmup_streams, progress)
         log_steps = _interpolate(pilot_ts, pilot_steps, ts[1:])
     else:
         warmup_accept = None
@@ -302,6 +309,8 @@ def path_sampling(space, evaluate, q: float, steps: int, sampler: Sampler, chain
         point, prob = sampler.transition(point, float(t), torch.exp(log_steps[:, i]), space, evaluate, streams)
         recorded.append(point.log_loss)
         accepts.append(prob)
+        if progress is not None:
+            progress()
     return PathTrace(torch.stack(recorded, dim=1), torch.stack(accepts, dim=1), log_steps, warmup_accept)
 
 

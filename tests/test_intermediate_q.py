@@ -189,7 +189,8 @@ def test_estimators_agree_at_q_equal_1_on_a_network():
 def test_cauchy_noise_runs_hmc_and_agrees_with_monte_carlo_at_q_1():
     x, y = image_data(n=12, size=4)
     model = SmallNet(size=4).eval()
-    r = intermediate_q(model, (x, y), perturbation=CauchyNoise(scale=0.05), q=1, seed=7, steps=30, warmup=10)
+    r = intermediate_q(model, (x, y), perturbation=CauchyNoise(scale=0.05), q=1, estimator="hmc", seed=7, steps=30,
+                       warmup=10)
     assert r.details["estimator"] == "hmc"
     # heavy-tailed losses: the log-space chain average is ~9% low here, the bounds still cover
     assert r.estimate == pytest.approx(r.details["monte_carlo"], rel=0.12)
@@ -352,6 +353,81 @@ def test_the_gate_stops_early_only_to_fail_and_spends_no_more():
     # plain Python numbers: pytest-xdist (execnet) cannot send numpy scalars from a worker
     assert {type(v) for look in far.details["looks"] + easy_pass.details["looks"] for v in look.values()} <= {
         int, float, bool}
+
+
+#: 300 per-input values of a bounded loss (<= 1), spread over [0, 1].
+BOUNDED = np.linspace(0.0, 1.0, 300)
+
+
+@pytest.mark.parametrize("population, ceiling", [(HEAVY, 2.5), (BOUNDED, 1.0)])
+def test_a_ceiling_lets_early_looks_pass_without_raising_the_false_pass_rate(population, ceiling):
+    """With a true ceiling on every value (loss_bound=), a look before the last may pass; at a
+    threshold just below the true mean the false-pass rate stays within alpha + 3 SE."""
+    alpha, repeats = 0.05, 2000
+    threshold = float(population.mean()) * (1 - 1e-9)
+    rule = lambda *args: gs.sequential(*args, ceiling=ceiling)  # noqa: E731
+    verdicts = _sequential_verdicts(population, threshold, alpha, repeats, rule=rule)
+    assert verdicts.count("pass") / repeats <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / repeats)
+
+
+def test_a_ceiling_passes_at_the_first_look_whose_worst_case_is_below_the_threshold():
+    est = Estimate(1.0, "mc", np.full(16, 0.5), np.zeros(16), np.full(16, 0.5), {}, [], 16, np.full(16, 0.5))
+    # the 284 inputs not seen count as the ceiling 1: (16 * 0.5 + 284) / 300 = 0.9733
+    assert gs.early_upper(est, 300, 0.95, 1.0) == pytest.approx((16 * 0.5 + 284) / 300)
+    looks = gs.looks(300, True)
+    _, (_, _, upper, _), record = gs.sequential(looks, lambda n: est, 300, 0.98, 0.05, ceiling=1.0)
+    assert len(record) == 1 and upper <= 0.98 and record[0]["p_pass"] <= 0.05
+    _, _, record = gs.sequential(looks, lambda n: est, 300, 0.97, 0.05, ceiling=1.0)
+    assert len(record) == len(looks)  # the same estimate never shrinks the unseen share's worst case
+    _, _, record = gs.sequential(looks, lambda n: est, 300, 0.98, 0.05)
+    assert len(record) == len(looks)  # without a ceiling only the last look can pass
+
+
+def bounded_loss(logits, y):
+    """sigmoid of ExpModel's first logit: in (0.5, 1), so loss_bound=1 is true."""
+    return torch.sigmoid(logits[:, 0])
+
+
+def test_loss_bound_passes_the_check_before_every_input_is_evaluated():
+    data = centre_data(n=200)
+    kw = dict(perturbation=UniformLinf(EPS), q=1, max_loss=0.95, loss=bounded_loss, pgd_steps=1, seed=2)
+    early = intermediate_q(ExpModel(A), data, loss_bound=1.0, **kw)
+    late = intermediate_q(ExpModel(A), data, **kw)
+    assert early.details["estimator"] == "mc"
+    assert early.verdict == late.verdict == "pass"
+    assert early.n_inputs < 200 and len(early.details["looks"]) < len(late.details["looks"])
+    assert early.forward_passes < late.forward_passes and early.details["p_values"]["pass"] <= 0.05
+    assert early.upper <= 0.95 and "early stop" in early.details["bound"]
+    assert early.upper >= early.estimate * early.n_inputs / 200 + (200 - early.n_inputs) / 200 * 0.9
+    assert late.n_inputs == 200 and "set loss_bound=" in late.note and "inputs=" in late.note
+    wrong = intermediate_q(ExpModel(A), data, loss_bound=0.6, **kw)  # the loss reaches 0.94
+    assert wrong.verdict == "inconclusive" and "loss_bound" in wrong.details["inconclusive_reason"]
+
+
+def test_auto_is_monte_carlo_at_small_q_at_path_samplings_budget():
+    data = centre_data(n=12)
+    kw = dict(perturbation=UniformLinf(EPS), loss=first_logit, pgd_steps=1)
+    small = intermediate_q(ExpModel(A), data, q=1, **kw)
+    large = intermediate_q(ExpModel(A), data, q=3, steps=20, **kw)
+    assert small.details["estimator"] == "mc" and large.details["estimator"] == "hmc"
+    assert small.details["monte_carlo_draws_per_input"] == 4 * (1 + 99 * 5 + 1 + 20 * 5)
+    assert "estimator='auto'" in small.note
+    assert small.estimate == pytest.approx(exp_uniform_truth(1, A, EPS), rel=0.02)
+    explicit = intermediate_q(ExpModel(A), data, q=1, estimator="mc", **kw)
+    assert explicit.details["monte_carlo_draws_per_input"] == 4 * 100  # chains x steps, as before
+
+
+def test_path_sampling_reports_progress_after_every_transition():
+    """A group of inputs can run for minutes (497 CIFAR-sized inputs: 346 s before the first line):
+    progress is reported after every warm-up and path transition, so it shows after FIRST_AFTER."""
+    from pytest_robust.engine import progress_sink
+
+    calls = []
+    with progress_sink(calls.append):
+        intermediate_q(ExpModel(A), centre_data(n=12), perturbation=UniformLinf(EPS), q=10, estimator="hmc",
+                       loss=first_logit, steps=10, warmup=4, pgd_steps=1)
+    stages = [c.get("stage") for c in calls]
+    assert stages.count("path sampling") >= (10 - 1) + 4
 
 
 def test_monte_carlo_context_is_cheap_unless_full_context_is_asked_for():

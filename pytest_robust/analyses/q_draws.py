@@ -33,8 +33,9 @@ def _path_group(plan: Plan, q: float, group: list[int]) -> list[dict]:
     trace = path_sampling(
         space, evaluate, q, cfg.steps, cfg.sampler, cfg.chains,
         plan.streams("q-warmup", group, cfg.chains), plan.streams("q-path", group, cfg.chains),
+        progress=lambda: report_progress(metric=f"q-loss (q={q:g})", stage="path sampling",
+                                         forward_passes=plan.run.forward.passes),
     )
-    report_progress(metric=f"q-loss (q={q:g})", stage="path sampling", forward_passes=plan.run.forward.passes)
     sizes = [(plan.blocks[b].stop - plan.blocks[b].start) * cfg.chains for b in group]
     fields = {"log_losses": trace.log_losses, "accept": trace.accept, "log_step": trace.log_step,
               "warmup_accept": trace.warmup_accept}
@@ -72,7 +73,7 @@ def _mc_group(plan: Plan, q: float, group: list[int]) -> list[np.ndarray]:
                         for b in group])
         y = torch.cat([plan.y[plan.blocks[b]] for b in group])
         parts.append(plan.loss.log_values(plan.run.forward.logits(xs), repeat_rows(y, d)).reshape(len(y), d))
-    report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo", forward_passes=plan.run.forward.passes)
+        report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo", forward_passes=plan.run.forward.passes)
     logs = torch.cat(parts, dim=1).double().cpu().numpy()
     return np.split(logs, np.cumsum([plan.blocks[b].stop - plan.blocks[b].start for b in group])[:-1])
 

@@ -69,7 +69,7 @@ def _mc_estimate(q: float, cfg: Config, mc_logs: np.ndarray) -> Estimate:
         problems.append((
             f"Monte Carlo rests on a median of {diag['weight_ess_median']:.1f} effective draws per input "
             f"at q={q:g} (fewer than {WEIGHT_ESS_MIN:g}), so it is biased low",
-            "use path sampling (estimator='auto') or raise steps= for more draws",
+            "use path sampling (estimator='hmc' or 'mh') or raise steps= for more draws",
         ))
     z = np.exp(log_mc)
     return Estimate(q, "mc", z, groups.var(axis=1, ddof=1) / cfg.chains, z, diag, problems, mc_logs.size,
@@ -155,17 +155,29 @@ def combine_chains(chain_logs: np.ndarray) -> tuple[np.ndarray, ...]:
             arithmetic.mean(axis=1), arithmetic.var(axis=1, ddof=1) / chains)
 
 
-def gate(plan: Plan, q: float, looks: list[int], threshold: float | None) -> tuple[Estimate, tuple, list]:
-    """``sequential`` over the plan's inputs: each look samples only the blocks it adds."""
+def gate(plan: Plan, q: float, looks: list[int], threshold: float | None,
+         loss_bound: float | None = None) -> tuple[Estimate, tuple, list]:
+    """``sequential`` over the plan's inputs: each look samples only the blocks it adds. With
+    ``loss_bound`` (a bound the loss never exceeds, so Z_q <= loss_bound for every input and q) a
+    look before the last can also pass (``stats.group_sequential.early_upper``); a loss above it
+    seen by any draw makes the estimate unhealthy (the stated bound is false, so is the pass)."""
     state = {"raw": None, "blocks": 0}
 
     def estimate_at(n: int) -> Estimate:
         upto = blocks_for(n)
         state["raw"] = extend(state["raw"], draw(plan, q, list(range(state["blocks"], upto))))
         state["blocks"] = upto
-        return estimate(plan.config, q, state["raw"])
+        est = estimate(plan.config, q, state["raw"])
+        if loss_bound is not None and float(est.max_visited.max()) > loss_bound:
+            est.problems.append((
+                f"a loss of {float(est.max_visited.max()):.4g} was seen, above loss_bound={loss_bound:g}, "
+                "so loss_bound is not a bound of the loss",
+                "set loss_bound= to a value the loss never exceeds, or leave it unset",
+            ))
+        return est
 
-    est, bound, record = sequential(looks, estimate_at, plan.n_total, threshold, 1.0 - plan.run.args.confidence)
+    est, bound, record = sequential(looks, estimate_at, plan.n_total, threshold, 1.0 - plan.run.args.confidence,
+                                    ceiling=loss_bound)
     if threshold is not None:
         plan.run.details["p_values"] = p_values(record)
     return est, bound, record

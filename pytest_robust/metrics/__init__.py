@@ -63,8 +63,8 @@ BUILTIN = {
             Param("perturbation", perturbation, FromSetting(_ball, "UniformLinf(eps=robust_eps)"),
                   "the distribution mu of perturbations"),
             Param("estimator", choice("auto", "hmc", "mh", "mc"), "auto",
-                  "auto (path sampling: HMC, MH for non-differentiable perturbations; Monte Carlo without a "
-                  "parameter space), hmc, mh or mc"),
+                  "auto (Monte Carlo at q <= 2; above, path sampling: HMC, MH for non-differentiable "
+                  "perturbations; Monte Carlo without a parameter space), hmc, mh or mc"),
             Param("chains", at_least(4), 4, "MCMC chains per input"),
             Param("steps", at_least(4), 100, "temperatures on the path 0..q"),
             Param("leapfrog", at_least(1), 5, "leapfrog steps per HMC transition"),
@@ -77,6 +77,9 @@ BUILTIN = {
             Param("pgd_restarts", at_least(1), 1, "restarts of that attack"),
             Param("inputs", positive_int, None, "evaluate at most this many inputs (a seeded random subset)"),
             Param("full_context", boolean, False, "Monte Carlo context at path sampling's budget per input"),
+            Param("loss_bound", positive_float, None,
+                  "a value the loss never exceeds (e.g. 1 for a 0-1 loss): lets a check pass before every input "
+                  "is evaluated"),
         ),
         doc="mean intermediate-q loss Z_q <= max_loss",
     ),

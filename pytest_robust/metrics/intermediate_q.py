@@ -14,8 +14,10 @@ How it is decided (``intermediate_q``):
 1. Per input, ``chains`` (>= 4) independent path-sampling chains (``analyses.q_draws``), averaged
    per input in log space (``analyses.q_estimate``), next to a Monte Carlo context estimate.
 2. An upper confidence bound of the mean over inputs: the one-sided two-stage Student-t bound, at
-   looks of 16, 32, 64, ... inputs in a seeded random order with alpha spent over the looks; only a
-   "fail" can come early (``stats.group_sequential``).
+   looks of 16, 32, 64, ... inputs in a seeded random order with alpha spent over the looks; a
+   "fail" can come early, a "pass" only with ``loss_bound=`` (a bound on the loss, so on every
+   input's Z_q; ``stats.group_sequential``). ``estimator="auto"`` is Monte Carlo at q <= 2
+   (unbiased at q = 1, at path sampling's budget; ``analyses.q_plan.AUTO_MC_MAX_Q``).
 3. MCMC diagnostics per input across its chains (``analyses.q_estimate``). The check passes only
    if the upper bound is <= max_loss and the diagnostics are healthy; it fails if the lower bound
    exceeds max_loss with healthy diagnostics; otherwise it is inconclusive, with the reason and
@@ -46,7 +48,7 @@ from ..stats import group_sequential
 from . import BUILTIN
 
 
-def evaluate(run: Run, q, perturbation, loss, inputs, **sampler) -> Result:
+def evaluate(run: Run, q, perturbation, loss, inputs, loss_bound=None, **sampler) -> Result:
     """Estimate the mean over inputs of Z_q = (E_mu loss^q)^(1/q) and gate it <= ``max_loss``.
 
     The Result (direction "<="): ``estimate`` is the mean of the per-input estimates,
@@ -56,27 +58,32 @@ def evaluate(run: Run, q, perturbation, loss, inputs, **sampler) -> Result:
     says why and what to change) or "estimate" (no max_loss). An estimate with MCMC diagnostics,
     not a guarantee. The parameters are the declaration's (``metrics.BUILTIN["q"]``): the
     perturbation is the distribution mu; a loss without gradients (the 0-1 loss) works with
-    estimator "mc" or "mh", and the PGD context is skipped for it.
+    estimator "mc" or "mh", and the PGD context is skipped for it. ``loss_bound`` (a bound the loss
+    never exceeds) lets a look before the last pass (``stats.group_sequential.early_upper``).
     """
     threshold = run.args.threshold
-    plan, cost = prepare(run, perturbation, loss, inputs, 1, sampler)
+    plan, cost = prepare(run, perturbation, loss, inputs, 1, sampler, q=q)
     planned = group_sequential.looks(len(plan.index), threshold is not None)
-    est, (mean, lower, upper, se), looks = gate(plan, q, planned, threshold)
+    est, (mean, lower, upper, se), looks = gate(plan, q, planned, threshold, loss_bound)
     adversarial = run_pgd(plan, list(range(blocks_for(len(est.per_input)))))
     q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
     q_inf = adversarial if adversarial is not None else est.max_visited
-    details = _details(plan, est, cost, float(q_inf.mean()), q_inf_name, se, planned, looks)
+    details = _details(plan, est, cost, float(q_inf.mean()), q_inf_name, se, planned, looks, loss_bound)
     details["per_input"] = _per_input(plan, est, q_inf, threshold)
     result = run.result(estimate=mean, lower=lower, upper=upper, draws=est.draws, n_inputs=len(est.per_input),
                         perturbation=repr(plan.perturbation), healthy=not est.problems, details=details)
     if result.verdict == "inconclusive":
         result.details["inconclusive_reason"] = _inconclusive_reason(est, threshold, lower, upper)
     result.note = _note(plan, est, float(q_inf.mean()), q_inf_name, looks)
+    if result.verdict == "pass" and len(planned) > 1 and loss_bound is None:
+        result.note += (f"; passed at the last look, after all {len(est.per_input)} inputs: without a bound on the "
+                        "loss an input not yet evaluated could have any loss, so no earlier look can pass; set "
+                        "loss_bound= (a value the loss never exceeds) to pass early, or inputs= to evaluate fewer")
     return result
 
 
 def _details(plan: Plan, est: Estimate, cost: dict, q_inf: float, q_inf_name: str, se: float,
-             planned: list[int], looks: list[dict]) -> dict:
+             planned: list[int], looks: list[dict], loss_bound: float | None = None) -> dict:
     n = len(est.per_input)
     return {
         "q": est.q,
@@ -91,8 +98,12 @@ def _details(plan: Plan, est: Estimate, cost: dict, q_inf: float, q_inf_name: st
         "inconclusive_reason": None,
         "problems": [f"{what}; fix: {fix}" for what, fix in est.problems],
         "diagnostics": est.diagnostics,
+        "loss_bound": loss_bound,
         "bound": (
-            (f"early fail at look {len(looks)}: lower bound counts the {plan.n_total - n} inputs not evaluated as "
+            (f"early stop at look {len(looks)}: the bounds count the {plan.n_total - n} inputs not evaluated as "
+             f"loss 0 (lower) and as loss_bound={loss_bound:g} (upper), with the MCMC noise of the {n} evaluated"
+             if len(looks) < len(planned) and loss_bound is not None else
+             f"early fail at look {len(looks)}: lower bound counts the {plan.n_total - n} inputs not evaluated as "
              f"loss 0 (minus MCMC noise); upper bound: two-stage Student-t over the {n} evaluated (approximate)"
              if len(looks) < len(planned) else
              f"one-sided Student-t bound on the mean over inputs, two-stage variance (inputs sampled "

@@ -17,11 +17,14 @@ normal approximation of a mean of independent per-unit estimates; the t bound is
 data and cheap.
 
 Looks (``looks``): 16, 32, 64, ... units, then all N (the last look), fixed by N before any unit is
-evaluated. Only a "fail" of a requirement "mean <= threshold" can come early: a look before the
-last stops when its lower bound ``early_lower`` exceeds the threshold with healthy diagnostics.
-That bound counts every unit not yet evaluated as 0 (the values are >= 0), so it holds whatever
-those units are, up to the sampling noise of the evaluated ones. No such bound exists for a pass
-(an unevaluated unit's value has no upper limit), so a pass is decided at the last look only.
+evaluated. A "fail" of a requirement "mean <= threshold" can come early: a look before the last
+stops when its lower bound ``early_lower`` exceeds the threshold with healthy diagnostics. That
+bound counts every unit not yet evaluated as 0 (the values are >= 0), so it holds whatever those
+units are, up to the sampling noise of the evaluated ones. A "pass" can come early only with a
+``ceiling`` B, a stated bound on every unit's value (the q check: ``loss_bound=``, a bound on
+the loss and so on every Z_q): ``early_upper`` counts every unit not yet evaluated as B, so it
+too holds whatever those units are. Without a ceiling an unevaluated unit's value has no upper
+limit, so a pass is decided at the last look only.
 
 Alpha spending (``spending``): look k takes its bound at level alpha_k = alpha n_k / sum_j n_j
 (alpha = 1 - confidence); each holds with probability >= 1 - alpha_k, so by the union bound all
@@ -36,7 +39,8 @@ The gate's p-value of a claim is min_k p_k / s_k over the looks made (capped at 
 bound P(min_k p_k / s_k <= a) <= sum_k a s_k = a under the claim's null, for every level a, and it
 is <= alpha exactly when the gate made that claim (p_k <= alpha s_k is the look's own decision).
 A "fail" (H0: mean <= threshold) counts the healthy looks made; a "pass" (H0: mean >= threshold)
-only the last look, the only one that can pass; an unhealthy look claims nothing (p = 1).
+the last look, and with a ceiling every look made (the looks that can pass); an unhealthy look
+claims nothing (p = 1).
 """
 
 from __future__ import annotations
@@ -88,17 +92,39 @@ def early_lower(est: Estimate, n_total: int, confidence: float) -> float:
     return max(0.0, float(est.per_input.sum() - t * math.sqrt(est.between_chain_var.sum())) / n_total)
 
 
-def sequential(looks: list[int], estimate_at, n_total: int, threshold: float | None, alpha: float):
-    """Evaluate look after look; stop early only for a fail of "mean <= threshold" (module docstring).
+def _early_upper_parts(est: Estimate, n_total: int, ceiling: float) -> list[tuple[float, float]]:
+    """(centre, standard error) per chain combination of ``early_upper``: centre = (sum_i Z_i +
+    (n_total - n) ceiling) / n_total, se = sqrt(sum_i v_i) / n_total."""
+    n = len(est.per_input)
+    combos = [(est.per_input, est.between_chain_var)] + ([est.arithmetic] if est.arithmetic is not None else [])
+    return [(float(z.sum() + (n_total - n) * ceiling) / n_total, math.sqrt(float(v.sum())) / n_total)
+            for z, v in combos]
+
+
+def early_upper(est: Estimate, n_total: int, confidence: float, ceiling: float) -> float:
+    """An upper bound on the mean of Z over all n_total units from the n evaluated so far, at
+    ``confidence``, that holds whatever the unevaluated units are, given that every Z <= ``ceiling``:
+    they count as the ceiling, so the mean is at most (sum_i Z_i + (n_total - n) ceiling) /
+    n_total, plus t * sqrt(sum_i v_i) / n_total for the sampling noise of the evaluated estimates;
+    the larger over the chain combinations (``two_stage_bound``)."""
+    t = t_quantile(confidence, len(est.per_input) - 1)
+    return max(centre + t * se for centre, se in _early_upper_parts(est, n_total, ceiling))
+
+
+def sequential(looks: list[int], estimate_at, n_total: int, threshold: float | None, alpha: float,
+               ceiling: float | None = None):
+    """Evaluate look after look; stop early for a fail of "mean <= threshold", and with a
+    ``ceiling`` on every unit's value for a pass too (module docstring).
 
     ``estimate_at(n)`` gives the ``Estimate`` of the first n units of the random order. A look
     before the last stops when ``early_lower`` at level alpha_k exceeds the threshold with healthy
-    diagnostics; the last look is ``two_stage_bound`` at its level alpha_k (``spending``). Each
-    bound holds with probability >= 1 - alpha_k, so by the union bound all of them hold at once with
-    probability >= 1 - alpha, whatever made the rule stop. Returns (the last estimate, its bound
-    (mean, lower, upper, standard error), one record per look made). At an early stop the upper
-    bound is the two-stage t bound of the units evaluated, an approximation (the stop rests on
-    the lower bound alone).
+    diagnostics, or when ``early_upper`` (with a ceiling) is at most the threshold; the last look
+    is ``two_stage_bound`` at its level alpha_k (``spending``). Each bound holds with probability
+    >= 1 - alpha_k, so by the union bound all of them hold at once with probability >= 1 - alpha,
+    whatever made the rule stop. Returns (the last estimate, its bound (mean, lower, upper,
+    standard error), one record per look made). At an early fail without a ceiling the upper bound
+    is the two-stage t bound of the units evaluated, an approximation (the stop rests on the lower
+    bound alone).
     """
     record = []
     for k, (n, a) in enumerate(zip(looks, spending(looks, alpha))):
@@ -107,13 +133,15 @@ def sequential(looks: list[int], estimate_at, n_total: int, threshold: float | N
         last = k == len(looks) - 1
         if not last:
             lower = early_lower(est, n_total, 1.0 - a)
-            bound = (bound[0], lower, max(bound[2], lower), bound[3])
+            upper = (max(bound[2], lower) if ceiling is None
+                     else max(early_upper(est, n_total, 1.0 - a, ceiling), lower))
+            bound = (bound[0], lower, upper, bound[3])
         record.append({"inputs": len(est.per_input), "alpha": a, "lower": bound[1], "upper": bound[2],
                        "healthy": not est.problems})
         verdict = decide(threshold, bound[1], bound[2], "<=", not est.problems)
         if threshold is not None:
-            record[-1].update(_look_p_values(est, n_total, threshold, last, a / alpha, alpha, verdict))
-        if not last and verdict == "fail":
+            record[-1].update(_look_p_values(est, n_total, threshold, last, a / alpha, alpha, verdict, ceiling))
+        if not last and (verdict == "fail" or (verdict == "pass" and ceiling is not None)):
             break
     return est, bound, record
 
@@ -127,11 +155,12 @@ def _t_p(excess: float, se: float, dof: int) -> float:
 
 
 def _look_p_values(est: Estimate, n_total: int, threshold: float, last: bool, share: float, alpha: float,
-                   verdict: str) -> dict:
+                   verdict: str, ceiling: float | None = None) -> dict:
     """{"p_fail", "p_pass"} of one look, divided by its share of alpha (module docstring): fail is
     H0: mean <= threshold, rejected by ``early_lower`` at a look before the last and by the lower
     ``two_stage_bound`` at the last; pass is H0: mean >= threshold, rejected by the upper
-    ``two_stage_bound`` (every combination's) at the last look only. An unhealthy look claims
+    ``two_stage_bound`` (every combination's) at the last look, and by ``early_upper`` at a look
+    before the last when there is a ``ceiling`` (otherwise no pass there). An unhealthy look claims
     nothing. The rounding at alpha itself is resolved by the look's own decision (``verdict``)."""
     n = len(est.per_input)
     p_fail, p_pass = 1.0, 1.0
@@ -149,8 +178,11 @@ def _look_p_values(est: Estimate, n_total: int, threshold: float, last: bool, sh
             if est.arithmetic is not None:
                 parts.append(_mean_and_se(*est.arithmetic, n / n_total))
             p_pass = max(_t_p(threshold - mean, se, n - 1) for mean, se in parts)
+        elif ceiling is not None:
+            p_pass = max(_t_p(threshold - centre, se, n - 1)
+                         for centre, se in _early_upper_parts(est, n_total, ceiling))
     scaled = {"fail": min(1.0, p_fail / share), "pass": min(1.0, p_pass / share)}
-    made = {"fail": verdict == "fail", "pass": last and verdict == "pass"}
+    made = {"fail": verdict == "fail", "pass": (last or ceiling is not None) and verdict == "pass"}
     return {f"p_{side}": (min(p, alpha) if made[side] else max(p, math.nextafter(alpha, 1.0)))
             for side, p in scaled.items()}
 
