@@ -446,19 +446,24 @@ def test_an_nppr_ball_that_covers_most_of_the_box_warns(eps, norm, fragment):
         nppr(SmallNet().eval(), (x, y), eps=eps, norm=norm, **ONE_THREAD_NPPR)
 
 
+def small_net_conftest(n: int) -> str:
+    """A conftest whose robust_model is the toy SmallNet and robust_data n toy images."""
+    return f"""
+import pytest
+from toy_models import SmallNet, image_data
+
+@pytest.fixture
+def robust_model():
+    return SmallNet().eval()
+
+@pytest.fixture
+def robust_data():
+    return image_data(n={n})
+"""
+
+
 def test_the_q_checks_default_ball_warns_when_robust_eps_is_in_grey_levels(pytester):
-    pytester.makeconftest("""
-        import pytest
-        from toy_models import SmallNet, image_data
-
-        @pytest.fixture
-        def robust_model():
-            return SmallNet().eval()
-
-        @pytest.fixture
-        def robust_data():
-            return image_data(n=8)
-    """)
+    pytester.makeconftest(small_net_conftest(8))
     pytester.makepyfile("""
         import pytest
 
@@ -514,22 +519,12 @@ def test_a_misspelt_fixture_name_suggests_the_closest_fixture(pytester, marker, 
 
 
 def test_a_misspelt_fixture_valued_parameter_suggests_the_closest_fixture(pytester):
-    pytester.makeconftest("""
-        import pytest
-        from toy_models import SmallNet, image_data
+    pytester.makeconftest(small_net_conftest(40) + """
 
-        @pytest.fixture
-        def robust_model():
-            return SmallNet().eval()
-
-        @pytest.fixture
-        def robust_data():
-            return image_data(n=40)
-
-        @pytest.fixture
-        def fit_images():
-            return image_data(n=40, seed=1)
-    """)
+@pytest.fixture
+def fit_images():
+    return image_data(n=40, seed=1)
+""")
     pytester.makepyfile("""
         import pytest
 
