@@ -111,27 +111,20 @@ def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
 
 
 def _pairing(name: str, metric: Metric, kwargs: dict) -> dict | None:
-    """The paired form asked for by ``reference=`` and ``max_drop=`` (``max_increase=``), validated;
-    its threshold keyword (``tsrm=``) must then be None."""
+    """The paired form a marker asks for (``Metric.pairing``), its reference a fixture's name."""
     keys = metric.paired_keys()
-    if not keys or not any(k in kwargs for k in keys):
+    if not keys:
         return None
-    reference, margin_key = keys
-    if not all(k in kwargs for k in keys):
-        raise MarkerError(f"robust({name}=...): the paired form needs both reference= (a fixture name: the reference "
-                          f"model) and {margin_key}= (the largest {margin_key.split('_')[1]} allowed)")
     threshold_key = metric.threshold_key or name
-    if kwargs.get(threshold_key) is not None:
-        raise MarkerError(f"robust({name}=...): give either {threshold_key}=<threshold> (an absolute requirement) or "
-                          f"reference= with {margin_key}= (a paired comparison) with {threshold_key}=None, not both")
-    if not isinstance(kwargs[reference], str) or not kwargs[reference].isidentifier():
-        raise MarkerError(f"robust({name}=...): reference={kwargs[reference]!r} must name a fixture that returns "
-                          "the reference model, e.g. reference='prod_model'")
-    check = validation.non_negative_float if metric.direction == "<=" else validation.unit_interval
     try:
-        return {"reference": kwargs[reference], "margin": check(margin_key, kwargs[margin_key])}
-    except SettingError as err:
+        pairing = metric.pairing(f"robust({name}=...)", threshold_key, kwargs.get(threshold_key),
+                                 kwargs.get(keys[0]), kwargs.get(keys[1]))
+    except (SettingError, ArgumentError) as err:
         raise MarkerError(str(err)) from None
+    if pairing is not None and not (isinstance(pairing[0], str) and pairing[0].isidentifier()):
+        raise MarkerError(f"robust({name}=...): reference={pairing[0]!r} must name a fixture that returns "
+                          "the reference model, e.g. reference='prod_model'")
+    return None if pairing is None else {"reference": pairing[0], "margin": pairing[1]}
 
 
 def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: str = "",

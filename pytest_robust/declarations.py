@@ -132,6 +132,23 @@ class Metric:
             return ()
         return "reference", "max_increase" if self.direction == "<=" else "max_drop"
 
+    def pairing(self, name: str, threshold_key: str, threshold, reference, margin) -> tuple | None:
+        """(reference, margin) of a request for the paired form, validated, or None for an ordinary
+        check: ``reference`` and the margin (``max_drop`` / ``max_increase``) go together, and the
+        threshold (``threshold_key``, as the caller spells it) must then be None. ``name`` is how
+        the caller shows the check in messages."""
+        if reference is None and margin is None:
+            return None
+        key = self.paired_keys()[1]
+        if reference is None or margin is None:
+            raise ArgumentError(f"{name}: the paired form needs both reference= (the reference model) and {key}= "
+                                f"(the largest {key.split('_')[1]} allowed)")
+        if threshold is not None:
+            raise ArgumentError(f"{name}: give either {threshold_key}= (an absolute requirement) or reference= with "
+                                f"{key}= (a paired comparison), not both")
+        check = validation.non_negative_float if self.direction == "<=" else validation.unit_interval
+        return reference, check(key, margin)
+
     def call_threshold(self) -> str:
         """The threshold's keyword in a library or fixture call."""
         return self.threshold_key or "threshold"

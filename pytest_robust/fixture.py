@@ -86,10 +86,10 @@ class RobustFixture:
 
     def _paired(self, name: str, declared, threshold, given: list) -> dict | None:
         """The paired form of a fixture call: ``reference=`` a model or a fixture name, and its margin."""
-        from .library import checked_pairing
-
+        if not declared.paired:
+            return None
         try:
-            pairing = checked_pairing(f"robust.{name}", declared, threshold, tuple(given))
+            pairing = declared.pairing(f"robust.{name}", declared.call_threshold(), threshold, *given)
         except RobustError as err:
             pytest.fail(str(err), pytrace=False)
         if pairing is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import math
 
-from . import model_io, validation
+from . import model_io
 from .declarations import REQUIRED, Metric, load
 from .perturbations import as_perturbation
 from .procedures import paired as paired_procedures
@@ -58,32 +58,18 @@ def function(name: str, metric: Metric, public: str | None = None):
         given = dict(bound.arguments)
         model, data = given.pop("model"), given.pop("data")
         threshold = given.pop(metric.call_threshold())
-        paired = tuple(given.pop(k) for k in metric.paired_keys())
+        paired = metric.pairing(public, metric.call_threshold(), threshold,
+                                *(given.pop(k) for k in metric.paired_keys())) if metric.paired else None
         common = {k: given.pop(k) for k in COMMON}
         settings = Settings(**{k: given.pop(k) for k in metric.settings})
         with model_io.model_interface(*_interface(common.pop("normalize"), common.pop("logits"))):
             return evaluate(name, metric, model, data, threshold, metric.resolved(given, settings),
-                            paired=checked_pairing(public, metric, threshold, paired), **common)
+                            paired=paired, **common)
 
     check.__name__ = check.__qualname__ = public
     check.__signature__ = sig
     check.__doc__ = f"{metric.title or name}: {metric.doc}\n\nKeywords:\n\n" + metric.help(name)
     return check
-
-
-def checked_pairing(name: str, metric: Metric, threshold, paired: tuple) -> tuple | None:
-    """(reference, margin) of a paired call, None for an ordinary one; a half-given or mixed
-    request is an ArgumentError naming what is missing."""
-    if not paired or all(v is None for v in paired):
-        return None
-    keys = metric.paired_keys()
-    if any(v is None for v in paired):
-        raise ArgumentError(f"{name}: the paired form needs both {keys[0]}= (the reference model) and {keys[1]}= (the "
-                            f"largest {keys[1].split('_')[1]} allowed)")
-    if threshold is not None:
-        raise ArgumentError(f"{name}: give either {metric.call_threshold()}= (an absolute requirement) or "
-                            f"{keys[0]}= with {keys[1]}= (a paired comparison), not both")
-    return paired
 
 
 def _interface(normalize, logits) -> tuple:
@@ -145,11 +131,7 @@ def _called(body, run: Run, params: dict, name: str) -> Result:
 def _paired(name: str, metric: Metric, body, check: tuple, paired: tuple, shape: dict) -> Result:
     """The paired form of the check (``procedures.paired``): both models run with the same seed,
     so they see the same inputs, perturbations and noise."""
-    (model, data, params), (reference, margin) = check, paired
-    if metric.paired is None:
-        raise ArgumentError(f"{name} has no paired form (reference=): compare two runs of it instead")
-    key = metric.paired_keys()[1]
-    margin = (validation.non_negative_float if metric.direction == "<=" else validation.unit_interval)(key, margin)
+    (model, data, params), (reference, margin) = check, paired  # validated by Metric.pairing
     with Run(name, model, data, **shape) as run, Run(name, reference, data, **shape) as ref:
         if metric.paired == "bernoulli":
             return paired_procedures.bernoulli(run, ref, run.perturbation, margin, repr(run.perturbation))

@@ -30,6 +30,15 @@ OUTCOME_RANK = {
     "certified": 3,
     "robust": 3,
 }
+#: The rank of an outcome that met the check's requirement ("robust", "certified", ...).
+GOOD = max(OUTCOME_RANK.values())
+
+
+def is_good(outcome: str) -> bool:
+    """Whether an input's outcome met the check's requirement (the best rank of ``OUTCOME_RANK``)."""
+    return OUTCOME_RANK.get(outcome, OUTCOME_RANK["undecided"]) == GOOD
+
+
 #: How many worst inputs the summary names per check.
 WORST = 10
 

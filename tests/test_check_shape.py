@@ -38,8 +38,13 @@ BOX = UniformLinf(eps=0.1)
 #: Every model-calling entry point, on SmallNet-sized work, cheap enough for a unit test.
 CHECKS = {
     "tsrm": lambda m, d, **k: tsrm(m, d, perturbation=BOX, threshold=0.5, budget=3000, **k),
+    "tsrm_paired": lambda m, d, **k: tsrm(m, d, perturbation=BOX, reference=SmallNet(seed=1).eval(), max_drop=0.1,
+                                          budget=3000, **k),
     "q_hmc": lambda m, d, **k: intermediate_q(m, d, perturbation=BOX, q=10, chains=4, steps=6, warmup=2, pgd_steps=3,
                                               budget=20_000, **k),
+    "q_paired": lambda m, d, **k: intermediate_q(m, d, perturbation=BOX, q=1, estimator="mc", chains=4, steps=8,
+                                                 pgd_steps=3, reference=SmallNet(seed=1).eval(), max_increase=1.0,
+                                                 budget=20_000, **k),
     "q_mc": lambda m, d, **k: intermediate_q(m, d, perturbation=BOX, q=1, estimator="mc", chains=4, steps=8, pgd_steps=3,
                                              budget=20_000, **k),
     "certified_accuracy": lambda m, d, **k: certified_accuracy(m, d, threshold=None, radius=0.05, sigma=0.25, max_draws=3000,

@@ -355,6 +355,8 @@ def _strict_collectives() -> None:
 UNEVEN = {
     "tsrm": lambda m, d: tsrm(m, d, perturbation=UniformLinf(eps=0.1), threshold=None, budget=612, batch_size=512),
     "tsrm_gate": lambda m, d: tsrm(m, d, perturbation=UniformLinf(eps=0.1), threshold=0.3, budget=1300, batch_size=512),
+    "tsrm_paired": lambda m, d: tsrm(m, d, perturbation=UniformLinf(eps=0.1), reference=SmallNet(seed=1).eval(),
+                                     max_drop=0.05, budget=2600, batch_size=512),
     "corruption_accuracy": lambda m, d: corruption_accuracy(
         m, d, threshold=None, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=612,
         batch_size=512),

@@ -71,10 +71,11 @@ def noise_generator(run: Run, name: str, block: int) -> torch.Generator:
 
 
 def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
-          forwards: tuple = ()):
+          references: tuple = ()):
     """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
-    The outcomes have one row per model: the run's, then those of ``forwards`` (the paired
-    procedure's reference), each evaluated on the same perturbed draws.
+    The outcomes have one row per model: the run's, then those of the runs ``references`` (the
+    paired procedure's reference), each evaluated on the same perturbed draws (in its own working
+    dtype).
 
     A step is ``ceil(batch_size / BLOCK)`` blocks per process, fewer when the remaining draws
     (``limit``) need fewer or when ``most`` (blocks in all) is smaller; under torch.distributed rank r
@@ -88,7 +89,8 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
     indices come back together.
     """
     rank, size = collective.world()
-    models = (run.forward, *forwards)
+    runs = (run, *references)
+    models = tuple(r.forward for r in runs)
     batch = min(f.batch_size for f in models)
     per_rank = max(1, min(-(-batch // BLOCK), -(-limit // (BLOCK * size)), -(-most // size)))
     mine = range(first + rank, first + per_rank * size, size)
@@ -104,9 +106,9 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
     # per block: each model's outcomes, then this rank's finiteness flag of each model and batch size
     local = torch.zeros((per_rank, width + len(models) + 1), dtype=torch.long, device=dev)
     with contextlib.ExitStack() as deferred:
-        for m, forward in enumerate(models):
+        for m, (forward, each) in enumerate(zip(models, runs)):
             deferred.enter_context(forward.deferring())
-            for j, part in enumerate(correct_predictions(forward.logits(x), y).split(needed)):
+            for j, part in enumerate(correct_predictions(forward.logits(x.to(each.dtype)), y).split(needed)):
                 local[j, m * BLOCK: m * BLOCK + len(part)] = part
         local[:, width: width + len(models)] = torch.cat([f.finite_flag(dev) for f in models])
         local[:, -1] = min(f.batch_size for f in models)

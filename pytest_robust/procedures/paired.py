@@ -39,6 +39,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..engine import report_progress
+from ..per_input import is_good
 from ..results import Result, decide
 from ..stats import t_quantile
 from .bernoulli import step
@@ -135,7 +136,7 @@ def bernoulli(run, ref, perturbation, margin: float, perturbation_name: str) -> 
     while drawn < draws and gate.decision is None:
         # steps grow by a quarter (at least one block): a decision overshoots by at most ~25%
         (c, r), _, consumed = step(run, run.ds, perturbation, run.streams, block, draws - drawn,
-                                   max(1, block // 4), (ref.forward,))
+                                   max(1, block // 4), (ref,))
         block += consumed
         cand.append(c)
         refs.append(r)
@@ -156,10 +157,10 @@ def bernoulli(run, ref, perturbation, margin: float, perturbation_name: str) -> 
 
 
 def outcomes(run, ref, candidate: Result, reference: Result, margin: float) -> Result:
-    """The paired per-input check from two per-input tables whose outcome column marks the good
-    outcome ("robust", "certified", ...): D_i = R_i - C_i over the inputs both tables hold."""
-    good = _good_outcome(candidate)
-    c, r = (_column(t, lambda o: o == good) for t in (candidate, reference))
+    """The paired per-input check from two per-input tables: D_i = R_i - C_i over the inputs both
+    tables hold, an input counting as correct when its outcome met the requirement
+    (``per_input.is_good``: "robust", "certified")."""
+    c, r = (_column(t, is_good) for t in (candidate, reference))
     index = sorted(set(c) & set(r))
     order = np.random.default_rng(run.seed).permutation(len(index))
     cv = np.array([c[i] for i in index], dtype=bool)[order]
@@ -188,14 +189,6 @@ def values(run, ref, candidate: Result, reference: Result, margin: float) -> Res
     bounds = (mean - half, mean + half) if math.isfinite(half) else (-1e300, 1e300)
     return paired_result(run, ref, (mean, *bounds), margin, candidate.perturbation, counts,
                          "one-sided Student-t bounds on the mean per-input difference", (candidate, reference))
-
-
-def _good_outcome(result: Result) -> str:
-    outcomes_ = set(result.details["per_input"]["outcome"])
-    for good in ("robust", "certified", "correct", "stable"):
-        if good in outcomes_ or not outcomes_ - {"broken", "misclassified", "not certified", "abstained", "open"}:
-            return good
-    return sorted(outcomes_)[0]
 
 
 def _column(result: Result, convert, key: str = "outcome") -> dict:
