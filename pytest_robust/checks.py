@@ -100,6 +100,10 @@ def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
         raise MarkerError(
             f"robust({name}=...) needs {', '.join(k + '=' for k in missing)}; " + valid_keywords(metrics, name)
         )
+    if not paired and kwargs[threshold_key] is None and metric.paired_keys():
+        raise MarkerError(f"robust({name}=...): {threshold_key}=None needs a paired comparison instead: reference= (a "
+                          f"fixture returning the reference model) and {metric.paired_keys()[1]}=; or give "
+                          f"{threshold_key}= a threshold")
     try:
         threshold = None if paired else metric.threshold(threshold_key, kwargs[threshold_key])
         overrides = {k: v for k, v in kwargs.items() if k in KEY_NAMES}

@@ -89,9 +89,11 @@ class RobustFixture:
         if not declared.paired:
             return None
         try:
-            pairing = declared.pairing(f"robust.{name}", declared.call_threshold(), threshold, *given)
+            pairing, problem = declared.pairing(f"robust.{name}", declared.call_threshold(), threshold, *given), None
         except RobustError as err:
-            pytest.fail(str(err), pytrace=False)
+            pairing, problem = None, str(err)
+        if problem:  # failed outside the except block, so pytest shows the message once
+            pytest.fail(problem, pytrace=False)
         if pairing is None:
             return None
         reference, margin = pairing

@@ -53,7 +53,8 @@ def function(name: str, metric: Metric, public: str | None = None):
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as err:
-            raise ArgumentError(f"{public}{sig}: {err}: everything after (model, data) is a keyword") from None
+            raise ArgumentError(f"{public}(): {err}: everything after (model, data) is a keyword; the signature is "
+                                f"{public}{sig}") from None
         bound.apply_defaults()
         given = dict(bound.arguments)
         model, data = given.pop("model"), given.pop("data")

@@ -259,6 +259,7 @@ def test_marker_fixture_and_yaml_run_the_paired_gate(pytester):
     ("tsrm=None, perturbation=UniformLinf(eps=0.1), reference='prod_model'", "needs both reference="),
     ("tsrm=None, perturbation=UniformLinf(eps=0.1), reference=3, max_drop=0.01", "must name a fixture"),
     ("nppr=None, eps=0.1, reference='prod_model', max_drop=0.01", "unknown keyword(s) reference"),
+    ("tsrm=None, perturbation=UniformLinf(eps=0.1)", "tsrm=None needs a paired comparison instead: reference="),
 ])
 def test_bad_paired_markers_are_usage_errors(pytester, marker, message):
     pytester.makeconftest(CONFTEST)
@@ -267,3 +268,18 @@ def test_bad_paired_markers_are_usage_errors(pytester, marker, message):
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stdout.str() + result.stderr.str()
+
+
+def test_a_half_given_paired_fixture_call_fails_with_its_message_once(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile("""
+        from pytest_robust import UniformLinf
+
+        def test_x(robust, robust_model, robust_data):
+            robust.tsrm(robust_model, robust_data, perturbation=UniformLinf(eps=0.1), reference=robust_model)
+    """)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED and "During handling" not in out and "Traceback" not in out
+    failures = out.split("short test summary")[0]
+    assert failures.count("robust.tsrm: the paired form needs both reference= (the reference model) and max_drop=") == 1
