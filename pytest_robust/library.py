@@ -135,7 +135,7 @@ def _paired(name: str, metric: Metric, body, check: tuple, paired: tuple, shape:
     (model, data, params), (reference, margin) = check, paired  # validated by Metric.pairing
     with Run(name, model, data, **shape) as run, Run(name, reference, data, **shape) as ref:
         if metric.paired == "bernoulli":
-            return paired_procedures.bernoulli(run, ref, run.perturbation, margin, repr(run.perturbation))
+            return paired_procedures.bernoulli(run, ref, run.perturbation, margin)
         candidate, baseline = _called(body, run, params, name), _called(body, ref, params, name)
         return getattr(paired_procedures, metric.paired)(run, ref, candidate, baseline, margin)
 

@@ -66,12 +66,19 @@ def _log_capital(z: np.ndarray, reach: float) -> np.ndarray:
     return np.cumsum(np.log1p(lam * z))
 
 
+def _capital(d: np.ndarray, m: float, claim: str) -> np.ndarray:
+    """Log capital over ``d`` of the test that proves ``claim`` about m: "below" rejects E[D] >= m
+    (Z = m - D, which can lose at most 1 - m), "above" rejects E[D] <= m (Z = D - m, at most 1 + m)."""
+    z, reach = (m - d, 1.0 - m) if claim == "below" else (d - m, 1.0 + m)
+    return _log_capital(z, max(reach, 1e-9))
+
+
 def _rejected(d: np.ndarray, margin: float, alpha: float) -> tuple[int | None, int | None]:
     """(first draw at which "E[D] < margin" is proven, first at which "E[D] > margin" is), or None."""
     level = math.log(1.0 / alpha)
     out = []
-    for z, reach in ((margin - d, 1.0 - margin), (d - margin, 1.0 + margin)):
-        hits = np.flatnonzero(_log_capital(z, max(reach, 1e-9)) >= level)
+    for claim in ("below", "above"):
+        hits = np.flatnonzero(_capital(d, margin, claim) >= level)
         out.append(int(hits[0]) + 1 if len(hits) else None)
     return out[0], out[1]
 
@@ -79,9 +86,8 @@ def _rejected(d: np.ndarray, margin: float, alpha: float) -> tuple[int | None, i
 def p_values(d: np.ndarray, margin: float) -> dict:
     """{"pass": p, "fail": p}: the anytime-valid p-value of each claim, 1 / the largest capital its
     test reached over ``d`` (<= alpha exactly when the test rejected at level alpha)."""
-    sides = {"pass": (margin - d, 1.0 - margin), "fail": (d - margin, 1.0 + margin)}
-    return {claim: float(min(1.0, math.exp(-max(0.0, _log_capital(z, max(reach, 1e-9)).max(initial=0.0)))))
-            for claim, (z, reach) in sides.items()}
+    return {verdict: float(min(1.0, math.exp(-max(0.0, _capital(d, margin, claim).max(initial=0.0)))))
+            for verdict, claim in (("pass", "below"), ("fail", "above"))}
 
 
 def confidence_sequence(d: np.ndarray, alpha: float, tol: float = 1e-4) -> tuple[float, float]:
@@ -91,20 +97,19 @@ def confidence_sequence(d: np.ndarray, alpha: float, tol: float = 1e-4) -> tuple
     regions are the intervals below lower and above upper)."""
     level = math.log(1.0 / alpha)
 
-    def rejects(m: float, side: int) -> bool:  # side 1: E[D] <= m rejected; side -1: E[D] >= m rejected
-        reach = 1.0 + m if side == 1 else 1.0 - m
-        return len(d) > 0 and _log_capital(side * (d - m), max(reach, 1e-9)).max() >= level
+    def rejects(m: float, claim: str) -> bool:
+        return len(d) > 0 and _capital(d, m, claim).max() >= level
 
-    def edge(side: int) -> float:
-        inside, outside = (-1.0, 1.0) if side == 1 else (1.0, -1.0)  # rejected end, kept end
-        if not rejects(inside, side):
+    def edge(claim: str) -> float:
+        inside, outside = (-1.0, 1.0) if claim == "above" else (1.0, -1.0)  # rejected end, kept end
+        if not rejects(inside, claim):
             return inside
         while abs(outside - inside) > tol:
             mid = 0.5 * (inside + outside)
-            inside, outside = (mid, outside) if rejects(mid, side) else (inside, mid)
+            inside, outside = (mid, outside) if rejects(mid, claim) else (inside, mid)
         return inside
 
-    return edge(1), edge(-1)
+    return edge("above"), edge("below")
 
 
 class PairedGate:
@@ -128,7 +133,7 @@ class PairedGate:
         return self.decision[1] if self.decision else len(self.d)
 
 
-def bernoulli(run, ref, perturbation, margin: float, perturbation_name: str) -> Result:
+def bernoulli(run, ref, perturbation, margin: float) -> Result:
     """The paired Bernoulli check: draws until the paired gate decides "drop <= margin" or the
     budget (two model evaluations per draw) is spent."""
     gate, draws = PairedGate(margin, run.alpha), max(1, run.args.budget // 2)
@@ -152,7 +157,7 @@ def bernoulli(run, ref, perturbation, margin: float, perturbation_name: str) -> 
     counts = {"draws": used, "candidate_correct": int(c.sum()), "reference_correct": int(r.sum()),
               "reference_only": int((r & ~c).sum()), "candidate_only": int((c & ~r).sum())}
     counts["p_values"] = p_values(r.astype(float) - c.astype(float), margin)
-    return paired_result(run, ref, (float(r.mean() - c.mean()), lower, upper), margin, perturbation_name, counts,
+    return paired_result(run, ref, (float(r.mean() - c.mean()), lower, upper), margin, repr(perturbation), counts,
                          "anytime-valid betting tests on the paired differences (variance-adaptive bets)")
 
 
