@@ -18,7 +18,7 @@ import pytest
 from pytest_robust.procedures.rounds import CERTIFIED, OPEN, REFUTED, GatePlan, GateState
 from pytest_robust.procedures.rounds import p_values as certified_p_values
 from pytest_robust.results import decide
-from pytest_robust.session import gate_confidence, holm_adjust
+from pytest_robust.familywise import gate_confidence, holm_adjust
 from pytest_robust.stats import (SequentialGate, clopper_pearson_lower, clopper_pearson_p_values,
                                  clopper_pearson_upper, holm, t_sf)
 from pytest_robust.stats import group_sequential as gs

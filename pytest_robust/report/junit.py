@@ -45,7 +45,7 @@ def metric_junit(results: list[dict], env: dict, familywise: dict | None = None)
     """The XML text: suites per model (``Result.model``), one case per check: a failure for a
     check that failed or was inconclusive, an error for one that could not run, skipped for a
     skipped test's checks and for expected failures (as pytest's own JUnit file does); a check
-    that is not enforced passes, with its message as output. ``familywise`` (``session.holm_adjust``'s
+    that is not enforced passes, with its message as output. ``familywise`` (``familywise.holm_adjust``'s
     summary) becomes the suites' ``robust.familywise`` property."""
     by_model: dict[str, list[Result]] = {}
     for data in results:

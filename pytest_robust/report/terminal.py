@@ -106,7 +106,7 @@ def _fit(rows: list[tuple[str, ...]], width: int) -> list[str]:
 
 
 def familywise_text(family: dict) -> list[str]:
-    """The family-wise adjustment in sentences (``session.holm_adjust``'s summary): first the
+    """The family-wise adjustment in sentences (``familywise.holm_adjust``'s summary): first the
     family and the adjustment, then one line per verdict it changed or would allow."""
     gate = family["gate_level"]
     head = (f"Holm's step-down at alpha={family['alpha']:g} over a family of {family['family']} "
