@@ -1,7 +1,9 @@
 """The numbers of every check on fixed inputs, for the no-number-change test (tests/test_numbers.py).
 
 Each case runs one library function on the digits models with a small budget, one CPU thread and a
-fixed seed, and keeps what a user reads: verdict, estimate, bounds, draws and model evaluations.
+fixed seed, and keeps what a user reads: verdict, estimate, bounds, draws and model evaluations, and,
+for the MCMC-based q check, the Monte Carlo standard error of its estimate across chains
+(``details["mcmc_se"]``), from which tests/test_numbers.py derives that case's tolerance.
 ``python tests/numbers_snapshot.py`` rewrites tests/data/numbers.json; do that only with a commit
 that names the defect fix which changed a number.
 """
@@ -56,6 +58,8 @@ def numbers() -> dict:
         r = call()
         out[name] = {"verdict": r.verdict, "estimate": r.estimate, "lower": r.lower, "upper": r.upper,
                      "draws": r.draws, "forward_passes": r.forward_passes}
+        if "mcmc_se" in r.details:
+            out[name]["mcmc_se"] = r.details["mcmc_se"]
     return out
 
 

@@ -91,6 +91,7 @@ def _details(plan: Plan, est: Estimate, cost: dict, q_inf: float, q_inf_name: st
         "method": describe(plan.config),
         "loss": repr(plan.loss),
         "monte_carlo": float(est.mc.mean()),
+        "mcmc_se": float(np.sqrt(est.between_chain_var.sum()) / n),
         "monte_carlo_draws_per_input": plan.config.mc_draws,
         "q_infinity": q_inf,
         "q_infinity_method": q_inf_name,
