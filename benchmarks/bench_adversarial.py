@@ -40,13 +40,13 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 # importing common first puts the repository root and examples/digits on sys.path
 from common import digits, header, load, load_average, markdown_table, parse_args, report
+from torch import nn
 
 from pytest_robust import adversarial_accuracy
-from pytest_robust.engine import correct_predictions
+from pytest_robust.engine.forward import correct_predictions
 
 SEED = 0
 #: (model, radii) of the digits CNNs; "wide" is trained by this script.

@@ -42,6 +42,7 @@ import types
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 # importing common first puts the repository root on sys.path
 from common import header, markdown_table, parse_args, report
 

@@ -22,8 +22,8 @@ import sys
 # importing common first puts the repository root and examples/digits on sys.path
 from common import digits, header, load, load_average, markdown_table, parse_args, report, timed
 
-from pytest_robust.perturbations.gmm import DEPENDENCIES
-from pytest_robust.metrics.nppr import nppr
+from pytest_robust.checks.nppr.check import nppr
+from pytest_robust.checks.nppr.gmm import DEPENDENCIES
 
 SEED = 0
 MODELS = ("standard", "noise")

@@ -16,14 +16,14 @@ Both are averaged over ``--seeds`` seeds. Counts of model evaluations do not dep
 
 from __future__ import annotations
 
+import common
 import numpy as np
 import torch
-
-import common
 from digits_model import noisy_copy
+
 from pytest_robust import GaussianNoise, UniformLinf, tsrm
+from pytest_robust.engine.run import Run
 from pytest_robust.procedures.bernoulli import bernoulli_stream
-from pytest_robust.run import Run
 from pytest_robust.stats import confidence_sequence
 
 ALPHA, MARGIN, MOST = 0.05, 0.01, 100_000

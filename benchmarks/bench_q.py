@@ -37,7 +37,7 @@ from __future__ import annotations
 # importing common first puts the repository root and examples/digits on sys.path
 from common import digits, header, load, markdown_table, parse_args, report, timed
 
-from pytest_robust.metrics.intermediate_q import intermediate_q
+from pytest_robust.checks.q.check import intermediate_q
 from pytest_robust.perturbations import Spatial, UniformLinf
 
 EPS = 0.3

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from common import digits, header, load, markdown_table, parse_args, report, timed
 
-from pytest_robust.analyses.q_plan import AUTO_MC_MAX_Q
-from pytest_robust.engine import stream_generator
-from pytest_robust.metrics.intermediate_q import intermediate_q
+from pytest_robust.checks.q.check import intermediate_q
+from pytest_robust.checks.q.plan import AUTO_MC_MAX_Q
+from pytest_robust.checks.q.qnorm import log_cross_entropy, mc_log_estimate, weight_ess
+from pytest_robust.engine.streams import stream_generator
 from pytest_robust.perturbations import UniformLinf
-from pytest_robust.qnorm import log_cross_entropy, mc_log_estimate, weight_ess
 
 EPS = 0.3
 FULL = dict(inputs=32, seeds=4, qs=(1, 2, 3, 5, 10), reference_draws=20_000)

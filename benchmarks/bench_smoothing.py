@@ -57,17 +57,17 @@ from __future__ import annotations
 import statistics
 
 import numpy as np
-import torch
-# importing common first puts the repository root and examples/digits on sys.path
-from common import (digits, forward_loop, header, interleaved, load, markdown_table, parse_args, report, timed,
-                    timed_cpu)
-
 import rs_conf_seq
-from pytest_robust import certificates
-from pytest_robust.engine import correct_predictions
-from pytest_robust.analyses.cohen import certify, predict
-from pytest_robust.analyses.smoothing_draws import draw_noisy
-from pytest_robust.metrics.certified_accuracy import certified_accuracy
+import torch
+
+# importing common first puts the repository root and examples/digits on sys.path
+from common import digits, forward_loop, header, interleaved, load, markdown_table, parse_args, report, timed, timed_cpu
+
+from pytest_robust.checks.smoothing import certificates
+from pytest_robust.checks.smoothing.check import certified_accuracy
+from pytest_robust.checks.smoothing.cohen import certify, predict
+from pytest_robust.checks.smoothing.draws import draw_noisy
+from pytest_robust.engine.forward import correct_predictions
 
 SIGMA = 0.25
 RADIUS = 0.5

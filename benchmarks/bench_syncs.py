@@ -11,7 +11,7 @@ but more work (more draws, steps or inputs), and the table reports the *marginal
     (syncs of the larger run - syncs of the smaller run) / (model calls of the larger - smaller)
 
 so that the one-off checks a check makes at its start (box, probe, first-batch inspection) do
-not count. The counter is ``pytest_robust.host_syncs.count_host_syncs``: on ``--device cuda`` CUDA's
+not count. The counter is ``pytest_robust.engine.host_syncs.count_host_syncs``: on ``--device cuda`` CUDA's
 own sync debug mode (every synchronising call, blocking uploads included); on the CPU a stand-in
 that counts the host reads the code makes. The model's own forward passes are excluded. The goal
 is at most 2 per model batch; "where" names the source lines that synced in the larger run.
@@ -19,14 +19,21 @@ is at most 2 per model batch; "where" names the source lines that synced in the 
 
 from __future__ import annotations
 
-import torch
 from common import digits, header, load, markdown_table, parse_args, report
 
 from pytest_robust import (
-    Spatial, UniformLinf, adversarial_accuracy, certified_accuracy, certify,
-    corruption_accuracy, intermediate_q, nppr, predict, tsrm,
+    Spatial,
+    UniformLinf,
+    adversarial_accuracy,
+    certified_accuracy,
+    certify,
+    corruption_accuracy,
+    intermediate_q,
+    nppr,
+    predict,
+    tsrm,
 )
-from pytest_robust.host_syncs import count_host_syncs
+from pytest_robust.engine.host_syncs import count_host_syncs
 
 BATCH = 256
 GRID = dict(corruptions=["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur",

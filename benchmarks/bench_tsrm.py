@@ -26,6 +26,7 @@ import statistics
 
 import numpy as np
 import torch
+
 # importing common first puts the repository root and examples/digits on sys.path
 from common import digits, forward_loop, header, interleaved, load, markdown_table, parse_args, report, timed_cpu
 from scipy.stats import beta, binom

@@ -37,7 +37,13 @@ import torchvision
 from common import digits, forward_loop, header, load, markdown_table, parse_args, report, timed
 
 from pytest_robust import (
-    UniformLinf, adversarial_accuracy, certified_accuracy, corruption_accuracy, execution, intermediate_q, nppr,
+    UniformLinf,
+    adversarial_accuracy,
+    certified_accuracy,
+    corruption_accuracy,
+    execution,
+    intermediate_q,
+    nppr,
     tsrm,
 )
 

@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench_tsrm import bare_batches, bare_rate, engine_rate
+
 # importing common first puts the repository root and examples/digits on sys.path
 from common import ROOT, digits, header, load, load_average, markdown_table, parse_args, sync
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import pytest
 
-from .errors import SettingError
-from .recording import SPECS
-from .stats.familywise import holm, level
-from .validation import choice
+from pytest_robust.errors import SettingError
+from pytest_robust.recording import SPECS
+from pytest_robust.settings.validation import choice
+from pytest_robust.stats.familywise import holm, level
 
 #: The methods of ``--robust-familywise`` (ini ``robust_familywise``).
 FAMILYWISE = ("none", "holm")

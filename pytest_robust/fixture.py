@@ -12,11 +12,11 @@ import inspect
 
 import pytest
 
-from .checks import CheckSpec, suggest, valid_keywords
-from .errors import RobustError
-from .recording import ITEM_RESULTS, RECORDED, enforce, evaluate, metrics, not_run, run_spec, settings_for
-from .results import Result
-from .settings import KEY_NAMES, Settings
+from pytest_robust.checks.registry import CheckSpec, suggest
+from pytest_robust.errors import RobustError
+from pytest_robust.recording import ITEM_RESULTS, RECORDED, enforce, evaluate, metrics, not_run, run_spec, settings_for
+from pytest_robust.results import Result
+from pytest_robust.settings.keys import KEY_NAMES, Settings
 
 
 class RobustFixture:
@@ -32,74 +32,57 @@ class RobustFixture:
     @property
     def device(self):
         """The torch.device this test's checks run on."""
-        from .engine import resolve_device
+        from pytest_robust.engine.device import resolve_device
 
         return resolve_device(self.settings.device)
-
-    def _split(self, kwargs: dict, source: str) -> tuple[Settings, dict]:
-        """(settings with the setting keys of ``kwargs`` applied, the remaining parameters)."""
-        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in KEY_NAMES}
-        return settings_for(self.settings, overrides, f"argument of robust.{source}"), kwargs
 
     def measure(self, metric: str, model, data, **kwargs) -> Result:
         """Any registered check (built-in or from a ``pytest_robust_metrics`` hook) through the same
         path as a marker: ``robust.measure("tsrm", model, data, perturbation=..., threshold=0.9)``
         is ``robust.tsrm(model, data, perturbation=..., threshold=0.9)``: the library function's
-        keywords (its threshold, its parameters; a fixture-valued parameter may name a fixture),
-        plus settings keys, which override this test's settings. With a threshold the result
-        gates the test at its end like a marker, unless the call says ``enforce=False`` (then it is
-        recorded as not enforced, ``details["enforced"]`` False, which the metric-level JUnit file
-        shows as a passed testcase, never a failure). The result names the model by its fixture's
-        name when it is one of the test's fixtures (as a marker's result does), else by its class."""
+        keywords (its threshold, its parameters; a fixture-valued parameter or ``reference=`` may
+        name a fixture), plus settings keys, which override this test's settings; a parameter of
+        the check wins over a setting of the same name (``eps``), as everywhere (``Metric.accept``).
+        With a threshold the result gates the test at its end like a marker, unless the call says
+        ``enforce=False`` (then it is recorded as not enforced, ``details["enforced"]`` False, which
+        the metric-level JUnit file shows as a passed testcase, never a failure). The result names
+        the model by its fixture's name when it is one of the test's fixtures (as a marker's result
+        does), else by its class."""
         registered = metrics(self._request.config)
         if metric not in registered:
             pytest.fail(f"robust.measure: no metric {metric!r}{suggest(metric, registered)}; registered: "
                         f"{', '.join(registered)}", pytrace=False)
-        declared = registered[metric]
-        threshold_key, allowed = declared.call_threshold(), declared.keywords(metric)[1]
-        allowed += declared.paired_keys()
-        unknown = [k for k in kwargs if k not in (threshold_key,) + allowed + KEY_NAMES + ("enforce",)]
-        if unknown:
-            pytest.fail(f"robust.{metric}(...): unknown keyword(s) "
-                        f"{', '.join(k + suggest(k, (threshold_key,) + allowed + KEY_NAMES) for k in unknown)}; "
-                        f"{valid_keywords(registered, metric)}, enforce", pytrace=False)
-        gate, threshold = kwargs.pop("enforce", True), kwargs.pop(threshold_key, None)
-        paired = self._paired(metric, declared, threshold, [kwargs.pop(k, None) for k in declared.paired_keys()])
-        settings, params = self._split(kwargs, metric)
-        for p in declared.params:
-            if p.fixture and isinstance(params.get(p.name), str):
-                params[p.name] = self._fixture(params[p.name], p.name)
-        spec = CheckSpec(metric, threshold, params, {}, paired)
+        gate = kwargs.pop("enforce", True)
+        try:
+            spec, problem = registered[metric].accept(metric, kwargs, spelling="call", where=f"robust.{metric}(...)"), ""
+        except RobustError as err:
+            spec, problem = None, f"{err} (and enforce=)" if "valid keywords" in str(err) else str(err)
+        if problem:  # failed outside the except block, so pytest shows the message once
+            pytest.fail(problem, pytrace=False)
+        settings = settings_for(self.settings, spec.overrides, f"argument of robust.{metric}")
+        spec = dataclasses.replace(spec, overrides={}, **self._resolved(spec, registered[metric]))
         item = self._request.node
         result = run_spec(item, spec, model, data, settings, self._model_name(model, settings))
-        if (threshold is not None or paired) and gate:
+        if (spec.threshold is not None or spec.paired) and gate:
             self._gated.append((settings, result))
-        elif threshold is not None or paired:  # recorded, not enforced: the reports say so (details["enforced"])
+        elif spec.threshold is not None or spec.paired:  # recorded, not enforced: the reports say so
             result.details["enforced"] = item.stash[ITEM_RESULTS][-1]["details"]["enforced"] = False
         return result
+
+    def _resolved(self, spec: CheckSpec, declared) -> dict:
+        """The spec's fixture-valued parameters and reference (given as fixture names) as values."""
+        params = {k: self._fixture(v, k) if declared.param(k).fixture and isinstance(v, str) else v
+                  for k, v in spec.params.items()}
+        paired = spec.paired
+        if paired and isinstance(paired["reference"], str):
+            paired = {**paired, "reference": self._fixture(paired["reference"], "reference")}
+        return {"params": params, "paired": paired}
 
     def _model_name(self, model, settings: Settings) -> str:
         """The model under its fixture's name, as the test's markers record it; else its class."""
         funcargs = getattr(self._request.node, "funcargs", {})
         named = [settings.model] + list(funcargs)
         return next((k for k in named if funcargs.get(k) is model), type(model).__name__)
-
-    def _paired(self, name: str, declared, threshold, given: list) -> dict | None:
-        """The paired form of a fixture call: ``reference=`` a model or a fixture name, and its margin."""
-        if not declared.paired:
-            return None
-        try:
-            pairing, problem = declared.pairing(f"robust.{name}", declared.call_threshold(), threshold, *given), None
-        except RobustError as err:
-            pairing, problem = None, str(err)
-        if problem:  # failed outside the except block, so pytest shows the message once
-            pytest.fail(problem, pytrace=False)
-        if pairing is None:
-            return None
-        reference, margin = pairing
-        if isinstance(reference, str):
-            reference = self._fixture(reference, "reference")
-        return {"reference": reference, "margin": margin}
 
     def __getattr__(self, name: str):
         registered = metrics(self._request.config)
@@ -116,14 +99,15 @@ class RobustFixture:
                         f"everything else by keyword (got {len(args)} positional arguments), e.g. robust.{name}("
                         f"model, data, {declared.call_threshold()}=..., "
                         f"{', '.join(p + '=...' for p in declared.required)}); "
-                        f"{valid_keywords(metrics(self._request.config), name)}", pytrace=False)
+                        f"{declared.valid_keywords(name, 'call', f'robust.{name}(...)')}", pytrace=False)
         return self.measure(name, *args, **kwargs)
 
     def _library(self, fn, name: str, model, *args, **kwargs) -> Result:
         """A library function that is not a marker metric (certify, pa_report, q_curve)."""
-        from .engine import resolve_device
+        from pytest_robust.engine.device import resolve_device
 
-        settings, params = self._split(kwargs, name)
+        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in KEY_NAMES}
+        settings, params = settings_for(self.settings, overrides, f"argument of robust.{name}"), kwargs
         accepted = inspect.signature(fn).parameters
         common = {k: getattr(settings, k) for k in ("confidence", "budget", "seed", "batch_size")
                   if k in accepted and getattr(settings, k) is not None}
@@ -137,14 +121,14 @@ class RobustFixture:
     def q_curve(self, model, data, **kwargs) -> Result:
         """The q-curve (path sampling, Monte Carlo, q = infinity; ``analyses.q_curve``), with the
         same keywords (``perturbation=``, ``qs=``, ...); a PNG in the report directory."""
-        from .analyses.q_curve import q_curve
+        from pytest_robust.checks.q.curve import q_curve
 
         return self._library(q_curve, "q_curve", model, data, **kwargs)
 
     def certify(self, model, data, sigma: float, n0: int = 100, n: int = 100_000, alpha: float = 0.001, **kwargs):
         """Cohen's CERTIFY per input (returns the per-input ``Certification``); a summary with the
         certified-accuracy-against-radius curve is recorded in the reports."""
-        from .analyses.cohen import certify
+        from pytest_robust.checks.smoothing.cohen import certify
 
         holder = {}
 
@@ -158,7 +142,7 @@ class RobustFixture:
     def pa_report(self, model, data, sigma: float, **kwargs) -> Result:
         """Per-input pA, its survival curve and certified accuracy against radius (and under other
         budgets); verdict "estimate", curves as PNGs in the report directory."""
-        from .analyses.pa_report import pa_report
+        from pytest_robust.checks.smoothing.pa_report import pa_report
 
         return self._library(pa_report, "pa_report", model, data, sigma, **kwargs)
 
@@ -223,12 +207,7 @@ class RobustFixture:
                 settings = settings_for(self.settings, spec.overrides, "on the robust marker")
                 model = self._fixture(settings.model, "model")
                 data = self._fixture(settings.data, "data")
-                params = dict(spec.params)
-                for p in metrics(item.config)[spec.metric].params:
-                    if p.fixture and isinstance(params.get(p.name), str):
-                        params[p.name] = self._fixture(params[p.name], p.name)
-                paired = spec.paired and {**spec.paired, "reference": self._fixture(spec.paired["reference"],
-                                                                                     "reference")}
+                resolved = self._resolved(spec, metrics(item.config)[spec.metric])
             except (Exception, pytest.fail.Exception) as err:
                 failed = isinstance(err, pytest.fail.Exception)  # a missing fixture: its message says so
                 reason = err.msg if failed else f"a fixture it needs raised {type(err).__name__}: {err}"
@@ -236,7 +215,7 @@ class RobustFixture:
                 errors.append(f"robust check could not run: {reason}")
                 continue
             try:
-                resolved = dataclasses.replace(spec, params=params, paired=paired or None)
+                resolved = dataclasses.replace(spec, **resolved)
                 runs.append((settings, run_spec(item, resolved, model, data, settings, settings.model)))
             except pytest.fail.Exception as err:
                 errors.append(err.msg)

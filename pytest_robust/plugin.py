@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from . import checks
-from .errors import MarkerError, RobustError, SettingError
-from .fixture import RobustFixture
-from .recording import ITEM_RESULTS, SETTINGS, SPECS, metrics, record_unrun
-from .session import ResultCollector
-from .settings import KEYS, Settings, read_yaml, resolve
-from .validation import baseline_name, choice, directory_path, file_path
+from pytest_robust.checks import spec as checks
+from pytest_robust.errors import MarkerError, RobustError, SettingError
+from pytest_robust.fixture import RobustFixture
+from pytest_robust.recording import ITEM_RESULTS, SETTINGS, SPECS, metrics, record_unrun
+from pytest_robust.session import ResultCollector
+from pytest_robust.settings.keys import KEYS, Settings, read_yaml, resolve
+from pytest_robust.settings.validation import baseline_name, choice, directory_path, file_path
 
 #: Formats of ``--robust-per-input``: the per-input tables written beside the reports.
 PER_INPUT_FORMATS = ("csv",)
@@ -45,7 +45,7 @@ def _flag(name: str) -> str:
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from . import hookspec
+    from pytest_robust import hookspec
 
     pluginmanager.add_hookspecs(hookspec)
 
@@ -108,7 +108,7 @@ def _yaml_layer(config: pytest.Config) -> tuple[dict, str]:
 def _check_device_exists(device: str) -> None:
     if device in ("auto", "cpu"):
         return
-    from .engine import resolve_device
+    from pytest_robust.engine.device import resolve_device
 
     try:
         resolve_device(device)
@@ -148,7 +148,7 @@ def _join_torchrun(config: pytest.Config, device: str) -> None:
     only rank 0 writes pytest's JUnit file (and the robust reports, see ResultCollector)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
-    from . import collective
+    from pytest_robust.engine import collective
 
     collective.join(device)
     if collective.world()[0] != 0:
@@ -198,7 +198,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_robust_metrics() -> dict:
     """The built-in metrics, registered like any plugin's (see hookspec.pytest_robust_metrics)."""
-    from .metrics import BUILTIN
+    from pytest_robust.checks import BUILTIN
 
     return BUILTIN
 
@@ -233,7 +233,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     """Collect declarative suites, robust_*.yaml (see pytest_robust.suites)."""
-    from .suites import collect_file
+    from pytest_robust.suites.nodes import collect_file
 
     return collect_file(file_path, parent)
 
@@ -249,7 +249,7 @@ def robust(request: pytest.FixtureRequest) -> RobustFixture:
 @pytest.fixture(scope="session")
 def robust_device(request: pytest.FixtureRequest):
     """The torch.device checks run on (from --robust-device); move your model there."""
-    from .engine import resolve_device
+    from pytest_robust.engine.device import resolve_device
 
     return resolve_device(request.config.stash[SETTINGS].device)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from . import checks
-from .checks import CheckSpec
-from .errors import RobustError, SettingError
-from .report.progress import Progress
-from .results import Result
-from .settings import Settings
+from pytest_robust.checks import spec as checks
+from pytest_robust.checks.registry import CheckSpec
+from pytest_robust.errors import RobustError, SettingError
+from pytest_robust.report.progress import Progress
+from pytest_robust.results import Result
+from pytest_robust.settings.keys import Settings
 
 #: Session settings, and per item: its declared checks (robust markers, or a YAML suite's check),
 #: the result dicts recorded on it (the report hook moves them onto the test reports), and the ids
@@ -82,11 +82,11 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     ``model_name``. If it raises, an "error" result with the message is recorded instead: a
     ``RobustError`` (model, data or argument problem) fails the test with its message, not a
     traceback from inside the engine; anything else is a bug and is re-raised with its traceback."""
-    from .engine import progress_sink
-    from .model_execution import execution
-    from .model_io import model_interface
-    from .inspection import warning_site
-    from .reading import data_keys
+    from pytest_robust.engine.inspect.warnings import warning_site
+    from pytest_robust.engine.interface import model_interface
+    from pytest_robust.engine.items import data_keys
+    from pytest_robust.engine.precision import execution
+    from pytest_robust.engine.progress import progress_sink
 
     how = settings or item.config.stash[SETTINGS]
     try:
@@ -106,7 +106,7 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
 
 def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str) -> Result:
     """Evaluate one spec with resolved settings and record its result."""
-    from .engine import resolve_device
+    from pytest_robust.engine.device import resolve_device
 
     registered = metrics(item.config)
 

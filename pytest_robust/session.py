@@ -15,21 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from .familywise import family_size, familywise_method, gate_confidence, holm_adjust
-from .recording import SETTINGS, SPECS
-from .report import store
-from .report.environment import environment
-from .report.inputs import per_input_csv, without_pixels
-from .report.junit import metric_junit
-from .report.markdown import summary_markdown
-from .report.plots import write_plots
-from .report.terminal import familywise_lines, familywise_text, summary_lines
-from .validation import open_unit
+from pytest_robust.familywise import family_size, familywise_method, gate_confidence, holm_adjust
+from pytest_robust.recording import SETTINGS, SPECS
+from pytest_robust.report import store
+from pytest_robust.report.environment import environment
+from pytest_robust.report.inputs import per_input_csv, without_pixels
+from pytest_robust.report.junit import metric_junit
+from pytest_robust.report.markdown import summary_markdown
+from pytest_robust.report.plots import write_plots
+from pytest_robust.report.terminal import familywise_lines, familywise_text, summary_lines
+from pytest_robust.settings.validation import open_unit
+
 
 def _wait_for_ranks() -> None:
     """Under torchrun, a collective every rank joins at the end of the session."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from . import collective
+        from pytest_robust.engine import collective
 
         collective.barrier()
 

@@ -8,7 +8,7 @@ import pytest
 import torch  # noqa: F401
 import torch._dynamo  # noqa: F401  (imported lazily by torch.optim; same reason)
 
-import pytest_robust.metrics.tsrm  # noqa: F401  (same reason: keep the core imported once)
+import pytest_robust.checks.tsrm.check  # noqa: F401  (same reason: keep the core imported once)
 
 # The suite's tensors are small: one thread is faster than two fighting over a shared 2-core
 # machine (MCMC loops ran up to 50x slower with two threads under load).

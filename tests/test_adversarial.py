@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from toy_models import SmallNet, image_data
 
 from pytest_robust import adversarial_accuracy
 from pytest_robust.attacks.apgd import checkpoints
 from pytest_robust.attacks.losses import dlr_targeted
 from pytest_robust.errors import RobustWarning, SettingError
-
-from toy_models import SmallNet, image_data
 
 QUICK = dict(steps=10, square_queries=0)  # enough for a linear model: its worst corner is one signed step away
 

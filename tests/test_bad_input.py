@@ -19,7 +19,9 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 import torch
+from test_plugin import CONFTEST as BASE_CONFTEST  # Step(t): TSRM = t on robust_data
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+from toy_models import FULL_BOX, SmallNet, ThresholdModel, image_data, threshold_data
 
 from pytest_robust import (
     GaussianNoise,
@@ -33,10 +35,8 @@ from pytest_robust import (
     nppr,
     tsrm,
 )
+from pytest_robust.errors import SettingError
 from pytest_robust.perturbations.projected import ProjectedGaussian
-from pytest_robust.validation import SettingError
-from test_plugin import CONFTEST as BASE_CONFTEST  # Step(t): TSRM = t on robust_data
-from toy_models import FULL_BOX, SmallNet, ThresholdModel, image_data, threshold_data
 
 NOISE = UniformLinf(eps=0.1)
 FAST = dict(budget=256)

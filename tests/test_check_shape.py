@@ -5,16 +5,17 @@ tests/test_adversarial.py)."""
 from __future__ import annotations
 
 import json
-import xml.etree.ElementTree as ET
 import os
 import socket
 import textwrap
+import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from toy_models import RecordingModel, SmallNet, image_data
 
 from pytest_robust import (
     UniformLinf,
@@ -30,8 +31,6 @@ from pytest_robust import (
 )
 from pytest_robust.errors import RobustModelError, SettingError
 from pytest_robust.results import Result, decide
-
-from toy_models import RecordingModel, SmallNet, image_data
 
 BOX = UniformLinf(eps=0.1)
 
@@ -250,7 +249,7 @@ CONFTEST_METRIC = textwrap.dedent('''
     import pytest
     import torch
     from pytest_robust import Metric
-    from pytest_robust.engine import correct_predictions
+    from pytest_robust.engine.forward import correct_predictions
     from pytest_robust.procedures import per_input
 
 
@@ -429,7 +428,7 @@ def test_a_broken_custom_metric_is_an_error_in_every_report_not_a_traceback_or_a
         "*metric returns_float returned float, not a pytest_robust Result: end its body with return run.result(...)*",
         "*metric inverted_bounds returned estimate 0.5 with bounds [[]0.9, 0.1]: the bounds must be finite*",
         "*metric too_few_keywords: its body 'too_few_keywords' cannot be called as body(run)*",
-        "*robust.inverted_bounds(...): unknown keyword(s) treshold*; valid keywords of robust(inverted_bounds=...)*",
+        "*unknown keyword(s) treshold (did you mean threshold?) on robust.inverted_bounds(...); valid keywords of robust.inverted_bounds(...)*",
         "*the robust fixture has no attribute 'inverted_bound' (did you mean inverted_bounds?)*",
     ])
     errors = {r["test_id"].rsplit("::", 1)[-1]: r for r in
@@ -455,7 +454,7 @@ def test_a_misspelt_metric_on_a_marker_is_named_with_a_suggestion(pytester):
 
 def test_settings_accept_the_notation_the_readme_uses():
     """eps: 8/255 (a fraction) in YAML, ini or on the command line, and 1e4 for an integer budget."""
-    from pytest_robust import validation
+    from pytest_robust.settings import validation
 
     assert validation.positive_float("eps", "8/255") == pytest.approx(8 / 255)
     assert validation.positive_int("budget", "1e4") == 10_000

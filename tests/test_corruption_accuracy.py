@@ -114,13 +114,13 @@ def test_corruption_code_reads_the_host_once_per_batch():
     stand-in, which does not count reads of host memory such as the cells and seeds drawn from a
     host generator; marginal over two budgets, so setup does not count): none, and one when the
     grid holds JPEG, whose codec runs on the host; never one per cell or per image."""
-    from pytest_robust.host_syncs import count_host_syncs
+    from pytest_robust.engine.host_syncs import count_host_syncs
 
     def reads(names, budget):
         model = MeanBelow()
         with count_host_syncs(model) as count:
             corruption_accuracy(model, grey_images(), corruptions=names, budget=budget, batch_size=256)
-        return sum(n for where, n in count.where.items() if where.startswith("corruptions")), count.calls
+        return sum(n for where, n in count.where.items() if where.startswith("perturbations/corruptions")), count.calls
 
     for names, per_batch in ((["brightness", "contrast", "zoom_blur", "elastic_transform"], 0),
                              (["brightness", "jpeg_compression"], 1)):

@@ -1,4 +1,4 @@
-"""pytest_robust.corruptions: the box, dtypes, reproducibility, strength, the reference, errors."""
+"""pytest_robust.perturbations.corruptions: the box, dtypes, reproducibility, strength, the reference, errors."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from pytest_robust import Corruption, corruption_names
-from pytest_robust.corruptions import NEEDS_COLOUR, NEEDS_MIN_SIDE, CorruptionGrid
-from pytest_robust.corruptions.digital import jpeg_compression
-from pytest_robust.corruptions.tables import TABLES
-from pytest_robust.host_syncs import count_host_syncs
+from pytest_robust.engine.host_syncs import count_host_syncs
+from pytest_robust.perturbations.corruptions import NEEDS_COLOUR, NEEDS_MIN_SIDE, CorruptionGrid
+from pytest_robust.perturbations.corruptions.digital import jpeg_compression
+from pytest_robust.perturbations.corruptions.tables import TABLES
 
 ALL = corruption_names()
 

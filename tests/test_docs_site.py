@@ -8,10 +8,10 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -78,7 +78,7 @@ def test_the_package_ships_license_types_and_urls():
 
 def test_extending_lists_every_reserved_details_key():
     """The extending page's table of reserved ``details`` keys cannot drift from ``run.RESERVED_DETAILS``."""
-    from pytest_robust.run import RESERVED_DETAILS
+    from pytest_robust.engine.run import RESERVED_DETAILS
 
     page = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
     assert all(f"| `{key}` | {doc} |" in page for key, doc in RESERVED_DETAILS.items())

@@ -4,26 +4,9 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
-
-from pytest_robust.engine import (
-    Forward,
-    RobustDataError,
-    RobustModelError,
-    RobustWarning,
-    TensorData,
-    correct_predictions,
-    guarded,
-    load_data,
-    resolve_device,
-    stream_generator,
-)
-from pytest_robust.metrics.tsrm import tsrm
-from pytest_robust.perturbations import UniformLinf
-from pytest_robust.validation import SettingError
 from toy_models import (
     FULL_BOX,
     BadLogitsModel,
@@ -39,6 +22,15 @@ from toy_models import (
     image_data,
     threshold_data,
 )
+
+from pytest_robust.checks.tsrm.check import tsrm
+from pytest_robust.engine.data import TensorData, load_data
+from pytest_robust.engine.device import resolve_device
+from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.guard import guarded
+from pytest_robust.engine.streams import stream_generator
+from pytest_robust.errors import RobustDataError, RobustModelError, RobustWarning, SettingError
+from pytest_robust.perturbations import UniformLinf
 
 NOISE = UniformLinf(eps=0.1)
 

@@ -14,18 +14,23 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-
-from pytest_robust.procedures.rounds import CERTIFIED, OPEN, REFUTED, GatePlan, GateState
-from pytest_robust.procedures.rounds import p_values as certified_p_values
-from pytest_robust.results import decide
-from pytest_robust.familywise import gate_confidence, holm_adjust
-from pytest_robust.stats import (SequentialGate, clopper_pearson_lower, clopper_pearson_p_values,
-                                 clopper_pearson_upper, holm, t_sf)
-from pytest_robust.stats import group_sequential as gs
-from pytest_robust.stats.betting import _advance, _Running
-
 from test_plugin import CONFTEST
 from test_reports import SUITE
+
+from pytest_robust.checks.smoothing.rounds import CERTIFIED, OPEN, REFUTED, GatePlan, GateState
+from pytest_robust.checks.smoothing.rounds import p_values as certified_p_values
+from pytest_robust.familywise import gate_confidence, holm_adjust
+from pytest_robust.results import decide
+from pytest_robust.stats import (
+    SequentialGate,
+    clopper_pearson_lower,
+    clopper_pearson_p_values,
+    clopper_pearson_upper,
+    holm,
+    t_sf,
+)
+from pytest_robust.stats import group_sequential as gs
+from pytest_robust.stats.betting import _advance, _Running
 
 ALPHA = 0.05
 

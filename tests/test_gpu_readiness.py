@@ -14,20 +14,27 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from pytest_robust import (
-    UniformLinf, adversarial_accuracy, certified_accuracy, collective, corruption_accuracy, execution, intermediate_q,
-    nppr, tsrm,
-)
-from pytest_robust.engine import Forward, _check_model_device, resolve_device
-from pytest_robust.host_syncs import count_host_syncs
-from pytest_robust.launch import exit_code
-from pytest_robust.results import Result
-
 from test_check_shape import CHECKS, numbers
 from test_plugin import CONFTEST, FAILING, PASSING
 from test_scale_out import _free_port
 from toy_models import ConstantLogits, RecordingModel, SmallNet, image_data
+
+from pytest_robust import (
+    UniformLinf,
+    adversarial_accuracy,
+    certified_accuracy,
+    corruption_accuracy,
+    execution,
+    intermediate_q,
+    nppr,
+    tsrm,
+)
+from pytest_robust.engine import collective
+from pytest_robust.engine.device import _check_model_device, resolve_device
+from pytest_robust.engine.forward import Forward
+from pytest_robust.engine.host_syncs import count_host_syncs
+from pytest_robust.launch import exit_code
+from pytest_robust.results import Result
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_robust"
 
@@ -107,7 +114,7 @@ def test_precision_bf16_runs_the_model_under_autocast_and_says_so():
 
 
 def test_precision_auto_is_fp32_on_the_cpu_and_bad_values_name_the_key():
-    from pytest_robust.engine import autocast_dtype
+    from pytest_robust.engine.precision import autocast_dtype
 
     assert autocast_dtype("auto", torch.device("cpu")) is None
     with pytest.raises(ValueError, match=r"precision='fp8' is invalid: expected auto or fp32 or bf16 or fp16"):
@@ -219,7 +226,7 @@ def test_a_check_reseeds_no_cuda_generator_and_restores_the_cpu_one(monkeypatch)
 
 
 def test_the_perturbation_probe_sees_the_data_on_the_check_s_device(monkeypatch):
-    import pytest_robust.run as run_module
+    import pytest_robust.engine.run as run_module
 
     placed, probed = [], []
     real_place = run_module.place
@@ -233,7 +240,7 @@ def test_the_perturbation_probe_sees_the_data_on_the_check_s_device(monkeypatch)
         probed.append(x)
 
     monkeypatch.setattr(run_module, "place", place)
-    monkeypatch.setattr("pytest_robust.inspection.check_uses_generator", probe)
+    monkeypatch.setattr("pytest_robust.engine.inspect.perturbation.check_uses_generator", probe)
     tsrm(SmallNet().eval(), image_data(n=40), perturbation=UniformLinf(eps=0.1), threshold=None, budget=256)
     assert probed and probed[0] is placed[0]
 
@@ -429,39 +436,3 @@ def test_a_certificate_from_reduced_precision_carries_a_warning(name):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*certificate")
         CHECKS[name](SmallNet().eval(), (x, y))  # float32: no certificate warning (the random net is near chance)
-
-
-def _imports(path: Path, module: str, known: set) -> set:
-    """The package modules ``module`` imports anywhere in its file (inside functions too)."""
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            parts = package.split(".")
-            base = ".".join(parts[: len(parts) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
-                else (node.module or "")
-            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-    return (found & known) - {module}
-
-
-def test_the_package_has_no_import_cycle_counting_imports_inside_functions():
-    files = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in PACKAGE.rglob("*.py")}
-    graph = {m: _imports(p, m, set(files)) for m, p in files.items()}
-    cycles, done = [], set()
-
-    def visit(m, path):
-        if m in path:
-            cycles.append(path[path.index(m):] + [m])
-            return
-        if m in done:
-            return
-        for n in sorted(graph[m]):
-            visit(n, path + [m])
-        done.add(m)
-
-    for m in sorted(graph):
-        visit(m, [])
-    assert cycles == []

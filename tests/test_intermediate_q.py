@@ -20,42 +20,26 @@ import pytest
 import scipy.integrate
 import scipy.stats
 import torch
+from toy_models import SmallNet, image_data
 
 from pytest_robust import adversarial_accuracy
 from pytest_robust.attacks import pgd
-from pytest_robust.engine import Forward, RobustDataError, RobustModelError
-from pytest_robust.host_syncs import count_host_syncs
-from pytest_robust.mcmc import (
-    Point,
-    RowStreams,
-    detrend,
-    effective_sample_size,
-    hmc_transition,
-    mh_transition,
-    reflect,
-    repeat_rows,
-    split_rhat,
-)
-from pytest_robust.analyses.q_curve import q_curve
-from pytest_robust.analyses.q_estimate import Estimate
-from pytest_robust.analyses.q_plan import MC_CONTEXT_DRAWS
-from pytest_robust.metrics.intermediate_q import intermediate_q
+from pytest_robust.checks.q.check import intermediate_q
+from pytest_robust.checks.q.curve import q_curve
+from pytest_robust.checks.q.estimate import Estimate
+from pytest_robust.checks.q.mcmc import Point, detrend, effective_sample_size, hmc_transition, mh_transition, split_rhat
+from pytest_robust.checks.q.plan import MC_CONTEXT_DRAWS
+from pytest_robust.checks.q.qnorm import LOSS_FLOOR, Loss, log_cross_entropy, temperatures, trapezoid_weights
+from pytest_robust.engine.forward import Forward
+from pytest_robust.engine.host_syncs import count_host_syncs
+from pytest_robust.engine.streams import RowStreams, repeat_rows
+from pytest_robust.errors import RobustDataError, RobustModelError, SettingError
+from pytest_robust.perturbations import CallablePerturbation, CauchyNoise, GaussianNoise, Spatial, UniformLinf
+from pytest_robust.perturbations.base import reflect
+from pytest_robust.perturbations.spaces import BoxSpace
+from pytest_robust.perturbations.spatial import FLIP, SHIFT_X, SHIFT_Y
 from pytest_robust.stats import group_sequential as gs
 from pytest_robust.stats import t_quantile
-from pytest_robust.perturbations import (
-    FLIP,
-    SHIFT_X,
-    SHIFT_Y,
-    BoxSpace,
-    CallablePerturbation,
-    CauchyNoise,
-    GaussianNoise,
-    Spatial,
-    UniformLinf,
-)
-from pytest_robust.qnorm import LOSS_FLOOR, Loss, log_cross_entropy, temperatures, trapezoid_weights
-from pytest_robust.validation import SettingError
-from toy_models import SmallNet, image_data
 
 
 class ExpModel(torch.nn.Module):
@@ -420,7 +404,7 @@ def test_auto_is_monte_carlo_at_small_q_at_path_samplings_budget():
 def test_path_sampling_reports_progress_after_every_transition():
     """A group of inputs can run for minutes (497 CIFAR-sized inputs: 346 s before the first line):
     progress is reported after every warm-up and path transition, so it shows after FIRST_AFTER."""
-    from pytest_robust.engine import progress_sink
+    from pytest_robust.engine.progress import progress_sink
 
     calls = []
     with progress_sink(calls.append):
@@ -790,8 +774,7 @@ def test_spatial_defaults_to_metropolis_and_reports_largest_loss_visited():
 # ---------------------------------------------------------------------------------------------
 
 #: Source files of the q check and of PGD (``count_host_syncs`` names lines as "file.py:line").
-OWN_FILES = ("mcmc.py", "qnorm.py", "attacks/", "metrics/intermediate_q.py", "metrics/adversarial.py", "analyses/q_",
-             "stats/")
+OWN_FILES = ("checks/q/", "attacks/", "checks/adversarial/", "stats/")
 
 
 def _growing_reads(run, short: int, long: int) -> tuple[float, list]:

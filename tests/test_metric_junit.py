@@ -7,11 +7,10 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+from test_plugin import CONFTEST
 
 from pytest_robust.report.junit import case_name, metric_junit
 from pytest_robust.results import Result
-
-from test_plugin import CONFTEST
 
 CHECKS = """
 import pytest

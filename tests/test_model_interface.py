@@ -13,10 +13,21 @@ import pytest
 import torch
 from torchvision.transforms import Compose, Normalize
 
-from pytest_robust import (RobustDataError, RobustModelError, RobustWarning, SettingError, UniformLinf,
-                           adversarial_accuracy, certified_accuracy, corruption_accuracy, intermediate_q,
-                           model_interface, nppr, tsrm)
-from pytest_robust.validation import logits_selector, normalization
+from pytest_robust import (
+    RobustDataError,
+    RobustModelError,
+    RobustWarning,
+    SettingError,
+    UniformLinf,
+    adversarial_accuracy,
+    certified_accuracy,
+    corruption_accuracy,
+    intermediate_q,
+    model_interface,
+    nppr,
+    tsrm,
+)
+from pytest_robust.settings.validation import logits_selector, normalization
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

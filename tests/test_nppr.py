@@ -16,16 +16,15 @@ import warnings
 
 import pytest
 import torch
-
-from pytest_robust import cache
-from pytest_robust.engine import RobustDataError, RobustWarning, TensorData
-from pytest_robust.metrics.nppr import nppr
-from pytest_robust.perturbations.gmm import GMMConfig, GMMPerturbation
-from pytest_robust.perturbations.gmm_data import split_data
-from pytest_robust.perturbations.gmm_fit import FrozenGMM
-from pytest_robust.run import Run
-from pytest_robust.validation import SettingError
 from toy_models import SmallNet, image_data
+
+from pytest_robust.checks.nppr.check import nppr
+from pytest_robust.checks.nppr.data import split_data
+from pytest_robust.checks.nppr.fit import FrozenGMM
+from pytest_robust.checks.nppr.gmm import GMMConfig, GMMPerturbation
+from pytest_robust.engine import cache
+from pytest_robust.engine.run import Run
+from pytest_robust.errors import RobustDataError, RobustWarning, SettingError
 
 D = 16  # input width of the weak linear model
 TINY = dict(latent_dim=4, components=2, fit_steps=40, fit_batch_size=16, fit_draws=4, fit_lr=0.05,
@@ -336,7 +335,7 @@ def same_numbers(a, b) -> bool:
 
 
 def test_cache_miss_then_hit_skips_the_fit_with_identical_results(tmp_path, monkeypatch):
-    from pytest_robust.perturbations import gmm_fit
+    from pytest_robust.checks.nppr import fit as gmm_fit
 
     first = nppr(WeakLinear(), weak_data(), threshold=0.5, eps=0.3, cache_dir=str(tmp_path), **TINY)
     assert first.details["cache"] == "miss"

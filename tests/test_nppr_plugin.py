@@ -9,7 +9,7 @@ import torch
 import torch._dynamo  # noqa: F401
 import torch.utils.serialization  # noqa: F401
 
-import pytest_robust.metrics.nppr  # noqa: F401
+import pytest_robust.checks.nppr.check  # noqa: F401
 
 # The imports above happen once, before pytester's in-process runs: modules first imported during
 # a run are removed after it, and torch.optim (the fit's Adam) imports torch._dynamo lazily, whose
@@ -122,7 +122,7 @@ def test_cache_dir_setting_moves_the_cache(suite):
         ("nppr=0.8", "needs eps="),
         ("nppr=0.8, eps=0.1, modes=3", "unknown keyword(s) modes"),
         ("nppr=1.2, eps=0.1", "nppr=1.2 is invalid"),
-        ("nppr=0.8, eps=-0.1", "eps (on the robust marker)=-0.1 is invalid: expected a finite number > 0"),
+        ("nppr=0.8, eps=-0.1", "eps=-0.1 is invalid: expected a finite number > 0"),
         # every parameter is validated at collection, by its declaration
         ("nppr=0.8, eps=0.1, dependency='pixel'",
          "dependency='pixel' is invalid: expected independent or label or input or joint"),

@@ -28,7 +28,6 @@ import json
 import math
 
 import pytest
-
 from numbers_snapshot import SNAPSHOT, numbers
 
 EXACT = ("verdict", "draws", "forward_passes")

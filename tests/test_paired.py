@@ -12,14 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from toy_models import SmallNet, image_data
 
 from pytest_robust import ArgumentError, UniformLinf, adversarial_accuracy, intermediate_q, tsrm
-from pytest_robust.procedures.paired import PairedGate, confidence_sequence
+from pytest_robust.engine.run import Run
 from pytest_robust.procedures.bernoulli import bernoulli_stream
-from pytest_robust.run import Run
+from pytest_robust.procedures.paired import PairedGate, confidence_sequence
 from pytest_robust.stats import confidence_sequence as bernoulli_sequence
-
-from toy_models import SmallNet, image_data
 
 DIGITS = Path(__file__).parents[1] / "examples" / "digits"
 sys.path.insert(0, str(DIGITS))
@@ -282,4 +281,4 @@ def test_a_half_given_paired_fixture_call_fails_with_its_message_once(pytester):
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED and "During handling" not in out and "Traceback" not in out
     failures = out.split("short test summary")[0]
-    assert failures.count("robust.tsrm: the paired form needs both reference= (the reference model) and max_drop=") == 1
+    assert failures.count("robust.tsrm(...): the paired form needs both reference= (the reference model) and max_drop=") == 1

@@ -9,14 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+from test_model_interface import images, small_net
 
 from pytest_robust import certified_accuracy
+from pytest_robust.engine.run import Run
 from pytest_robust.errors import ArgumentError
-from pytest_robust.per_input import worst
 from pytest_robust.report.inputs import per_input_csv, without_pixels
-from pytest_robust.run import Run
-
-from test_model_interface import images, small_net
+from pytest_robust.report.per_input import worst
 
 
 def test_worst_inputs_rank_outcomes_then_estimates_in_the_metrics_direction():

@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from pytest_robust import UniformLinf, intermediate_q
-from pytest_robust.qnorm import log_cross_entropy
+from pytest_robust.checks.q.qnorm import log_cross_entropy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_intermediate_q import ExpModel, first_logit  # noqa: E402

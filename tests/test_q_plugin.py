@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-import pytest_robust.metrics.intermediate_q  # noqa: F401  (import the core once, before pytester runs)
+import pytest_robust.checks.q.check  # noqa: F401  (import the core once, before pytester runs)
 
 CONFTEST = """
 import pytest, torch

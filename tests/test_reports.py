@@ -6,14 +6,13 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+from test_plugin import CONFTEST
 
 from pytest_robust.report import store
 from pytest_robust.report.markdown import deciding_bound, summary_markdown
-from pytest_robust.report.plots import plot_heatmap, accuracy_curves, write_plots
+from pytest_robust.report.plots import accuracy_curves, plot_heatmap, write_plots
 from pytest_robust.report.terminal import summary_lines, wrap
 from pytest_robust.results import Result
-
-from test_plugin import CONFTEST
 
 # The model's accuracy under UniformLinf(eps) from inputs 0.5 is known: x' ~ U[0.5 - eps, 0.5 + eps]
 # and the model is right iff x' < t, so TSRM = min(1, (t - 0.5 + eps) / (2 eps)).

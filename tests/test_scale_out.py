@@ -9,15 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_plugin import CONFTEST, PASSING
+from toy_models import ThresholdModel, threshold_data
 
 from pytest_robust import UniformLinf, tsrm
 from pytest_robust.report import progress
-
-from test_plugin import CONFTEST, PASSING
-from toy_models import ThresholdModel, threshold_data
 
 SPEC = dict(threshold=0.84, seed=4, batch_size=300, budget=20_000)
 
@@ -95,7 +93,7 @@ def test_torchrun_runs_every_check_sharded_with_one_writer(pytester):
     )
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     sharded = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
-    single = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "single")
+    pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "single")
     alone = json.loads((pytester.path / "single" / "results.json").read_text())["results"]
     assert [r["metric"] for r in sharded] == [r["metric"] for r in alone] == [
         "tsrm", "q", "certified_accuracy", "adversarial_accuracy", "nppr"]

@@ -15,16 +15,15 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import beta, binom, binomtest, norm
-
-from pytest_robust import certificates as smoothing
-from pytest_robust.engine import RobustDataError
-from pytest_robust.host_syncs import count_host_syncs
-from pytest_robust.analyses.cohen import ABSTAIN, certify, predict
-from pytest_robust.analyses.pa_report import ACR_WARNING, pa_report
-from pytest_robust.metrics.certified_accuracy import certified_accuracy
-from pytest_robust.stats import clopper_pearson_lower, clopper_pearson_upper
-from pytest_robust.validation import SettingError
 from toy_models import RecordingModel, ThresholdModel
+
+from pytest_robust.checks.smoothing import certificates as smoothing
+from pytest_robust.checks.smoothing.check import certified_accuracy
+from pytest_robust.checks.smoothing.cohen import ABSTAIN, certify, predict
+from pytest_robust.checks.smoothing.pa_report import ACR_WARNING, pa_report
+from pytest_robust.engine.host_syncs import count_host_syncs
+from pytest_robust.errors import RobustDataError, SettingError
+from pytest_robust.stats import clopper_pearson_lower, clopper_pearson_upper
 
 PHI = NormalDist()
 HALF_SPACE = ThresholdModel(0.0)
@@ -465,7 +464,7 @@ def test_closed_form_helpers_validate_their_arguments():
 
 
 def test_long_runs_report_progress():
-    from pytest_robust.engine import progress_sink
+    from pytest_robust.engine.progress import progress_sink
 
     seen = []
     data = inputs_with_pa([0.999, 0.5], 0.25)
@@ -486,7 +485,7 @@ def test_long_runs_report_progress():
 # per batch would exceed one per call.
 GATE = dict(radius=0.25, sigma=0.5, max_draws=2000, budget=10**6, batch_size=256)
 #: The smoothing modules (``count_host_syncs`` names lines as "dir/file.py:line").
-SMOOTHING_FILES = ("metrics/certified_accuracy.py", "procedures/rounds.py", "analyses/cohen.py", "analyses/smoothing_draws.py")
+SMOOTHING_FILES = ("checks/smoothing/",)
 HOST_READ_CHECKS = {  # check -> (most host reads of the smoothing modules per model call, the check)
     "gate": (1, lambda data: certified_accuracy(HALF_SPACE, data, threshold=None, **GATE)),
     "gate with threshold": (1, lambda data: certified_accuracy(HALF_SPACE, data, threshold=0.05, **GATE)),

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-import pytest_robust.metrics.certified_accuracy  # noqa: F401  (imported once, outside the inline runs)
+import pytest_robust.checks.smoothing.check  # noqa: F401  (imported once, outside the inline runs)
 
 # A half-space classifier with known smoothed behaviour: class 1 iff x' < 0, so under
 # N(0, sigma^2) noise input x is classified 1 (its label) with probability Phi(-x / sigma).

@@ -9,13 +9,13 @@ import pytest
 import scipy.special
 import scipy.stats
 
-from pytest_robust.stats import betting
 from pytest_robust.stats import (
     BET_CAP,
     Decision,
     SequentialGate,
     betainc,
     betaincinv,
+    betting,
     binom_sf,
     clopper_pearson_lower,
     clopper_pearson_upper,

@@ -143,9 +143,10 @@ def test_each_example_is_one_file_of_at_most_30_lines():
 def test_an_at_most_check_takes_its_direction_from_its_declaration():
     """A loss-type check declared direction="<=" passes a loss below its maximum and accepts a
     maximum >= 1: the Run gets the direction from the declaration, so it cannot be inverted."""
-    from pytest_robust import Metric
-    from pytest_robust.library import function
     from toy_models import SmallNet, image_data
+
+    from pytest_robust import Metric
+    from pytest_robust.checks.library import function
 
     def mean_loss(run):
         return run.result(estimate=0.039, lower=0.03, upper=0.05, draws=1, perturbation="none")

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from toy_models import ConstantLogits, SmallNet, ThresholdModel, image_data, threshold_data
 
 from pytest_robust import (
     ArgumentError,
@@ -21,16 +22,15 @@ from pytest_robust import (
     SettingError,
     UniformLinf,
     adversarial_accuracy,
-    cache,
     certified_accuracy,
     corruption_accuracy,
     nppr,
     tsrm,
 )
-from pytest_robust.corruptions import CorruptionGrid
-from pytest_robust.reading import data_keys
-from pytest_robust.settings import Settings
-from toy_models import ConstantLogits, SmallNet, ThresholdModel, image_data, threshold_data
+from pytest_robust.engine import cache
+from pytest_robust.engine.items import data_keys
+from pytest_robust.perturbations.corruptions import CorruptionGrid
+from pytest_robust.settings.keys import Settings
 
 
 def _entry():
@@ -164,7 +164,7 @@ def test_a_mapping_without_known_keys_names_what_it_found():
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_loader_that_drops_its_last_batch_is_read_whole(shuffle):
-    from pytest_robust.engine import load_data
+    from pytest_robust.engine.data import load_data
 
     data = _Mapped()
     loader = torch.utils.data.DataLoader(data, batch_size=16, drop_last=True, shuffle=shuffle)
@@ -242,7 +242,7 @@ def test_per_channel_bounds_of_length_c_give_the_numbers_of_c_1_1(bounds, make):
 
 
 def test_per_channel_bounds_reach_every_place_bounds_meet_inputs():
-    from pytest_robust.perturbations import feasible_box
+    from pytest_robust.perturbations.base import feasible_box
 
     x, y = image_data(n=24)
     lo, hi = [0.0, 0.1, 0.2], [0.9, 0.95, 1.0]
@@ -278,7 +278,7 @@ def test_bounds_that_cannot_fit_the_inputs_name_both_shapes_and_the_accepted_one
 
 @pytest.mark.parametrize("call", ["clip", "feasible_box", "corruption"])
 def test_bounds_that_cannot_fit_are_named_wherever_they_meet_the_inputs(call):
-    from pytest_robust.perturbations import feasible_box
+    from pytest_robust.perturbations.base import feasible_box
 
     x = image_data(n=8)[0]
     bounds = (torch.zeros(4), torch.ones(4))
@@ -725,9 +725,9 @@ def test_the_clean_accuracy_of_a_constant_model_points_at_the_inputs():
 
 
 def test_a_library_call_s_warnings_point_at_the_calling_line():
-    from pytest_robust import GaussianNoise, RobustWarning, tsrm
-
     from toy_models import ThresholdModel, threshold_data
+
+    from pytest_robust import GaussianNoise, RobustWarning, tsrm
 
     with pytest.warns(RobustWarning) as caught:
         tsrm(ThresholdModel(0.5), threshold_data(), perturbation=GaussianNoise(sigma=25), budget=300)

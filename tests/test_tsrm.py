@@ -11,12 +11,12 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from pytest_robust.metrics.tsrm import tsrm
-from pytest_robust.procedures.bernoulli import BLOCK
-from pytest_robust.perturbations import UniformLinf
-from pytest_robust.stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
 from toy_models import FULL_BOX, MixedModel, RecordingModel, ThresholdModel, mixed_data, threshold_data
+
+from pytest_robust.checks.tsrm.check import tsrm
+from pytest_robust.perturbations import UniformLinf
+from pytest_robust.procedures.bernoulli import BLOCK
+from pytest_robust.stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
 
 TOL = 1e-6  # bisection tolerance of stats.confidence_sequence
 

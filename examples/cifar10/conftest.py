@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from cifar10_resnet import load_model, load_split
 
 README = "examples/cifar10/README.md"

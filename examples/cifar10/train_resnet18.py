@@ -21,7 +21,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from cifar10_resnet import CifarResNet18, load_split
 
 

@@ -6,7 +6,6 @@ so) fails instead of counting as expected."""
 
 import pytest
 import torch
-
 from claims import claim_problem
 from digits_model import digits_split, load_model
 

@@ -7,7 +7,6 @@ adapter because ``digits_split`` returns both halves of the split.
 from __future__ import annotations
 
 import torch
-
 from digits_model import digits_split
 
 

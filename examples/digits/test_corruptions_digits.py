@@ -11,7 +11,7 @@ standard model scores 0.949 over these 13 x 5 cells (clean 0.986), worst on elas
 import pytest
 
 from pytest_robust import Corruption, corruption_names
-from pytest_robust.corruptions import NEEDS_COLOUR, NEEDS_MIN_SIDE
+from pytest_robust.perturbations.corruptions import NEEDS_COLOUR, NEEDS_MIN_SIDE
 
 #: The corruptions that apply to 8x8 grey images.
 DIGIT_CORRUPTIONS = [n for n in corruption_names() if n not in NEEDS_MIN_SIDE + NEEDS_COLOUR]

@@ -12,7 +12,6 @@ on these 100 digits (seed 0, CPU): the sigma=0.25 model is certified on 0.89 of 
 """
 
 import pytest
-
 from digits_model import load_model
 
 

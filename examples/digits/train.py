@@ -11,9 +11,8 @@ Seeded (torch.manual_seed(0), one thread); prints clean test accuracy for each m
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from digits_model import CHECKPOINTS, DigitsCNN, digits_split
+from torch import nn
 
 from pytest_robust import UniformLinf
 

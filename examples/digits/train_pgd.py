@@ -12,12 +12,11 @@ epochs, batch size, seeds) it reuses with ``train(attack=...)``.
 from __future__ import annotations
 
 import torch
-
 from digits_model import CHECKPOINTS, DigitsCNN
 from train import accuracy, train
 
 from pytest_robust.attacks import pgd
-from pytest_robust.engine import Forward
+from pytest_robust.engine.forward import Forward
 
 EPS = 0.3
 PGD_STEPS = 7

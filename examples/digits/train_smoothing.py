@@ -16,7 +16,6 @@ prints the clean test accuracy and the test accuracy under the training noise of
 from __future__ import annotations
 
 import torch
-
 from digits_model import CHECKPOINTS, digits_split
 from train import train
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from pytest_robust import Metric, Param, Perturbation
 from pytest_robust.procedures import bernoulli
-from pytest_robust.validation import positive_float
+from pytest_robust.settings.validation import positive_float
 
 
 class RandomRotation(Perturbation):

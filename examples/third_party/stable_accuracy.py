@@ -1,12 +1,11 @@
 """Stable accuracy: the share of inputs classified correctly under every one of k noisy copies (a
 per-input statistic, bounded over inputs by the per-input procedure)."""
 
-import torch
 
 from pytest_robust import Metric, Param
-from pytest_robust.engine import correct_predictions
+from pytest_robust.engine.forward import correct_predictions
 from pytest_robust.procedures import per_input
-from pytest_robust.validation import positive_float, positive_int
+from pytest_robust.settings.validation import positive_float, positive_int
 
 
 def evaluate(run, sigma: float, copies: int):

@@ -14,8 +14,8 @@ Every input of a data set is attacked in fixed blocks by the per-input procedure
 (``procedures.per_input.over_blocks``).
 """
 
-from ..perturbations import feasible_box
-from .losses import cross_entropy
-from .pgd import Attack, pgd
+from pytest_robust.attacks.losses import cross_entropy
+from pytest_robust.attacks.pgd import Attack, pgd
+from pytest_robust.perturbations.base import feasible_box
 
 __all__ = ["Attack", "cross_entropy", "feasible_box", "pgd"]

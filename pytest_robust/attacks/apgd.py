@@ -38,8 +38,8 @@ from typing import Callable
 
 import torch
 
-from ..engine import Forward, correct_predictions
-from ..mcmc import per_row
+from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.streams import per_row
 
 #: Weight of the new gradient step against the previous move (the paper's alpha).
 ALPHA = 0.75

@@ -21,11 +21,12 @@ from typing import Callable
 
 import torch
 
-from ..engine import Forward, correct_predictions
-from ..errors import ArgumentError
-from ..mcmc import RowStreams, per_row, working_dtype
-from ..perturbations import feasible_box
-from .losses import cross_entropy
+from pytest_robust.attacks.losses import cross_entropy
+from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.precision import at_least_float32
+from pytest_robust.engine.streams import RowStreams, per_row
+from pytest_robust.errors import ArgumentError
+from pytest_robust.perturbations.base import feasible_box
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -82,7 +83,7 @@ def pgd(
     if steps < 1 or restarts < 1:
         raise ArgumentError(f"steps and restarts must be >= 1, got steps={steps}, restarts={restarts}")
     step_size = 2.5 * eps / steps if step_size is None else step_size
-    x = x.to(working_dtype(x.dtype))
+    x = x.to(at_least_float32(x.dtype))
     lo, hi = feasible_box(x, eps, bounds)
     best_x, best_loss = x.clone(), None
     fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)

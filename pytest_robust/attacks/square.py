@@ -27,9 +27,9 @@ import math
 
 import torch
 
-from ..engine import Forward, correct_predictions
-from ..mcmc import RowStreams
-from .losses import margin
+from pytest_robust.attacks.losses import margin
+from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.streams import RowStreams
 
 #: Share of the pixels the first windows cover (Andriushchenko et al.'s p_init for L-inf).
 P_INIT = 0.8

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import Perturbation
+from pytest_robust.perturbations.base import Perturbation
 
 
 class ProjectedGaussian(Perturbation):

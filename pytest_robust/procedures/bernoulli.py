@@ -25,12 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import collective
-from ..engine import TensorData, correct_predictions, report_progress
-from ..perturbations import Perturbation
-from ..results import Result
-from ..run import Run
-from ..stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
+from pytest_robust.engine import collective
+from pytest_robust.engine.data import TensorData
+from pytest_robust.engine.forward import correct_predictions
+from pytest_robust.engine.progress import report_progress
+from pytest_robust.engine.run import Run
+from pytest_robust.perturbations.base import Perturbation
+from pytest_robust.results import Result
+from pytest_robust.stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
 
 #: Draws generated from one random stream; a fixed size, so results do not depend on batch size.
 BLOCK = 256

@@ -38,11 +38,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..engine import report_progress
-from ..per_input import is_good
-from ..results import Result, decide
-from ..stats import t_quantile
-from .bernoulli import step
+from pytest_robust.engine.progress import report_progress
+from pytest_robust.procedures.bernoulli import step
+from pytest_robust.report.per_input import is_good
+from pytest_robust.results import Result, decide
+from pytest_robust.stats import t_quantile
 
 #: Largest fraction of the admissible bet that is ever staked (each factor stays >= 1 - BET_CAP).
 BET_CAP = 0.9

@@ -25,10 +25,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..engine import stream_generator
-from ..mcmc import RowStreams
-from ..results import Result
-from ..stats import clopper_pearson_lower, clopper_pearson_p_values, clopper_pearson_upper
+from pytest_robust.engine.streams import RowStreams, stream_generator
+from pytest_robust.results import Result
+from pytest_robust.stats import clopper_pearson_lower, clopper_pearson_p_values, clopper_pearson_upper
 
 #: ``statistic(x, y, streams)`` -> per-row results {name: device tensor of shape (rows,)}.
 BlockAttack = Callable[[torch.Tensor, torch.Tensor, RowStreams], dict]

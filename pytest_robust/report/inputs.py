@@ -1,8 +1,8 @@
 """Per-input results in the reports: the CSV file, the worst inputs in summary.md, the gallery's
 file name and pixels, and results.json without those pixels.
 
-Built from what each result carries (``details["per_input"]``, see ``pytest_robust.per_input``,
-and ``gallery``, see ``pytest_robust.gallery``), for any metric that fills them in. Pure Python
+Built from what each result carries (``details["per_input"]``, see ``pytest_robust.report.per_input``,
+and ``gallery``, see ``pytest_robust.engine.gallery``), for any metric that fills them in. Pure Python
 plus numpy for the pixels: no torch on the controller.
 """
 
@@ -13,8 +13,8 @@ import csv
 import io
 import re
 
-from ..per_input import columns, rows, worst
-from ..results import Result
+from pytest_robust.report.per_input import columns, rows, worst
+from pytest_robust.results import Result
 
 #: Columns of the CSV file before each table's own.
 CSV_HEAD = ("test", "model", "metric", "perturbation")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from junit_xml import TestCase, TestSuite, to_xml_report_string
 
-from ..results import Result
+from pytest_robust.results import Result
 
 
 def enforced(r: Result) -> bool:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..results import STATUSES, Result
-from .inputs import worst_inputs_markdown
+from pytest_robust.report.inputs import worst_inputs_markdown
+from pytest_robust.results import STATUSES, Result
 
 
 def _cell(text: str) -> str:

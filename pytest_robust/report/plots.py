@@ -20,7 +20,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from .inputs import gallery_file, thumbnails
+from pytest_robust.report.inputs import gallery_file, thumbnails
 
 #: Heatmap cells with fewer draws than this are greyed out: their 95% interval is wider than about
 #: +-0.17 around 0.5 (Clopper-Pearson), too wide to compare cells.

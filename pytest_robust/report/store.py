@@ -26,9 +26,9 @@ import json
 import time
 from pathlib import Path
 
-from ..results import NO_IDENTITY, Result
-from .environment import baseline_key
-from .inputs import without_pixels
+from pytest_robust.report.environment import baseline_key
+from pytest_robust.report.inputs import without_pixels
+from pytest_robust.results import NO_IDENTITY, Result
 
 
 def save(directory: Path, name: str, results: list[dict], env: dict) -> Path:

@@ -11,7 +11,7 @@ shown. The full numbers stay in the reports (results.json, summary.md, the JUnit
 
 from __future__ import annotations
 
-from ..results import Result, percent
+from pytest_robust.results import Result, percent
 
 COLUMNS = (
     "test", "metric", "perturbation", "estimate", "bounds", "threshold", "evaluations/budget",

@@ -16,10 +16,19 @@ share-scaled t tests of the group-sequential looks (``group_sequential.p_values`
 The names below are those the checks import from ``pytest_robust.stats``.
 """
 
-from .betting import BET_CAP, Decision, SequentialGate, confidence_sequence, mixture_bets, rejects_at
-from .binomial import (betainc, betaincinv, binom_cdf, binom_sf, clopper_pearson_lower, clopper_pearson_p_values,
-                       clopper_pearson_upper, t_quantile, t_sf)
-from .familywise import holm
+from pytest_robust.stats.betting import BET_CAP, Decision, SequentialGate, confidence_sequence, mixture_bets, rejects_at
+from pytest_robust.stats.binomial import (
+                       betainc,
+                       betaincinv,
+                       binom_cdf,
+                       binom_sf,
+                       clopper_pearson_lower,
+                       clopper_pearson_p_values,
+                       clopper_pearson_upper,
+                       t_quantile,
+                       t_sf,
+)
+from pytest_robust.stats.familywise import holm
 
 __all__ = [
     "BET_CAP", "Decision", "SequentialGate", "betainc", "betaincinv", "binom_cdf", "binom_sf",

@@ -50,8 +50,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..results import decide
-from .binomial import t_quantile, t_sf
+from pytest_robust.results import decide
+from pytest_robust.stats.binomial import t_quantile, t_sf
 
 #: Units of the first look (``looks``); later looks double it.
 FIRST_LOOK = 16

@@ -1,0 +1,128 @@
+"""Data as a check holds it: ``TensorData`` (inputs and labels as tensors), read once from an
+(x, y) pair, a Dataset or a DataLoader (``load_data``), each item read as (input, label)
+(``input_and_label``: mapping items by their common key names or by the ``data_keys`` setting)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pytest_robust.engine.inspect.data import check_finite, check_loader_order, check_reads_repeat
+from pytest_robust.engine.items import input_and_label
+from pytest_robust.engine.streams import host_rng
+from pytest_robust.errors import (
+    RobustDataError,
+)
+
+
+@dataclass
+class TensorData:
+    """Inputs and integer labels held as two tensors, x of shape (n, ...) and y of shape (n,)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def load_data(data) -> TensorData:
+    """Materialise an (x, y) pair, a torch Dataset of (x, y) items or of mappings (``input_and_label``),
+    or a DataLoader into tensors, detached from any autograd graph.
+
+    A single input with one label (an unbatched (x, y) pair, a Dataset item) is refused with the
+    fix (add the batch dimension), never read as len(x) inputs. A Dataset or DataLoader is read in
+    index order (a shuffling loader is re-read with a sequential sampler) under a fixed global RNG
+    that is restored afterwards, so the data, and every number computed from it, depend only on
+    the check's seed. Inputs with NaN or infinite values are refused, naming the first such input
+    (``inspection.check_finite``).
+    """
+    if isinstance(data, TensorData):
+        return data
+    x, y = _read(data)
+    return _checked(torch.as_tensor(x).detach(), torch.as_tensor(y).detach())  # inputs may carry requires_grad
+
+
+def _read(data) -> tuple:
+    """(x, y) of an (x, y) pair, a Dataset or a DataLoader (``load_data``), not yet checked."""
+
+    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list)):
+        return data
+    if isinstance(data, torch.utils.data.DataLoader) or isinstance(data, torch.utils.data.Dataset):
+        if isinstance(data, torch.utils.data.DataLoader):
+            loader = check_loader_order(data)
+        else:
+            loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False)
+        check_reads_repeat(loader.dataset)
+        xs, ys = [], []
+        with host_rng(0):
+            for batch in loader:
+                inputs, labels = input_and_label(batch)
+                xs.append(torch.as_tensor(inputs))
+                ys.append(torch.as_tensor(labels))
+        if not xs:
+            raise RobustDataError("the data is empty: the dataset or loader yielded no items")
+        return torch.cat(xs), torch.cat(ys)
+    raise RobustDataError(
+        "data must be an (x, y) tensor pair, a torch Dataset of (input, label) items or a "
+        f"DataLoader, got {type(data).__name__}"
+    )
+
+
+def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
+    """The data as ``TensorData`` once its shapes, dtypes and values make sense (``load_data``)."""
+
+    if x.ndim == 0:
+        raise RobustDataError("x must hold one row per input, (n, ...), got a single number (a 0-d tensor)")
+    if len(x) == 0:
+        raise RobustDataError("the data is empty: x has no rows")
+    if y.numel() == 1 and len(x) != 1 and x.ndim >= 1:  # one label for what reads as several inputs
+        kind = "image" if x.ndim == 3 else "input"
+        raise RobustDataError(
+            f"the data is a single {kind} of shape {tuple(x.shape)} with one label (shape {tuple(y.shape)}), which "
+            f"would be read as {len(x)} inputs of shape {tuple(x.shape[1:])}: add the batch dimension "
+            "(x.unsqueeze(0), y.view(1)), or pass the whole dataset"
+        )
+    if y.ndim != 1 or len(y) != len(x):
+        raise RobustDataError(
+            f"labels must have shape (n,) with n = len(x) = {len(x)}, got {tuple(y.shape)}"
+            + (" (a 0-d label: y.view(1))" if y.ndim == 0 else "")
+        )
+    if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
+        raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}")
+    if not x.dtype.is_floating_point:
+        raise RobustDataError(
+            f"inputs must be floating point (got {x.dtype}): convert images with "
+            "torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
+        )
+    if (y < 0).any():
+        raise RobustDataError(f"labels must be >= 0, got minimum {int(y.min())}")
+    check_finite(x)
+    return TensorData(x, y.long())
+
+
+
+
+
+
+
+
+
+
+
+
+#: Share of the device's free memory the data may take to be moved there whole.
+DEVICE_SHARE = 0.25
+
+
+def place(ds: TensorData, device: torch.device) -> TensorData:
+    """The data on ``device``, moved once per check. On CUDA, inputs larger than ``DEVICE_SHARE``
+    of the free memory stay on the host in pinned memory (blocks are then copied without
+    blocking); labels always move."""
+    if device.type != "cuda":
+        return TensorData(ds.x.to(device), ds.y.to(device))
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = ds.x.element_size() * ds.x.numel() <= DEVICE_SHARE * free
+    x = ds.x.to(device, non_blocking=True) if fits else ds.x.pin_memory()
+    return TensorData(x, ds.y.to(device, non_blocking=True))

@@ -1,0 +1,278 @@
+"""The guarded forward pass (``Forward``): batching, the evaluation count against the budget,
+out-of-memory back-off (a CUDA out-of-memory error halves the batch and retries the same samples,
+none lost, none repeated), malformed logits (wrong shape, NaN/inf) and labels out of range as
+descriptive errors, and the correctness of predictions (``correct_predictions``; ties count as
+errors)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from pytest_robust.engine.interface import logits_of
+from pytest_robust.errors import (
+    BudgetError,
+    NotDifferentiable,
+    RobustDataError,
+    RobustError,
+    RobustModelError,
+)
+
+#: How allocation failures read: CUDA's "out of memory", the CPU allocator's "can't allocate memory".
+OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether ``err`` is an out-of-memory error of the device or of host memory."""
+    text = str(err).lower()
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or any(t in text for t in OOM_TEXTS)
+
+
+@dataclass
+class Forward:
+    """The one way a check calls its model: batched, validated, counted, capped, OOM-safe.
+
+    Units: one *model evaluation* is one input row through the model, with or without a backward
+    pass (``backward_passes`` counts those with one). Every evaluation is counted in ``passes``
+    and attributed to the current ``phase`` (``by_phase``: e.g. gate / context / fit), and a call
+    that would take ``passes`` past ``budget`` raises ``BudgetError`` before the model runs. A CUDA
+    (or host) out-of-memory error halves the batch and retries the same rows: none lost, none
+    repeated, and the counts include only the rows that completed.
+
+    Model interface (``model_io``): ``normalize`` (a ``Normalizer`` or None) maps the
+    working-dtype input to (x - mean) / std before anything else, so the model sees what
+    ``Sequential(Normalize(mean, std), model)`` would; ``selector`` (the ``logits`` setting) picks the
+    logits out of the model's output (a tensor, ``.logits``, a ``"logits"`` key, or as chosen).
+
+    Precision: inputs arrive in the check's working dtype (float32, or float64 for a float64
+    model) and are cast to ``input_dtype`` (the model's own dtype) at the model's input; the
+    model runs under ``torch.autocast(autocast)`` when that is set (and gets 4-D inputs in
+    channels-last layout with ``channels_last``); logits come back in the working dtype. So perturbation iterates, gradients with respect to the input and every
+    statistic stay in float32 or wider, whatever precision the model computes in. ``ties``
+    counts rows whose two largest logits are equal (a device tensor, read once at the end).
+    """
+
+    model: torch.nn.Module
+    batch_size: int
+    max_label: int | None = None  # largest label of the data: checked against the class count
+    n_classes: int | None = None
+    budget: int | None = None
+    input_dtype: torch.dtype | None = None
+    autocast: torch.dtype | None = None
+    channels_last: bool = False
+    normalize: Callable | None = None
+    selector: object = None
+    deferred: bool = False
+    finite: torch.Tensor | bool = True
+    passes: int = 0
+    backward_passes: int = 0
+    halvings: int = 0
+    ties: torch.Tensor | int = 0
+    by_phase: dict = field(default_factory=dict)
+    current: str = "gate"
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Attribute the evaluations made inside the block to phase ``name``."""
+        outer, self.current = self.current, name
+        try:
+            yield self
+        finally:
+            self.current = outer
+
+    @property
+    def remaining(self) -> int | None:
+        """Evaluations left under the budget (None: no cap)."""
+        return None if self.budget is None else self.budget - self.passes
+
+    def charge(self, n: int) -> None:
+        """Count ``n`` evaluations in the current phase; BudgetError if they exceed the budget."""
+        self.afford(n)
+        self.passes += n
+        self.by_phase[self.current] = self.by_phase.get(self.current, 0) + n
+
+    def afford(self, n: int) -> None:
+        """BudgetError, naming the phase, unless ``n`` more evaluations fit in the budget."""
+        if self.budget is not None and self.passes + n > self.budget:
+            raise BudgetError(
+                f"the budget of {self.budget} model evaluations ran out in the {self.current} phase "
+                f"({self.passes} spent, {n} more needed): raise budget= (or --robust-budget)"
+            )
+
+    def chunked(self, n: int, run):
+        """``run(start, stop)`` over consecutive row ranges of [0, n), each at most ``batch_size``
+        rows; an out-of-memory error (CUDA, or a failed host-memory allocation) halves the batch
+        and retries the same rows (none lost, none repeated). Charges every row to the
+        current phase; returns the list of ``run``'s outputs (empty when n is 0)."""
+        out, start = [], 0
+        while start < n:
+            stop = min(n, start + self.batch_size)
+            self.afford(stop - start)  # before the model runs
+            try:
+                out.append(run(start, stop))
+            except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
+                if not is_oom(err):
+                    raise
+                if self.batch_size == 1:
+                    raise RobustModelError(
+                        "out of memory even with batch size 1: use a smaller model or another device"
+                    ) from err
+                self.batch_size = max(1, self.batch_size // 2)
+                self.halvings += 1
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            self.charge(stop - start)
+            start = stop
+        return out
+
+    def _empty(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of no rows: a rank whose share is empty still returns a (0, classes) tensor."""
+        return x.new_empty((0, self.n_classes or 0))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for every row of x (no gradients), computed in chunks of at most ``batch_size``.
+
+        ``no_grad`` rather than ``inference_mode``: a model that builds a cache on its first call
+        would otherwise hold inference tensors that a later gradient pass cannot use."""
+
+        def run(start: int, stop: int) -> torch.Tensor:
+            with torch.no_grad():
+                return self.validated(self.called(x[start:stop]), stop - start, x[start:stop]).to(x.dtype)
+
+        parts = self.chunked(len(x), run)
+        return torch.cat(parts) if parts else self._empty(x)
+
+    def grad(self, x: torch.Tensor, y: torch.Tensor, objective, with_logits: bool = False):
+        """(objective(logits, y) per row, its gradient with respect to x[, the logits]), chunked
+        like ``logits``; the logits reach ``objective`` in x's dtype.
+
+        The model's parameters stay frozen (``guarded`` turned their requires_grad off); only the
+        input carries a gradient. Each row counts as one evaluation and one backward pass.
+        """
+
+        def run(start: int, stop: int):
+            chunk = x[start:stop].detach().requires_grad_(True)
+            with torch.enable_grad():
+                z = self.validated(self.called(chunk), stop - start, chunk).to(x.dtype)
+                value = objective(z, y[start:stop])
+                if not value.requires_grad:
+                    raise NotDifferentiable(
+                        "the objective is not differentiable in the input (it returned values without a "
+                        "gradient); use a differentiable loss, or an estimator that needs no gradients "
+                        "(for the q-loss check: estimator='mc' or 'mh')"
+                    )
+                (g,) = torch.autograd.grad(value.sum(), chunk)
+            return value.detach(), g, z.detach()
+
+        parts = self.chunked(len(x), run)
+        self.backward_passes += len(x)
+        if not parts:
+            out = x.new_empty((0,)), x.new_empty(x.shape)
+            return out + (self._empty(x),) if with_logits else out
+        values, grads, logits = zip(*parts)
+        out = torch.cat(values), torch.cat(grads)
+        return out + (torch.cat(logits),) if with_logits else out
+
+    def called(self, x: torch.Tensor, model=None):
+        """The logits of ``model(x)`` (default: the check's model; another module, such as a
+        wrapper that also returns features, gets x the same way and its output is returned as it
+        is): x normalised when asked, cast to the model's dtype, under autocast when asked; a
+        failure on the first batch is explained when the inputs' layout is the likely cause
+        (``inspection.explain_model_error``)."""
+        own = model is None
+        model = self.model if own else model
+        if self.normalize is not None:
+            x = self.normalize(x)
+        if self.input_dtype is not None:
+            x = x.to(self.input_dtype)
+        if self.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        try:
+            with torch.autocast(x.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                out = model(x)
+        except (RuntimeError, ValueError) as err:
+            if self.n_classes is None and not is_oom(err):
+                from pytest_robust.engine.inspect.model import explain_model_error
+
+                explain_model_error(x, err)
+            raise
+        return logits_of(out, self.selector, len(x)) if own else out
+
+    def validated(self, z, n: int, x: torch.Tensor | None = None) -> torch.Tensor:
+        """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches
+        (one host read per batch: the finiteness check); counts its tied rows in ``ties``. When
+        the logits are not finite because the inputs ``x`` were not, the check is blamed, not the
+        model."""
+        if z.ndim != 2 or z.shape[0] != n or z.shape[1] < 2:
+            raise RobustModelError(
+                f"the model must return logits of shape (batch, classes) with at least 2 classes; "
+                f"for a batch of {n} it returned shape {tuple(z.shape)}"
+            )
+        if self.n_classes is None:
+            from pytest_robust.engine.inspect.model import check_outputs
+
+            check_outputs(z)
+            self.n_classes = z.shape[1]
+            if self.max_label is not None and self.max_label >= self.n_classes:
+                raise RobustDataError(
+                    f"label {self.max_label} is out of range for a model with {self.n_classes} classes "
+                    f"(labels must be class indices 0..{self.n_classes - 1})"
+                )
+        elif z.shape[1] != self.n_classes:
+            raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
+        if self.deferred:  # read later, with the caller's own host read (``finite_flag``)
+            self.finite = torch.isfinite(z).all() & self.finite
+        elif not torch.isfinite(z).all():
+            self.raise_nonfinite(x)
+        top = z.detach().topk(2, dim=1).values
+        self.ties = self.ties + (top[:, 0] == top[:, 1]).sum()
+        return z
+
+    def raise_nonfinite(self, x: torch.Tensor | None = None):
+        """The error for non-finite logits: the check's fault when its inputs ``x`` were not
+        finite, else the model's."""
+        if x is not None and not torch.isfinite(x).all():
+            raise RobustError(
+                "the check fed the model non-finite inputs (a perturbation or fit that diverged): "
+                "lower the fit's learning rate (fit_lr=) or the perturbation's size, and report it "
+                "if the settings are the defaults"
+            )
+        raise RobustModelError(
+            "the model returned NaN or infinite logits; check the model on perturbed inputs "
+            "(e.g. inputs outside its training range) and its numerical stability"
+        )
+
+    @contextlib.contextmanager
+    def deferring(self):
+        """Inside the block the finiteness of the logits is not read per batch: it accumulates in
+        a device flag that the caller reads with its own host read (``finite_flag``) and hands to
+        ``check_flag``. A stream that reads its outcomes once per step then makes one host read
+        per step instead of two."""
+        self.deferred, self.finite = True, True
+        try:
+            yield
+        finally:
+            self.deferred = False
+
+    def finite_flag(self, device) -> torch.Tensor:
+        """1 when every logit since ``deferring`` began was finite, else 0 (a device tensor, (1,))."""
+        return torch.as_tensor(self.finite, device=device).long().reshape(1)
+
+    def check_flag(self, flag: int) -> None:
+        """Raise the non-finite-logits error unless ``flag`` (read from ``finite_flag``) is 1."""
+        if not flag:
+            self.raise_nonfinite()
+
+
+def correct_predictions(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Boolean per row: the true class has the strictly largest logit (a tie is an error).
+
+    No host read: labels are checked against the class count once per check (``Forward``)."""
+    if len(y) == 0:
+        return torch.zeros(0, dtype=torch.bool, device=logits.device)
+    top = logits.topk(2, dim=1)
+    return (top.indices[:, 0] == y) & (top.values[:, 0] > top.values[:, 1])

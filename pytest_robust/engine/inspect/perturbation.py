@@ -1,0 +1,195 @@
+"""Inspections of a perturbation where it meets the data: the input box (``box_for``), sizes
+that are implausible for the box (``check_scale``, ``check_size``), a perturbation that ignores
+its generator (``check_uses_generator``) and objects that are no perturbation at all
+(``check_perturbation_object``)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+
+import torch
+
+from pytest_robust.engine.inspect.data import NORMALISATION_ADVICE, NORMALISED_INSIDE_ADVICE
+from pytest_robust.engine.inspect.model import PROBE_ROWS
+from pytest_robust.errors import ArgumentError, RobustDataError, RobustWarning
+
+#: Relative slack of the box check: data this close outside the box is float noise, not a mistake.
+BOX_SLACK = 1e-5
+
+
+def box_for(bounds, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The box ``bounds`` = (lo, hi) as two tensors in x's dtype on x's device that broadcast
+    against the batch x of shape (N, ...), or None for no box.
+
+    Each bound is a number, a per-channel sequence or tensor of length C (one value per channel
+    of (N, C, ...) inputs: the shape of mean/std lists; reshaped to (C, 1, ...)), or a tensor that
+    broadcasts to one input (e.g. (C, 1, 1) or the input's shape). Any other shape is an
+    ArgumentError naming the bounds' shape, the inputs' shape and the accepted shapes: a bound
+    must never broadcast along the wrong dimension (a length-4 bound on 4 px wide images)."""
+    if bounds is None:
+        return None
+    return tuple(_bound_like(b, x) for b in bounds)
+
+
+def _bound_like(bound, x: torch.Tensor) -> torch.Tensor:
+    """One bound of ``box_for``."""
+    t = torch.as_tensor(bound, dtype=x.dtype, device=x.device)
+    one = tuple(x.shape[1:])
+    if t.ndim == 1 and len(t) > 1 and x.ndim >= 3 and len(t) == x.shape[1]:
+        return t.reshape((len(t),) + (1,) * (x.ndim - 2))  # per channel
+    try:
+        fits = torch.broadcast_shapes(t.shape, x.shape) == x.shape and (t.ndim < x.ndim or t.shape[0] == 1)
+    except RuntimeError:
+        fits = False
+    if fits and not (t.ndim == 1 and len(t) > 1 and x.ndim >= 3):
+        return t
+    channels = one[0] if one else 1
+    per_channel = (f"a sequence of {channels} numbers (one per channel, the shape of mean/std lists), "
+                   f"a tensor of shape ({channels}, {', '.join('1' for _ in one[1:])}) "
+                   if len(one) >= 2 else f"a sequence of {channels} numbers (one per feature), ")
+    raise ArgumentError(
+        f"bounds of shape {tuple(t.shape)} do not fit inputs of shape {one} (a batch {tuple(x.shape)}): each of "
+        f"lo and hi must be a number, {per_channel}or a tensor that broadcasts to one input's shape {one}"
+    )
+
+
+def box_width(bounds, x: torch.Tensor) -> tuple[float, str]:
+    """(width, what it is) of the range a size is compared with: the narrowest side of the box
+    ``bounds`` (per channel or per element), or without a box the range the data ``x`` spans."""
+    if bounds is None:
+        low, high = (float(v) for v in torch.aminmax(x.detach()))
+        return high - low, f"the data's range [{low:.4g}, {high:.4g}]"
+    lo, hi = box_for(bounds, x[:1])
+    return float((hi - lo).min()), "the input box"
+
+
+def check_scale(owner: str, name: str, size: float, x: torch.Tensor, bounds, *, norm: str = "linf",
+                share: float = 1.0, effect: str = "", below: float | None = None) -> None:
+    """RobustWarning when a size parameter (an L-inf radius, a per-coordinate noise level, an
+    L2 radius with ``norm="l2"``) is at least ``share`` of the range it lives in: the width of the
+    box ``bounds`` (without a box: of the data's range), or for L2 sizes the box's L2 diameter
+    (width x sqrt(coordinates)). Such sizes are almost always a unit mistake (eps=8 meant as
+    8/255). ``effect`` says what the size does then (", so ..."); sizes of at least ``below``
+    times the range are left to another warning (the perturbation's own, ``check_size``). One
+    helper for every check's sizes: a perturbation's (``check_size``), smoothing's sigma and
+    radius, an attack's eps, NPPR's ball."""
+    width, where = box_width(bounds, x)
+    if norm == "l2":
+        scale = width * math.sqrt(math.prod(x.shape[1:]))
+        reach = f"the L2 diameter {scale:.4g} of {where} (width {width:.4g})"
+    else:
+        scale, reach = width, f"the width {width:.4g} of {where}"
+    if not scale > 0 or size < share * scale or (below is not None and size >= below * scale):
+        return
+    part = "" if share == 1 else "half " if share == 0.5 else f"{share:g} x "
+    warnings.warn(
+        f"{owner}: {name}={size:g} is at least {part}{reach}{effect}; {name} is in the units of your inputs "
+        "(8 grey levels in [0, 1] pixel space is 8/255, not 8)",
+        RobustWarning,
+        stacklevel=3,
+    )
+
+
+def check_perturbation_object(p) -> None:
+    """Raise TypeError for a perturbation class instead of an instance, or a callable that
+    cannot be called as ``fn(x, generator)``."""
+    if isinstance(p, type):
+        raise TypeError(
+            f"perturbation must be an instance, got the class {p.__name__}: write {p.__name__}(eps=...) "
+            "(with its parameters), not the class itself"
+        )
+    target = getattr(p, "sample", None) if hasattr(p, "parameter_space") else p
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(target, "__qualname__", type(p).__name__)
+        raise TypeError(
+            f"perturbation {name}{signature} cannot be called as (x, generator): a perturbation "
+            "takes the batch x and a torch.Generator and returns x' of x's shape, drawing every "
+            "random number from the generator (e.g. torch.rand(x.shape, generator=generator))"
+        ) from None
+
+
+def check_uses_generator(perturbation, x: torch.Tensor) -> None:
+    """RobustWarning when the same generator state gives different outputs: the perturbation
+    draws from another source (the global RNG, numpy, random), so runs do not repeat."""
+    probe = x[:PROBE_ROWS]
+    outputs = []
+    cuda = probe.device.type == "cuda"
+    with torch.random.fork_rng(devices=[probe.device] if cuda else []):
+        for global_seed in (1, 2):
+            torch.default_generator.manual_seed(global_seed)
+            if cuda:  # the probe device's global generator only: other GPUs are left alone
+                with torch.cuda.device(probe.device):
+                    torch.cuda.manual_seed(global_seed)
+            gen = torch.Generator(device=probe.device)
+            gen.manual_seed(12345)
+            outputs.append(perturbation(probe.clone(), gen))
+    a, b = outputs
+    comparable = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+    if comparable and not torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True):
+        warnings.warn(
+            f"perturbation {perturbation!r} gave different outputs for the same generator state: it "
+            "ignores the generator it is given (drawing from the global RNG, numpy or random?), so "
+            "its results depend on what ran before and do not repeat with the seed; draw every "
+            "random number from the generator argument (torch.rand(..., generator=generator))",
+            RobustWarning,
+            stacklevel=4,
+        )
+
+
+def check_size(perturbation, x: torch.Tensor) -> None:
+    """RobustWarning when a perturbation's size (eps, sigma, scale) is at least the width of its
+    box: every draw then spreads over the whole box (eps=8 meant as 8/255?); ``check_scale``."""
+    bounds = getattr(perturbation, "bounds", None)
+    name = getattr(perturbation, "coordinate_size", None)  # per-coordinate sizes only
+    if bounds is None or not name:
+        return
+    check_scale(repr(perturbation), name, getattr(perturbation, name), x, bounds,
+                effect=", so draws spread over the whole box")
+
+
+def inspect_inputs(ds, perturbation) -> None:
+    """The checks that need both data and perturbation: inputs inside its box, a size that fits
+    the box, and a perturbation that draws from its generator. Runs once per check, before any
+    evaluation."""
+    check_in_box(ds.x, getattr(perturbation, "bounds", None))
+    check_size(perturbation, ds.x)
+    check_uses_generator(perturbation, ds.x)
+
+
+def check_in_box(x: torch.Tensor, bounds, name: str = "data") -> None:
+    """Raise RobustDataError when inputs lie outside the perturbation's box ``bounds``: a
+    perturbed input is clipped to the box, so such inputs would be silently moved (by more than
+    eps) before the model sees them. 0..255 images get the conversion as their fix; with
+    ``normalize=`` in force, normalised data gets "give the images before normalisation".
+    Bounds of a shape that does not fit the inputs are an ArgumentError (``box_for``)."""
+    if bounds is None:
+        return
+    lo, hi = box_for(bounds, x)
+    slack = BOX_SLACK * float((hi - lo).abs().max())
+    low, high = float(x.min()), float(x.max())
+    if not bool((x < lo - slack).any() or (x > hi + slack).any()):
+        return
+    shown = f"bounds=({float(lo.min()):g}, {float(hi.max()):g})" if lo.numel() * hi.numel() > 1 else (
+        f"bounds=({float(lo):g}, {float(hi):g})"
+    )
+    if low >= 0 and 10.0 < high <= 255.0 and float(hi.max()) <= 1.0:
+        raise RobustDataError(
+            f"{name}: inputs range from {low:g} to {high:g}, which looks like 0..255 images, but the "
+            f"perturbation's box is {shown}: divide the images by 255 (torchvision's ToTensor() does) "
+            "so that inputs and eps are in [0, 1] pixel units"
+        )
+    from pytest_robust.engine.interface import current
+
+    advice = NORMALISATION_ADVICE if current().normalize is None else NORMALISED_INSIDE_ADVICE
+    raise RobustDataError(
+        f"{name}: inputs range from {low:g} to {high:g}, outside the perturbation's box {shown}; every "
+        f"perturbed input would be clipped into the box, silently changing the data. {advice}"
+    )

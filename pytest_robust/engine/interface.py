@@ -1,0 +1,213 @@
+"""What the model takes and what it returns: normalisation inside the model call, and which output
+holds the logits.
+
+Like the execution settings (``model_execution``), these describe the model, not the requirement,
+so every check, built-in or third party, picks them up from the current ``ModelInterface``, set
+with ``normalize=`` / ``logits=`` on a built-in metric function, with
+
+    with pytest_robust.model_interface(normalize="imagenet"):
+        tsrm(model, data, UniformLinf(eps=8/255), 0.9)
+
+or, under pytest, from the settings ``normalize`` and ``logits`` (``--robust-normalize``,
+``robust_normalize`` in ini, ``normalize:`` in YAML, ``normalize=`` on a marker or a ``robust``
+fixture call).
+
+- ``normalize=(mean, std)``: the data stays in pixel units (a box of (0, 1) by default), and so do
+  every perturbation, eps, sigma, radius and box; the forward wrapper (``engine.Forward``) computes
+  (x - mean) / std per channel (dimension 1; a scalar applies to every channel) on the check's
+  float32 input just before the model, with the operations of torchvision's ``Normalize`` (subtract,
+  then divide). The numbers are those of ``torch.nn.Sequential(Normalize(mean, std), model)`` bit for
+  bit. ``"imagenet"`` names the ImageNet statistics.
+- ``logits=``: a model may return a tensor of logits, an object with a ``.logits`` tensor (a
+  Hugging Face ``ModelOutput``) or a mapping with a ``"logits"`` key, all taken as they are; for
+  anything else (a tuple, a dict without that key) ``logits=`` picks the logits: a key or an
+  attribute name (str), an index (int), or a callable ``output -> logits tensor``. A key or an
+  index leaves a tensor output alone (one session-wide ``--robust-logits 0`` then serves models
+  of both kinds); a callable is applied to every output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Callable
+
+from pytest_robust.errors import RobustModelError, SettingError
+from pytest_robust.settings import validation
+
+#: Named normalisations: (mean, std) per channel, in [0, 1] pixel units.
+PRESETS = validation.NORMALIZE_PRESETS
+
+
+@dataclass(frozen=True)
+class ModelInterface:
+    """The model's input normalisation ((mean, std) tuples, or None) and its logits selector."""
+
+    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    logits: str | int | Callable | None = None
+
+    def __post_init__(self):  # validated and converted here: SettingError names the key
+        object.__setattr__(self, "normalize", validation.normalization("normalize", self.normalize))
+        object.__setattr__(self, "logits", validation.logits_selector("logits", self.logits))
+
+    def space(self) -> str:
+        """Where sizes live, for messages: "" without normalisation."""
+        if self.normalize is None:
+            return ""
+        mean, std = (", ".join(f"{v:g}" for v in part) for part in self.normalize)
+        return f"pixel units, normalised inside the model (mean {mean}; std {std})"
+
+    def describe(self) -> dict:
+        """JSON-able facts (results, cache keys): the normalisation and the selector's name."""
+        chosen = self.logits
+        shown = getattr(chosen, "__qualname__", repr(chosen)) if callable(chosen) else chosen
+        return {"normalize": None if self.normalize is None else [list(p) for p in self.normalize], "logits": shown}
+
+
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("robust_model_interface", default=ModelInterface())
+
+
+def current() -> ModelInterface:
+    """The model interface in force (no normalisation, logits found automatically, outside any block)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def model_interface(normalize=None, logits=None):
+    """Run the checks inside the block with this normalisation and logits selector (validated here)."""
+    token = _CURRENT.set(ModelInterface(normalize, logits))
+    try:
+        yield current()
+    finally:
+        _CURRENT.reset(token)
+
+
+def accepts_interface(fn):
+    """Decorate a metric function so that it also takes ``normalize=`` and ``logits=`` (keyword
+    only): given, they replace the current interface's for the call; absent, the current one holds
+    (the pytest layer sets it from the settings)."""
+    signature = inspect.signature(fn)
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in ("normalize", "logits")]
+    params = list(signature.parameters.values())
+    tail = [p for p in params if p.kind == inspect.Parameter.VAR_KEYWORD]
+    params = [p for p in params if p.kind != inspect.Parameter.VAR_KEYWORD] + extra + tail
+
+    @functools.wraps(fn)
+    def wrapper(*args, normalize=None, logits=None, **kwargs):
+        if normalize is None and logits is None:
+            return fn(*args, **kwargs)
+        now = current()
+        with model_interface(now.normalize if normalize is None else normalize,
+                             now.logits if logits is None else logits):
+            return fn(*args, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=params)
+    return wrapper
+
+
+# -- the normalisation ---------------------------------------------------------------------------
+
+
+class Normalizer:
+    """(x - mean) / std along dimension 1 of x, with mean and std prepared once per check on its
+    device and working dtype, as torchvision's ``Normalize`` computes it (``sub`` then ``div``)."""
+
+    def __init__(self, normalize: tuple, channels: int, device, dtype):
+        import torch
+
+        mean, std = normalize
+        if max(len(mean), len(std)) not in (1, channels):
+            raise SettingError("normalize", normalize, f"one mean and one std per channel of the inputs ({channels} "
+                               "along dimension 1), or a single value for all")
+        self.mean, self.std = (torch.as_tensor(v, dtype=dtype, device=device) for v in (mean, std))
+
+    def __call__(self, x):
+        shape = (-1,) + (1,) * (x.ndim - 2)
+        return x.sub(self.mean.view(shape)).div(self.std.view(shape))
+
+
+# -- the logits ----------------------------------------------------------------------------------
+
+
+def logits_of(output, selector, rows: int):
+    """The logits tensor in ``output`` (``selector``: the ``logits`` setting; module docstring).
+    Anything else is a ``RobustModelError`` that says which part looks like the logits and how to
+    choose it."""
+    import torch
+
+    if selector is not None and (callable(selector) or not isinstance(output, torch.Tensor)):
+        chosen = _select(output, selector)
+        if not isinstance(chosen, torch.Tensor):
+            raise RobustModelError(
+                f"logits={_shown(selector)} picked a {type(chosen).__name__} from the model's output, not a tensor: "
+                "choose the part that holds the (batch, classes) logits"
+            )
+        return chosen
+    if isinstance(output, torch.Tensor):
+        return output
+    found = getattr(output, "logits", None)
+    if found is None and isinstance(output, Mapping):
+        found = output.get("logits")
+    if isinstance(found, torch.Tensor):
+        return found
+    raise RobustModelError(_unrecognised(output, rows))
+
+
+def _select(output, selector):
+    """``output`` indexed by ``selector``: a callable is called, an int indexes, a str is a key of a
+    mapping or else an attribute; a wrong key or index is named with what the output has."""
+    if callable(selector):
+        return selector(output)
+    try:
+        if isinstance(selector, str) and not isinstance(output, Mapping):
+            return getattr(output, selector)
+        return output[selector]
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise RobustModelError(
+            f"logits={_shown(selector)} does not select anything in the model's output "
+            f"({_outline(output)}): {_how_to_choose()}"
+        ) from None
+
+
+def _unrecognised(output, rows: int) -> str:
+    """The error for an output with no recognisable logits: which element looks like them, and how
+    to choose it."""
+    import torch
+
+    def looks(v) -> bool:
+        return isinstance(v, torch.Tensor) and v.is_floating_point() and v.ndim == 2 and v.shape[0] == rows and v.shape[1] >= 2
+
+    if isinstance(output, (tuple, list)):
+        hits = [i for i, v in enumerate(output) if looks(v)]
+        guess = (f"element {hits[0]} (a tensor of shape {tuple(output[hits[0]].shape)}) looks like the logits: "
+                 f"choose it with logits={hits[0]}" if hits else "none of its elements is a (batch, classes) tensor")
+    elif isinstance(output, Mapping):
+        keys = [k for k, v in output.items() if looks(v)]
+        guess = (f"key {keys[0]!r} looks like the logits: choose it with logits={keys[0]!r}" if keys
+                 else "none of its values is a (batch, classes) tensor")
+    else:
+        guess = "it has no .logits attribute"
+    return (f"the model must return logits (a tensor, an object with .logits or a mapping with a 'logits' key); "
+            f"it returned {_outline(output)}: {guess}. {_how_to_choose()}")
+
+
+def _how_to_choose() -> str:
+    return ("logits= takes a key or attribute name (logits='scores'), an index (logits=0) or a callable "
+            "(logits=lambda out: out[0]); set it on the marker, the robust fixture call, the library call, "
+            "or with --robust-logits")
+
+
+def _outline(output) -> str:
+    if isinstance(output, (tuple, list)):
+        return f"a {type(output).__name__} of {len(output)} elements"
+    if isinstance(output, Mapping):
+        return f"a {type(output).__name__} with keys {', '.join(map(repr, list(output)[:8]))}"
+    return f"a {type(output).__name__}"
+
+
+def _shown(selector) -> str:
+    return getattr(selector, "__qualname__", "a callable") if callable(selector) else repr(selector)

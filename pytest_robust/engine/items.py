@@ -1,0 +1,64 @@
+"""Reading the user's data the same way every time: data items as (input, label), mapping items by
+their common key names or by the ``data_keys`` setting. Shared by the data loader (``data``) and
+the data inspections (``inspect.data``)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Mapping
+
+from pytest_robust.errors import RobustDataError
+
+#: Keys of mapping items (the Hugging Face datasets shape) read as the input and as the label.
+INPUT_KEYS = ("image", "pixel_values", "input", "inputs", "x")
+
+
+LABEL_KEYS = ("label", "labels", "target", "targets", "y")
+
+
+_DATA_KEYS: contextvars.ContextVar = contextvars.ContextVar("robust_data_keys", default=None)
+
+
+@contextlib.contextmanager
+def data_keys(keys: tuple[str, str] | None):
+    """Inside the block, mapping items are read by ``keys`` = (input key, label key) (the
+    ``data_keys`` setting; None: by ``INPUT_KEYS`` and ``LABEL_KEYS``). ``recording.evaluate`` sets it
+    from the settings of each check, so it works on markers, the command line, ini and YAML."""
+    token = _DATA_KEYS.set(None if keys is None else tuple(keys))
+    try:
+        yield
+    finally:
+        _DATA_KEYS.reset(token)
+
+
+def input_and_label(item) -> tuple:
+    """(input, label) of a data item or batch: an (input, label) pair, or a mapping with the keys
+    named by ``data_keys`` when set, else with one of ``INPUT_KEYS`` and one of ``LABEL_KEYS``;
+    anything else is a RobustDataError naming what was found and how to name the keys."""
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return item[0], item[1]
+    if isinstance(item, Mapping):
+        named = _DATA_KEYS.get()
+        keys = sorted(map(str, item))
+        if named is not None:
+            missing = [k for k in named if k not in item]
+            if not missing:
+                return item[named[0]], item[named[1]]
+            raise RobustDataError(
+                f"a data item is a mapping with keys {keys}, without {', '.join(map(repr, missing))} named by "
+                f"data_keys={named!r}: name its input and label keys with data_keys=(input_key, label_key) "
+                "(on the marker, robust_data_keys in ini, --robust-data-keys input_key,label_key)"
+            )
+        found = [next((k for k in keys_ if k in item), None) for keys_ in (INPUT_KEYS, LABEL_KEYS)]
+        if None not in found:
+            return item[found[0]], item[found[1]]
+        raise RobustDataError(
+            f"a data item is a mapping with keys {keys}: pytest-robust reads the input from "
+            f"one of {', '.join(INPUT_KEYS)} and the label from one of {', '.join(LABEL_KEYS)}; name yours with "
+            "data_keys=(input_key, label_key) (on the marker, robust_data_keys in ini, --robust-data-keys "
+            "input_key,label_key), rename the columns (datasets' rename_column) or pass an (x, y) tensor pair"
+        )
+    raise RobustDataError(f"each data item must be an (input, label) pair or a mapping, got {type(item).__name__}")
+
+

@@ -1,0 +1,387 @@
+"""The shared run of every check: everything around a metric's own evaluation, written once.
+
+A metric module writes only its plan, its evaluation and its statistics; a ``Run`` owns the rest:
+
+- the common arguments (threshold, confidence, budget, seed, batch size), validated once;
+- the data (``engine.load_data``: finite, in a seed-independent order), moved to the device once
+  (``place``), the device (``engine.resolve_device``) and the working dtype (``working_dtype``):
+  float32, or float64 for a float64 model; a float16 or bfloat16 model still gets float32
+  perturbations, iterates and statistics, cast to its dtype at its input. Data of another float
+  dtype is converted, with a note in details. With the check's perturbation, the inputs are
+  checked against its box, its size and its use of the generator, on the check's device
+  (``inspection.inspect_inputs``);
+- the model interface (``model_io.current()``: ``normalize=(mean, std)`` applied inside the
+  model call, so data, perturbations and sizes stay in pixel units; the ``logits=`` selector),
+  stated in the Result (``details["model_interface"]``, and the space in ``details["space"]``,
+  which every message names); data whose transform pipeline normalises is refused
+  (``inspection.check_data_normalisation``);
+- the execution settings (``model_execution.current()``: precision/autocast, channels-last, compile,
+  deterministic kernels), stated in the Result (``precision``, ``details["execution"]``); a run
+  with ``certificate=True`` (randomized smoothing) warns when the logits are not float32;
+- the guarded model (``engine.guarded``: eval mode, no parameter gradients, state and global RNG
+  restored, in-place changes detected) and the one forward wrapper (``engine.Forward``) through
+  which every model call goes: it counts model evaluations per phase, caps them at the budget and
+  halves the batch on out-of-memory; the rate of tied top logits (counted as errors) is reported
+  and warned about above ``TIE_WARNING``;
+- distribution over torch.distributed ranks, all through ``collective`` (``shard`` / ``gather``
+  for per-input work, ``span`` / ``gather_rows`` for rows; per-draw work shards blocks with
+  ``collective.gather_blocks`` and agrees its batch size with ``agreed_batch_size``);
+- timing and the ``Result``, with the verdict from ``results.decide``; a per-input table in
+  ``details["per_input"]`` is checked (``per_input.check_table``) and, on image inputs, the
+  thumbnails of its worst inputs go to ``Result.gallery`` (``gallery.gallery``: one draw each of the
+  check's perturbation, or of ``example``).
+
+Budget unit, for every check: model evaluations (one input row through the model, with or
+without a backward pass). ``Result.forward_passes`` is what was spent (summed over ranks),
+``Result.budget`` the cap, and ``details["evaluations"]`` splits the spending by phase.
+
+A check's body does not build its Run: ``library.evaluate`` builds it from the check's
+declaration and calls the body inside it. A body looks like::
+
+    def evaluate(run, sigma, copies):
+        with run.forward.phase("gate"):
+            hits = correct_predictions(run.forward.logits(run.ds.x), run.ds.y)
+        return run.result(estimate=..., lower=..., upper=..., draws=..., perturbation=...)
+
+(analyses that are not declared checks, such as ``analyses.q_curve``, build a Run with a
+``declaration`` of their own shape).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from pytest_robust.engine import collective
+from pytest_robust.engine import interface as model_io
+from pytest_robust.engine import precision as model_execution
+from pytest_robust.engine.data import TensorData, load_data, place
+from pytest_robust.engine.device import resolve_device
+from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.gallery import gallery as worst_gallery
+from pytest_robust.engine.guard import guarded
+from pytest_robust.engine.inspect.data import check_data_normalisation
+from pytest_robust.engine.inspect.model import check_model
+from pytest_robust.engine.inspect.perturbation import inspect_inputs
+from pytest_robust.engine.precision import autocast_dtype, describe_precision, model_dtype, working_dtype
+from pytest_robust.engine.streams import stream_generator
+from pytest_robust.errors import ArgumentError, RobustWarning, SettingError
+from pytest_robust.report.per_input import check_table
+from pytest_robust.results import LOW_ACCURACY, Result, decide
+from pytest_robust.settings.validation import check_run_args
+
+#: The reserved keys of ``Result.details``: what every check's run writes (the first group) and
+#: what the reports read when a check provides it (the second). A check's own keys must differ.
+RESERVED_DETAILS = {
+    "title": "the check's display name (its declaration's title)",
+    "budget_unit": 'always "model evaluations"',
+    "evaluations": "model evaluations spent, by phase (summed over ranks)",
+    "evaluations_per_rank": "model evaluations of each torch.distributed rank",
+    "backward_passes": "evaluations that also ran a backward pass",
+    "batch_size": "the batch size at the end (halved on out-of-memory)",
+    "oom_halvings": "how often an out-of-memory error halved the batch",
+    "dtype": "the working dtype of inputs, perturbations and statistics",
+    "dtype_note": "how the data was converted to the working dtype, when it was",
+    "tie_rate": "share of evaluated rows whose two largest logits were equal (counted as errors)",
+    "execution": "precision, channels-last, compile and deterministic settings the model ran with",
+    "model_interface": "the normalize= and logits= settings",
+    "space": "the units of the data, perturbations and sizes",
+    "model_was_training": "whether the model was in training mode before the check (it runs in eval mode)",
+    "certificate_warning": "why a certificate computed in reduced precision is only an estimate",
+    "warnings": "the RobustWarnings issued while the check ran, in order",
+    "procedure": 'the procedure that produced the numbers ("bernoulli": the Bernoulli stream)',
+    "per_input": "the per-input table {index, outcome, estimate, ...}: CSV, worst inputs, gallery",
+    "curves": "{name: {title, xlabel, ylabel, x, series, intervals, counts}}: one PNG each",
+    "heatmaps": "{name: {title, rows, columns, values, counts}}: one PNG each",
+    "tables": "[{title, text, header, rows}]: tables in summary.md",
+    "inconclusive_reason": "why an inconclusive check is undecided and what to change",
+    "error": "the message of a check that could not run",
+    "p_values": "{fail, pass}: the p-value of each claim from the check's own test (family-wise adjustment)",
+    "familywise": "the family-wise adjustment of the session (--robust-familywise) as it applied to this check",
+    "enforced": "False for a fixture call with enforce=False (reported, not gating its test)",
+    "paired": "the paired form against a reference model: both estimates, discordant counts, margin, test",
+    "clean_accuracy": "accuracy on the unperturbed inputs: a check's own, or the run's (``Run.clean_accuracy``) "
+                      "beside a low or failed accuracy",
+    "clean_accuracy_advice": "what a clean accuracy near chance suggests (inputs the model does not expect)",
+    "clean_accuracy_note": "why the clean accuracy beside a low accuracy was not computed (the budget)",
+}
+
+
+#: Share of evaluated rows with tied top logits above which a check warns (ties count as errors).
+TIE_WARNING = 1e-3
+
+
+#: What a certificate computed from reduced-precision logits carries (``certificate=True``).
+REDUCED_PRECISION_CERTIFICATE = (
+    "the certificate was computed from model outputs in {}: floating-point effects can make "
+    "randomized-smoothing certificates unsound (published attacks exploit rounding), so treat it as an "
+    "estimate; certify in float32 (--robust-precision fp32 and a float32 model) for a guarantee"
+)
+
+
+def near_chance(classes: int) -> float:
+    """The clean accuracy at or below which a model of ``classes`` classes is near chance: the
+    smaller of twice chance and chance plus a tenth of the way to 1 (0.19 of 10 classes, 0.55 of 2)."""
+    chance = 1.0 / classes
+    return min(2 * chance, chance + 0.1 * (1 - chance))
+
+
+#: What a run assumes of a check without a declaration (an analysis such as the q-curve); a
+#: declaration (``checks.registry.Metric``) gives its direction, certificate, streams and title.
+UNDECLARED = SimpleNamespace(direction=">=", certificate=False, streams="", title="")
+
+
+class Run:
+    """One check's evaluation context (see the module docstring). Use as a context manager."""
+
+    def __init__(self, metric: str, model, data, *, threshold=None, confidence=0.95, budget=100_000,
+                 seed=0, batch_size=1024, device=None, perturbation=None, declaration=None):
+        check_model(model)
+        declared = declaration or UNDECLARED
+        self.metric, self.model, self.direction, certificate = metric, model, declared.direction, declared.certificate
+        self.streams, self.title = declared.streams or metric, declared.title or metric
+        self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
+                                   batch_size=batch_size, direction=self.direction)
+        self.device = resolve_device(device, model)
+        self.interface = model_io.current()
+        check_data_normalisation(data, perturbation, self.interface.normalize)
+        self.ds = load_data(data)
+        self.details: dict = {}
+        self.model_dtype = model_dtype(model)
+        self.dtype = working_dtype(self.model_dtype, self.ds.x.dtype)
+        if self.ds.x.dtype != self.dtype:
+            whose = "the model's dtype" if self.dtype == self.model_dtype else "the working dtype"
+            self.details["dtype_note"] = f"the data ({self.ds.x.dtype}) was converted to {whose} {self.dtype}"
+            self.ds = TensorData(self.ds.x.to(self.dtype), self.ds.y)
+        self.ds = place(self.ds, self.device)
+        self.perturbation = perturbation
+        if perturbation is not None:
+            inspect_inputs(self.ds, perturbation)
+        self.execution = model_execution.current()
+        autocast = autocast_dtype(self.execution.precision, self.device)
+        self.precision = describe_precision(self.model_dtype, autocast)
+        normalize = self.interface.normalize
+        self.forward = Forward(model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
+                               input_dtype=self.model_dtype if self.model_dtype != self.dtype else None,
+                               autocast=autocast, channels_last=self.execution.channels_last,
+                               normalize=None if normalize is None else model_io.Normalizer(
+                                   normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
+                               selector=self.interface.logits)
+        if certificate and self.precision not in ("float32", "float64"):
+            self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
+            warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)
+        self.started = time.perf_counter()
+        self._stack = contextlib.ExitStack()
+        self.info: dict = {}
+        self._clean: float | None = None
+
+    # -- the guarded model ----------------------------------------------------------------------
+
+    def __enter__(self) -> "Run":
+        self.info = self._stack.enter_context(guarded(self.model, self.device))
+        self._stack.enter_context(model_execution.deterministic_algorithms(self.execution.deterministic))
+        self._stack.enter_context(model_execution.channels_last_weights(self.model, self.execution.channels_last))
+        self.forward.model = model_execution.compiled(self.model, self.execution.compile)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return self._stack.__exit__(*exc)
+
+    @property
+    def seed(self) -> int:
+        return self.args.seed
+
+    @property
+    def alpha(self) -> float:
+        return self.args.alpha
+
+    def stream(self, key: str, *index, device=None, namespace: str | None = None) -> torch.Generator:
+        """The generator of random stream ``key`` (block ``index``...) of this check, seeded from
+        (seed, "<namespace>-<key>", index...): the namespace is the check's (``streams``, default
+        its name), so streams of different checks never share numbers, and every rank and host
+        draws the same ones. On the check's device unless ``device``. A check that deliberately
+        draws another check's stream (NPPR's gate draws TSRM's inputs) names that ``namespace``."""
+        return stream_generator(self.seed, f"{namespace or self.streams}-{key}", *index,
+                                device=self.device if device is None else device)
+
+    def require(self, evaluations: int, what: str) -> None:
+        """Refuse the check before any model evaluation when its least work (``evaluations``
+        model evaluations: ``what``) does not fit in the budget; the message names the budget
+        needed. Work beyond that least ends inconclusive at the cap instead."""
+        if self.args.budget is not None and evaluations > self.args.budget:
+            self.refuse(evaluations, what)
+
+    def refuse(self, evaluations: int, what: str):
+        """Raise the budget refusal of ``require``: the check needs ``evaluations`` model
+        evaluations (``what`` says for what)."""
+        raise SettingError("budget", self.args.budget, f"at least {evaluations} model evaluations {what}")
+
+    def remaining(self) -> int:
+        """Model evaluations left under the budget, counting every rank's spending."""
+        return self.args.budget - collective.sum_int(self.forward.passes)
+
+    # -- ranks ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def shard(n: int) -> np.ndarray:
+        """The items of [0, n) this rank evaluates: r, r + W, r + 2W, ... (all of them in one process)."""
+        rank, size = collective.world()
+        return np.arange(rank, n, size)
+
+    @staticmethod
+    def gather(local: list, n: int) -> list:
+        """Per-item results computed for ``shard(n)`` on every rank (a list in shard order),
+        reassembled as the list of all n items in item order, the same on every rank. With one
+        process it is ``local`` itself. Items can be any picklable object (arrays, dicts)."""
+        return collective.interleave(local, n)
+
+    @staticmethod
+    def span(n: int) -> slice:
+        """The contiguous rows of [0, n) this rank evaluates when work is split by rows (a rank's
+        share differs from the others' by at most one row, and may be empty)."""
+        rank, size = collective.world()
+        return slice(rank * n // size, (rank + 1) * n // size)
+
+    @staticmethod
+    def gather_rows(local: torch.Tensor) -> torch.Tensor:
+        """The rows each rank computed for its ``span``, concatenated in rank order (so in row
+        order), on every rank; ``local`` itself with one process."""
+        return collective.gather_rows(local)
+
+    def agreed_batch_size(self) -> int:
+        """The batch size every rank uses for its next step: the smallest of the ranks' (an
+        out-of-memory error that halved one rank's batch halves everyone's)."""
+        self.forward.batch_size = collective.agree_min(self.forward.batch_size)
+        return self.forward.batch_size
+
+    # -- the clean pass ---------------------------------------------------------------------------
+
+    def clean_accuracy(self, phase: str = "clean") -> float:
+        """Accuracy on the unperturbed inputs: one model evaluation per input, in phase ``phase``
+        (each rank evaluates its ``span`` of the inputs; ``gather_rows`` combines them), computed
+        once per run and cached (a later call spends nothing)."""
+        if self._clean is None:
+            rows = self.span(len(self.ds))
+            with self.forward.phase(phase):
+                hits = correct_predictions(self.forward.logits(self.ds.x[rows].to(self.device)),
+                                           self.ds.y[rows].to(self.device))
+            self._clean = float(self.gather_rows(hits.float()).mean())
+        return self._clean
+
+    def _clean_context(self, verdict: str, upper: float, details: dict) -> None:
+        """Beside an accuracy (direction ">=") that failed, or did not pass and is low (upper bound
+        below ``LOW_ACCURACY``): the clean accuracy on the same inputs in ``details["clean_accuracy"]``
+        (the check's own, else ``clean_accuracy``, when the budget has room for it), which the
+        message states; near chance (``near_chance``) also ``details["clean_accuracy_advice"]``
+        and a RobustWarning: the model may expect other inputs."""
+        if self.direction != ">=" or verdict == "pass" or not (verdict == "fail" or upper < LOW_ACCURACY):
+            return  # a pass (even at a low threshold) is what was asked: its numbers stay as they are
+        if "clean_accuracy" not in details:
+            if self.args.budget is not None and self.remaining() < len(self.ds):
+                details["clean_accuracy_note"] = (
+                    f"the clean accuracy was not computed: it needs {len(self.ds)} model evaluations and the budget "
+                    f"has {max(self.remaining(), 0)} left")
+                return
+            details["clean_accuracy"] = self.clean_accuracy()
+        clean, classes = details["clean_accuracy"], self.forward.n_classes
+        if isinstance(clean, (int, float)) and classes and clean <= near_chance(classes):
+            normalisation = ("check that normalize= is the model's own (mean, std)" if self.interface.normalize
+                             is not None else "give its normalisation as normalize=(mean, std) (--robust-normalize) "
+                             "with the data in [0, 1] pixel units")
+            details["clean_accuracy_advice"] = (
+                f"the model is near or below chance (1/{classes}) on the clean inputs too, so it may expect other inputs: "
+                f"{normalisation}, and check the channel order (RGB/BGR, (N, C, H, W)) and the labels")
+            warnings.warn(f"{self.title}: clean accuracy {clean:.3f}: {details['clean_accuracy_advice']}",
+                          RobustWarning, stacklevel=3)
+
+    # -- the result -------------------------------------------------------------------------------
+
+    def spent(self) -> dict:
+        """Model evaluations by phase, summed over ranks."""
+        phases = sorted({p for ranks in collective.gather_objects(sorted(self.forward.by_phase)) for p in ranks})
+        return {phase: collective.sum_int(self.forward.by_phase.get(phase, 0)) for phase in phases}
+
+    def per_rank(self) -> list[int]:
+        """Model evaluations of each rank (one entry with one process)."""
+        return collective.gather_objects(self.forward.passes)
+
+    def _tie_rate(self, evaluated: int) -> float:
+        """Share of evaluated rows whose two largest logits were equal (counted as errors); a
+        RobustWarning above ``TIE_WARNING``."""
+        ties = collective.sum_int(int(self.forward.ties))
+        rate = ties / evaluated if evaluated else 0.0
+        if rate > TIE_WARNING:
+            why = ("low precision makes ties common: run the model in float32 (--robust-precision fp32, "
+                   "model.float())" if self.precision != "float32" else
+                   "check the model for constant or saturated outputs")
+            warnings.warn(
+                f"{rate:.2%} of the model's outputs ({ties} of {evaluated}) had tied top logits in "
+                f"{self.precision}; ties count as errors (the conservative side), which lowers "
+                f"accuracies; {why}",
+                RobustWarning, stacklevel=3,
+            )
+        return rate
+
+    def result(self, *, estimate: float, lower: float, upper: float, draws: int, perturbation: str,
+               details: dict | None = None, note: str = "", healthy: bool = True, n_inputs: int | None = None,
+               example=None, gallery: dict | None = None) -> Result:
+        """The check's ``Result``: verdict by ``results.decide`` (or "estimate" without a
+        threshold), spending and common facts filled in. With a per-input table in ``details``,
+        ``gallery`` (when not given) shows its worst inputs perturbed by ``example`` (default: the
+        run's perturbation)."""
+        threshold = self.args.threshold
+        verdict = decide(threshold, lower, upper, self.direction, healthy)
+        details = dict(details or {})
+        self._clean_context(verdict, float(upper), details)
+        table = details.get("per_input")
+        if table is not None:
+            try:
+                check_table(table)
+            except ValueError as err:
+                raise ArgumentError(f"metric {self.metric}: {err}") from None
+            gallery = gallery or worst_gallery(table, self.direction, example or self.perturbation, self.ds, self.seed)
+        evaluations = self.spent()
+        evaluated = sum(evaluations.values())
+        return Result(
+            metric=self.metric,
+            estimate=float(estimate),
+            lower=float(lower),
+            upper=float(upper),
+            threshold=threshold,
+            confidence=self.args.confidence,
+            verdict=verdict,
+            n_inputs=len(self.ds) if n_inputs is None else n_inputs,
+            draws=int(draws),
+            forward_passes=evaluated,
+            seconds=time.perf_counter() - self.started,
+            device=str(self.device),
+            seed=self.args.seed,
+            perturbation=perturbation,
+            budget=evaluated if self.args.budget is None else self.args.budget,
+            direction=self.direction,
+            precision=self.precision,
+            note=note,
+            gallery=gallery,
+            details={
+                **details,
+                **self.details,
+                "title": self.title,
+                "budget_unit": "model evaluations",
+                "evaluations": evaluations,
+                "evaluations_per_rank": self.per_rank(),
+                "backward_passes": collective.sum_int(self.forward.backward_passes),
+                "batch_size": self.agreed_batch_size(),
+                "oom_halvings": self.forward.halvings,
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "tie_rate": self._tie_rate(evaluated),
+                "execution": {**self.execution.__dict__, "precision_ran": self.precision},
+                "model_interface": self.interface.describe(),
+                "space": self.interface.space(),
+                "model_was_training": self.info.get("model_was_training", False),
+            },
+        )

@@ -1,0 +1,270 @@
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+import warnings
+from abc import ABC, abstractmethod
+from typing import Callable
+
+import torch
+
+from pytest_robust.engine.inspect.perturbation import box_for, check_perturbation_object
+from pytest_robust.errors import ArgumentError, RobustWarning
+from pytest_robust.results import NO_IDENTITY
+
+
+def reflect(theta: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mirror every coordinate of ``theta`` into [lo, hi]; also return where the mirror count is odd.
+
+    Repeating "if theta > hi: theta = 2 hi - theta; if theta < lo: theta = 2 lo - theta" until
+    inside is the same as folding (theta - lo) modulo 2 (hi - lo); a coordinate mirrored an odd
+    number of times must have its momentum negated. Coordinates with lo == hi are pinned to lo.
+    """
+    width = hi - lo
+    safe = torch.where(width > 0, width, torch.ones_like(width))
+    u = theta - lo
+    folds = torch.floor(u / safe)
+    r = u - folds * safe  # in [0, width)
+    odd = torch.remainder(folds, 2) == 1
+    inside = lo + torch.where(odd, safe - r, r)
+    inside = torch.where(width > 0, torch.minimum(torch.maximum(inside, lo), hi), lo)
+    return inside, odd & (width > 0)
+
+
+def _check_size(name: str, value: float, *, allow_zero: bool) -> float:
+    if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
+        raise ArgumentError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        need = "a finite number >= 0" if allow_zero else "a finite number > 0"
+        raise ArgumentError(f"{name} must be {need}, got {value!r}")
+    return value
+
+
+def _check_bounds(bounds):
+    if bounds is None:
+        return None
+    try:
+        lo, hi = bounds
+    except (TypeError, ValueError):
+        raise ArgumentError(f"bounds must be a pair (lo, hi) or None, got {bounds!r}") from None
+    try:
+        a, b = torch.as_tensor(lo), torch.as_tensor(hi)
+        a, b = (t.reshape(-1, *[1] * (max(a.ndim, b.ndim) - 1)) if t.ndim == 1 else t for t in (a, b))
+        ordered = not torch.any(a >= b)  # a per-channel sequence against a (C, 1, 1) tensor: channel by channel
+    except (TypeError, ValueError, RuntimeError):
+        raise ArgumentError(f"bounds must be numbers or tensors (lo, hi): each a number, a per-channel sequence or a "
+                            f"tensor, of shapes that broadcast together, got {bounds!r}") from None
+    if not ordered:
+        raise ArgumentError(f"bounds must satisfy lo < hi everywhere, got {bounds!r}")
+    return lo, hi
+
+
+def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, torch.Tensor]:
+    """Coordinate-wise [max(x - eps, lo), min(x + eps, hi)] for a batch x (bounds None: no box;
+    per-channel bounds as ``inspection.box_for``)."""
+    lo, hi = x - eps, x + eps
+    if bounds is not None:
+        box_lo, box_hi = box_for(bounds, x)
+        lo, hi = torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)
+    return lo, hi
+
+
+def _bounds_repr(bounds) -> str:
+    if bounds is None:
+        return ", bounds=None"
+    lo, hi = bounds
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+        return "" if (float(lo), float(hi)) == (0.0, 1.0) else f", bounds=({lo:g}, {hi:g})"
+    return ", bounds=per-element"
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def stable_identity(obj) -> str:
+    """Text that names ``obj`` the same way in every process: never a memory address.
+
+    An object whose class defines ``__repr__`` without an address is named by it; a function by
+    its qualified name; a tensor by its dtype, shape and a hash of its bytes; any
+    other object by its class and its public attributes in name order, recursively. What cannot
+    be named so (an attribute of another kind) becomes ``<no stable identity: type>``, which the
+    baseline comparison reports as unmatchable rather than matching it with another object.
+    """
+    if isinstance(obj, _PLAIN):
+        return repr(obj)
+    if isinstance(obj, (tuple, list)):
+        inner = ", ".join(stable_identity(v) for v in obj)
+        return f"({inner},)" if isinstance(obj, tuple) and len(obj) == 1 else (
+            f"({inner})" if isinstance(obj, tuple) else f"[{inner}]")
+    if isinstance(obj, torch.Tensor):
+        from pytest_robust.engine.cache import tensor_fingerprint
+
+        return f"tensor({str(obj.dtype).removeprefix('torch.')}, {tuple(obj.shape)}, {tensor_fingerprint(obj)[:12]})"
+    if inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.ismethod(obj):
+        return obj.__qualname__
+    own_repr = type(obj).__repr__ not in (object.__repr__, Perturbation.__repr__)
+    if own_repr and " at 0x" not in repr(obj):
+        return repr(obj)
+    if getattr(obj, "__dict__", None) is None:
+        return f"{NO_IDENTITY}: {type(obj).__name__}>"
+    return _by_attributes(obj)
+
+
+def _by_attributes(obj) -> str:
+    """``Class(name=identity, ...)`` over the object's public attributes, in name order."""
+    fields = ", ".join(f"{k}={stable_identity(v)}" for k, v in sorted(vars(obj).items()) if not k.startswith("_"))
+    return f"{type(obj).__qualname__}({fields})"
+
+
+class Perturbation(ABC):
+    """Base class: subclasses implement ``sample(x, generator)``; the result is clipped to the box.
+
+    For intermediate-q checks a perturbation may also describe itself as a parameter space
+    (``parameter_space``): a base measure mu over parameters theta and a map theta -> x', which
+    lets MCMC sample from l(x')^t mu(theta). ``differentiable`` says whether gradients flow from
+    x' to theta (then HMC can be used; otherwise random-walk Metropolis).
+    """
+
+    #: True when x' is differentiable in the perturbation's parameters (HMC applies).
+    differentiable = False
+    #: True when the distribution also depends on which data rows it perturbs (e.g. a learned
+    #: label- or input-conditional distribution): ``draw`` then passes their positions in the data
+    #: and their labels to ``__call__`` as the keywords ``index`` and ``y``.
+    conditional = False
+    #: The attribute holding a per-coordinate size (eps, sigma, scale), which ``inspection.check_size``
+    #: compares with the box's width; None for perturbations without one.
+    coordinate_size: str | None = None
+
+    def __init__(self, bounds=(0.0, 1.0)):
+        self.bounds = _check_bounds(bounds)
+
+    def __repr__(self):
+        """A subclass without its own ``__repr__`` is named by its class and public attributes
+        (``stable_identity``), so its results match their baselines across runs."""
+        return _by_attributes(self)
+
+    def parameter_space(self, x: torch.Tensor) -> "ParameterSpace | None":
+        """The perturbation of the rows of x as a ``ParameterSpace``, or None when it has none
+        (then only Monte Carlo estimates of the q-norm are possible)."""
+        return None
+
+    @abstractmethod
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Draw one perturbed copy of every row of x (before clipping to the box)."""
+
+    def clip(self, x: torch.Tensor) -> torch.Tensor:
+        """The batch x clamped coordinate-wise to the box (scalar bounds take the cheaper scalar
+        clamp; per-channel bounds as ``inspection.box_for``)."""
+        if self.bounds is None:
+            return x
+        lo, hi = self.bounds
+        if isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
+            return x.clamp(float(lo), float(hi))
+        lo, hi = box_for(self.bounds, x)
+        return torch.maximum(torch.minimum(x, hi), lo)
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return self.clip(self.sample(x, generator))
+
+    def draw(self, x: torch.Tensor, generator: torch.Generator, index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One perturbed copy of the rows x, which are rows ``index`` of the data with labels ``y``."""
+        if self.conditional:
+            return self(x, generator, index=index, y=y)
+        return self(x, generator)
+
+
+class CallablePerturbation(Perturbation):
+    """A user's function ``fn(x, generator) -> x'``; no clipping (the function owns its box)."""
+
+    def __init__(self, fn: Callable[[torch.Tensor, torch.Generator], torch.Tensor]):
+        super().__init__(bounds=None)
+        self.fn = fn
+
+    def sample(self, x, generator):
+        out = self.fn(x, generator)
+        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ArgumentError(
+                f"perturbation {self!r} must return a tensor of the input's shape {tuple(x.shape)}, "
+                f"got {got}"
+            )
+        return out
+
+    def __repr__(self):
+        return stable_identity(self.fn)
+
+
+def as_perturbation(p) -> Perturbation:
+    """Accept a Perturbation or a callable ``(x, generator) -> x'``; reject anything else clearly
+    (a class instead of an instance, a callable of another signature: ``inspection``). A
+    perturbation that cannot be named the same way in every run gets a RobustWarning."""
+    if callable(p):
+        check_perturbation_object(p)
+    if isinstance(p, Perturbation) or callable(p):
+        p = p if isinstance(p, Perturbation) else CallablePerturbation(p)
+        if NO_IDENTITY in repr(p):
+            warnings.warn(
+                f"perturbation {p!r} cannot be named the same way in every run, so its results cannot "
+                "be matched with a stored baseline: give its class a __repr__ that names its parameters",
+                RobustWarning, stacklevel=3,
+            )
+        return p
+    raise ArgumentError(
+        f"perturbation must be a pytest_robust Perturbation (UniformLinf, GaussianNoise, CauchyNoise) "
+        f"or a callable (x, generator) -> x', got {p!r}"
+    )
+
+
+class ParameterSpace(ABC):
+    """The perturbation of a batch of rows x written as x' = apply(theta) with theta ~ mu.
+
+    theta has shape (rows, *shape). ``scale`` is a length in theta units: MCMC step sizes are
+    multiples of it. ``lo``/``hi`` (tensors broadcastable to theta) bound the support of mu, or
+    are None (unbounded). ``log_prior`` is log mu(theta) up to an additive constant;
+    ``propose`` is a symmetric random-walk proposal (q(theta' | theta) = q(theta | theta')) of
+    size ``step`` (in units of ``scale``) that stays in the support. Randomness comes from a
+    ``mcmc.RowStreams`` (one generator per block of rows).
+    """
+
+    lo: torch.Tensor | None = None
+    hi: torch.Tensor | None = None
+    scale: float = 1.0
+    differentiable = True
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+
+    @property
+    def dim(self) -> int:
+        """Number of coordinates of theta per row."""
+        return math.prod(self.x.shape[1:])
+
+    @property
+    def mh_step(self) -> float:
+        """Initial random-walk proposal size in units of ``scale`` (Roberts et al.: 2.38 / sqrt(d))."""
+        return 2.38 / math.sqrt(self.dim)
+
+    @abstractmethod
+    def sample(self, streams) -> torch.Tensor:
+        """One exact draw theta ~ mu per row."""
+
+    @abstractmethod
+    def apply(self, theta: torch.Tensor) -> torch.Tensor:
+        """The perturbed rows x' for parameters theta (differentiable when ``differentiable``)."""
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """log mu(theta) per row, up to a constant (0: uniform on the support)."""
+        return torch.zeros(len(theta), device=theta.device, dtype=theta.dtype)
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """Gradient of ``log_prior`` with respect to theta."""
+        return torch.zeros_like(theta)
+
+    def propose(self, theta: torch.Tensor, step: torch.Tensor, streams) -> torch.Tensor:
+        """Gaussian random walk theta + step * scale * N(0, I), mirrored into the support."""
+
+        move = streams.randn(*theta.shape[1:]).to(theta.dtype)
+        out = theta + step.reshape((-1,) + (1,) * (theta.ndim - 1)) * self.scale * move
+        return out if self.lo is None else reflect(out, self.lo, self.hi)[0]

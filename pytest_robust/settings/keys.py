@@ -1,0 +1,179 @@
+"""Settings: one table of keys, resolved once with precedence marker > command line > YAML > ini > default.
+
+Every key is spelled the same way everywhere: ``--robust-batch-size`` on the command line,
+``robust_batch_size`` in ini (``[tool.pytest.ini_options]``), ``batch_size:`` in the YAML file
+named by ``--robust-config`` / ``robust_config``, and ``batch_size=`` on a ``robust`` marker.
+Pure Python (no pytest, no torch): errors are ``SettingError`` naming the key, where it came from
+and what is accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from pytest_robust.errors import SettingError
+from pytest_robust.settings import validation
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings of a session (or of one check, after its marker's overrides)."""
+
+    device: str = "auto"
+    seed: int = 0
+    confidence: float = 0.95
+    batch_size: int = 1024
+    budget: int | None = None  # None: each metric's own default (declarations.Metric.budget)
+    inconclusive: str = "fail"
+    model: str = "robust_model"
+    data: str = "robust_data"
+    eps: float = 8 / 255
+    report: str | None = None
+    cache_dir: str = ".robust_cache"
+    refit: bool = False
+    profile: str | None = None
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    deterministic: bool = False
+    normalize: tuple | None = None  # ((mean, ...), (std, ...)): applied inside the model call
+    logits: object = None  # which part of the model's output holds the logits (key, index, callable)
+    data_keys: tuple | None = None  # (input key, label key) of mapping data items
+
+    def replace(self, values: dict, source: str) -> "Settings":
+        """A copy with ``values`` (raw, validated here) applied; ``source`` names their origin."""
+        return Settings(**{**self.__dict__, **parse_layer(values, source)})
+
+
+def data_key_pair(key: str, value) -> tuple[str, str] | None:
+    """``data_keys``: (input key, label key), two different non-empty names, as a pair or as the
+    text "image,label" (ini, command line); None, or the text "none", for the common names."""
+    accepted = ("a pair of two different non-empty names (input_key, label_key), e.g. ('img', 'klass'), or the "
+                "text 'img,klass'")
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
+    if not (isinstance(parts, (list, tuple)) and len(parts) == 2 and all(isinstance(p, str) and p.strip() for p in parts)
+            and parts[0] != parts[1]):
+        raise SettingError(key, value, accepted)
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class Key:
+    """A setting's name, validator and help text (its default is the ``Settings`` field's)."""
+
+    name: str
+    parse: object
+    help: str
+    flag: bool = False  # a command-line switch without a value (--robust-refit)
+
+    @property
+    def default(self):
+        return getattr(Settings(), self.name)
+
+
+KEYS = (
+    Key("device", validation.device,
+        "device for robustness checks: auto (CUDA when present, else CPU), cpu, cuda, cuda:N, mps; "
+        "asking for cuda where none exists is a usage error"),
+    Key("seed", validation.non_negative_int,
+        "seed of every check's random streams (a rerun with the same seed repeats the numbers)"),
+    Key("confidence", validation.open_unit,
+        "confidence of each check's verdict and bounds; each check has error probability "
+        "<= 1 - confidence on its own"),
+    Key("batch_size", validation.positive_int,
+        "inputs per forward pass (halved automatically on CUDA out-of-memory)"),
+    Key("budget", validation.positive_int,
+        "cap on model evaluations per check (one input through the model, with or without a "
+        "backward pass); a check undecided at the cap is inconclusive; default: each metric's own "
+        "(README, 'Budgets')"),
+    Key("inconclusive", validation.choice("fail", "skip"),
+        "what an inconclusive check does to its test: fail or skip"),
+    Key("model", validation.identifier, "name of the fixture that returns the model"),
+    Key("data", validation.identifier, "name of the fixture that returns the data"),
+    Key("eps", validation.positive_float,
+        "radius of the default perturbation UniformLinf(eps) for checks given none "
+        "(in the units of your inputs; 8/255 = 8 grey levels in [0, 1] pixel space)"),
+    Key("report", validation.path,
+        "directory for report files (results.json, plots of curves); written once, on the controller"),
+    Key("cache_dir", validation.path,
+        "directory for fitted artefacts reused across runs (e.g. NPPR's learned perturbation models), "
+        "relative to the working directory"),
+    Key("refit", validation.boolean,
+        "ignore cached fitted artefacts and fit again", flag=True),
+    Key("profile", validation.name,
+        "profile of YAML suites (robust_*.yaml) to run, e.g. smoke, ci or nightly; scales budgets"),
+    Key("precision", validation.choice("auto", "fp32", "bf16", "fp16"),
+        "precision the model runs in: fp32 (its own dtype), bf16 or fp16 (torch.autocast), auto (bf16 on "
+        "CUDA devices that support it, else fp32); perturbations and statistics stay in float32"),
+    Key("channels_last", validation.boolean,
+        "run 4-D image inputs and the model's 4-D weights in channels-last layout", flag=True),
+    Key("compile", validation.boolean,
+        "wrap the model with torch.compile for each check (pays a compilation per check)", flag=True),
+    Key("deterministic", validation.boolean,
+        "deterministic kernels and no TF32 (bit-exact repeats on CUDA; the CPU is deterministic anyway)",
+        flag=True),
+    Key("normalize", validation.normalization,
+        "the model's input normalisation (mean, std), applied inside the model call so that data, eps, "
+        "sigma, radius and box stay in [0, 1] pixel units: imagenet, or '[[0.485, 0.456, 0.406], "
+        "[0.229, 0.224, 0.225]]' (per channel) or '(0.5, 0.25)'"),
+    Key("logits", validation.logits_selector,
+        "which part of the model's output holds the logits when it is not a tensor, an object with "
+        ".logits or a mapping with a 'logits' key: a key or attribute name, or an index (0)"),
+    Key("data_keys", data_key_pair,
+        "the keys of mapping data items that hold the input and the label, as input_key,label_key (e.g. "
+        "img,klass); default: the common names (image, pixel_values, input, inputs, x; label, labels, "
+        "target, targets, y)"),
+)
+KEY_NAMES = tuple(k.name for k in KEYS)
+assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"
+
+
+def parse_layer(values: dict, source: str) -> dict:
+    """Validate one layer of raw values (None means unset); errors name the key and ``source``
+    (in which "<key>" and "<flag>" stand for the key's name, with dashes for the flag)."""
+    by_name = {k.name: k for k in KEYS}
+    parsed = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name not in by_name:
+            raise SettingError(
+                f"{name} ({source})", value, "one of the keys " + ", ".join(KEY_NAMES)
+            )
+        try:
+            parsed[name] = by_name[name].parse(name, value)
+        except SettingError as err:
+            where = source.replace("<key>", name).replace("<flag>", name.replace("_", "-"))
+            raise SettingError(f"{name} ({where})", value, err.accepted) from None
+    return parsed
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a settings YAML file: a mapping of keys from ``KEYS``."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise SettingError("config", str(path), f"a readable YAML file ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise SettingError("config", str(path), f"valid YAML ({err})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingError("config", str(path), "a YAML mapping of setting keys to values")
+    return data
+
+
+def resolve(*, ini: dict, yaml_values: dict, yaml_source: str, cli: dict) -> Settings:
+    """Session settings from defaults < ini < YAML < command line (markers apply per test)."""
+    return (
+        Settings()
+        .replace(ini, "ini option robust_<key>")
+        .replace(yaml_values, yaml_source)
+        .replace(cli, "command line --robust-<flag>")
+    )

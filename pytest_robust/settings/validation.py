@@ -1,0 +1,314 @@
+"""Validators for settings and check arguments; each names the problem and what is accepted.
+
+Pure Python: the library raises ``errors.SettingError`` (a RobustError and a ValueError), the pytest layer turns it into a
+``pytest.UsageError`` that also names where the value came from.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from pytest_robust.errors import SettingError
+
+DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def _number(key, raw, kind, accepted):
+    if isinstance(raw, bool):
+        raise SettingError(key, raw, accepted)
+    value = raw
+    if kind is float and isinstance(raw, str) and re.fullmatch(r"\s*[\d.]+\s*/\s*[\d.]+\s*", raw):
+        numerator, denominator = raw.split("/")  # "8/255" in YAML, ini or on the command line
+        try:
+            value = float(numerator) / float(denominator)
+        except (ValueError, ZeroDivisionError):
+            raise SettingError(key, raw, accepted) from None
+    if kind is int and isinstance(raw, str) and not raw.strip().lstrip("+-").isdigit():
+        try:  # "1e4" from the command line, as 1e4 on a marker
+            value = float(raw)
+        except ValueError:
+            raise SettingError(key, raw, accepted) from None
+    try:
+        number = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        raise SettingError(key, raw, accepted) from None
+    if kind is int and isinstance(value, float) and value != number:
+        raise SettingError(key, raw, accepted)
+    return number
+
+
+def positive_int(key: str, value) -> int:
+    number = _number(key, value, int, "an integer >= 1")
+    if number < 1:
+        raise SettingError(key, value, "an integer >= 1")
+    return number
+
+
+def non_negative_int(key: str, value) -> int:
+    number = _number(key, value, int, "an integer >= 0")
+    if number < 0:
+        raise SettingError(key, value, "an integer >= 0")
+    return number
+
+
+def unit_interval(key: str, value) -> float:
+    """A number from 0 to 1 (a share of accuracy, e.g. the largest drop allowed)."""
+    number = _number(key, value, float, "a number from 0 to 1")
+    if not (math.isfinite(number) and 0.0 <= number <= 1.0):
+        raise SettingError(key, value, "a number from 0 to 1")
+    return number
+
+
+def open_unit(key: str, value) -> float:
+    """A probability strictly between 0 and 1 (confidence levels, thresholds)."""
+    accepted = "a number strictly between 0 and 1"
+    number = _number(key, value, float, accepted)
+    if not (math.isfinite(number) and 0.0 < number < 1.0):
+        raise SettingError(key, value, accepted)
+    return number
+
+
+def non_negative_float(key: str, value) -> float:
+    accepted = "a finite number >= 0"
+    number = _number(key, value, float, accepted)
+    if not (math.isfinite(number) and number >= 0.0):
+        raise SettingError(key, value, accepted)
+    return number
+
+
+def positive_float(key: str, value) -> float:
+    accepted = "a finite number > 0"
+    number = _number(key, value, float, accepted)
+    if not (math.isfinite(number) and number > 0.0):
+        raise SettingError(key, value, accepted)
+    return number
+
+
+def path(key: str, value) -> str:
+    if not (isinstance(value, str) and value.strip()):
+        raise SettingError(key, value, "a directory path")
+    return value
+
+
+def directory_path(key: str, value) -> str:
+    """A directory to write into: it may not exist yet, but must not be a file, nor lie under one."""
+    from pathlib import Path
+
+    where = Path(path(key, value))
+    for p in (where, *where.parents):
+        if p.exists() and not p.is_dir():
+            raise SettingError(key, value, f"a directory path ({p} exists and is a file)")
+    return value
+
+
+def file_path(key: str, value) -> str:
+    """A file to write: it may not exist yet, but must not be a directory, nor lie under a file."""
+    from pathlib import Path
+
+    where = Path(path(key, value))
+    if where.is_dir():
+        raise SettingError(key, value, "a file path (it is an existing directory; name a file such as robust.xml in it)")
+    directory_path(key, str(where.parent))
+    return value
+
+
+def baseline_name(key: str, value) -> str:
+    """A baseline's name becomes a file name: letters, digits, '_', '-' and '.', not '.' or '..'."""
+    if not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value)) or set(value) == {"."}:
+        raise SettingError(key, value, "a baseline name of letters, digits, '_', '-' or '.' (no path separators or '..')")
+    return value
+
+
+def boolean(key: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingError(key, value, "true or false")
+
+
+def device(key: str, value) -> str:
+    text = str(value)
+    if not DEVICE_RE.match(text):
+        raise SettingError(key, value, "auto, cpu, cuda, cuda:N or mps")
+    return text
+
+
+def identifier(key: str, value) -> str:
+    if not (isinstance(value, str) and value.isidentifier()):
+        raise SettingError(key, value, "a fixture name (a Python identifier)")
+    return value
+
+
+def name(key: str, value) -> str:
+    """A short name such as a profile: letters, digits, '_', '-' and '.'."""
+    if not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value)):
+        raise SettingError(key, value, "a name of letters, digits, '_', '-' or '.'")
+    return value
+
+
+def choice(*options: str):
+    def check(key: str, value) -> str:
+        if value not in options:
+            raise SettingError(key, value, " or ".join(options))
+        return value
+
+    return check
+
+
+def at_least(least: int):
+    """An integer >= ``least``."""
+    def check(key: str, value) -> int:
+        number = _number(key, value, int, f"an integer >= {least}")
+        if number < least:
+            raise SettingError(key, value, f"an integer >= {least}")
+        return number
+
+    return check
+
+
+def positive_pair(key: str, value) -> tuple[float, float]:
+    """Two numbers > 0, e.g. a (start, end) schedule."""
+    accepted = "a pair (start, end) of numbers > 0"
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise SettingError(key, value, accepted)
+    try:
+        return tuple(positive_float(key, v) for v in value)
+    except SettingError:
+        raise SettingError(key, value, accepted) from None
+
+
+def function(key: str, value):
+    """A callable (a function or an object with __call__)."""
+    if not callable(value):
+        raise SettingError(key, value, "a function")
+    return value
+
+
+def text(key: str, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise SettingError(key, value, "non-empty text")
+    return value
+
+
+def box(key: str, value):
+    """The input box (lo, hi): two numbers with lo < hi, or two tensors / per-channel sequences
+    (checked against the inputs when the check runs)."""
+    accepted = "(lo, hi): two numbers with lo < hi, or per-channel bounds, e.g. (0.0, 1.0)"
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise SettingError(key, value, accepted)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        if not (math.isfinite(value[0]) and math.isfinite(value[1]) and value[0] < value[1]):
+            raise SettingError(key, value, accepted)
+    return tuple(value)
+
+
+def text_list(key: str, value) -> list[str]:
+    """A list of names (one name is a list of one)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) for v in items):
+        raise SettingError(key, value, "a name or a non-empty list of names")
+    return list(items)
+
+
+def int_list(key: str, value) -> list[int]:
+    """A list of integers >= 1 (one integer is a list of one)."""
+    items = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise SettingError(key, value, "an integer or a non-empty list of integers >= 1")
+    return [positive_int(key, v) for v in items]
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """The common arguments of a metric function, validated and converted."""
+
+    threshold: float | None
+    confidence: float
+    budget: int | None  # None: no cap (fixed-size procedures, whose work is set by their arguments)
+    seed: int
+    batch_size: int
+
+    @property
+    def alpha(self) -> float:
+        return 1.0 - self.confidence
+
+
+def check_run_args(*, threshold, confidence, budget, seed, batch_size, direction: str = ">=") -> RunArgs:
+    """Validate and convert the common arguments of a metric function (raises SettingError).
+
+    A threshold of an "at least" requirement (``direction`` ">=", an accuracy) is a probability
+    strictly between 0 and 1; one of an "at most" requirement ("<=", a loss) is a number >= 0."""
+    if threshold is not None:
+        check = non_negative_float if direction == "<=" else open_unit
+        threshold = check("threshold", threshold)
+    return RunArgs(
+        threshold=threshold,
+        confidence=open_unit("confidence", confidence),
+        budget=None if budget is None else positive_int("budget", budget),
+        seed=non_negative_int("seed", seed),
+        batch_size=positive_int("batch_size", batch_size),
+    )
+
+
+def _numbers(raw) -> tuple[float, ...] | None:
+    """A number or a flat sequence of numbers (a list, tuple or tensor) as floats; None if not."""
+    raw = raw.tolist() if hasattr(raw, "tolist") else raw
+    items = raw if isinstance(raw, (list, tuple)) else [raw]
+    if not items or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in items):
+        return None
+    return tuple(float(v) for v in items)
+
+
+#: Named normalisations accepted by ``normalize`` (mean, std per channel).
+NORMALIZE_PRESETS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
+
+def normalization(key: str, value):
+    """``normalize``: None (or false, "none") for no normalisation; a preset name ("imagenet"); or
+    (mean, std), each a number or one per channel, as a pair, a mapping {mean, std}, or that
+    written as text ("(0.5, 0.25)", "[[0.485, 0.456, 0.406], [0.229, 0.224, 0.225]]",
+    "{mean: 0.5, std: 0.25}"). Returns None or ((mean, ...), (std, ...)) with every std > 0."""
+    accepted = ("(mean, std) with a number or one number per channel each, std > 0 (e.g. "
+                "((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), or the text '[[0.485, 0.456, 0.406], "
+                f"[0.229, 0.224, 0.225]]'), a preset ({', '.join(NORMALIZE_PRESETS)}), or none")
+    raw = value
+    if raw is None or raw is False or (isinstance(raw, str) and raw.strip().lower() in ("none", "false", "off", "")):
+        return None
+    if isinstance(raw, str) and raw.strip().lower() in NORMALIZE_PRESETS:
+        return NORMALIZE_PRESETS[raw.strip().lower()]
+    if isinstance(raw, str):
+        import yaml
+
+        try:
+            raw = yaml.safe_load(raw.replace("(", "[").replace(")", "]"))
+        except yaml.YAMLError:
+            raise SettingError(key, value, accepted) from None
+    if isinstance(raw, dict):
+        raw = (raw.get("mean"), raw.get("std")) if set(raw) == {"mean", "std"} else None
+    if not (isinstance(raw, (list, tuple)) and len(raw) == 2):
+        raise SettingError(key, value, accepted)
+    mean, std = (_numbers(part) for part in raw)
+    if mean is None or std is None or not all(map(math.isfinite, mean + std)) or min(std) <= 0:
+        raise SettingError(key, value, accepted)
+    if len(mean) != len(std) and 1 not in (len(mean), len(std)):
+        raise SettingError(key, value, accepted + f" (got {len(mean)} means and {len(std)} stds)")
+    return mean, std
+
+
+def logits_selector(key: str, value):
+    """``logits``: None (find the logits: a tensor, ``.logits``, or a ``"logits"`` key), a key or
+    attribute name (str), an index (int; digits in text from the command line or ini) or a callable."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip():
+        text = value.strip()
+        return int(text) if text.lstrip("-").isdigit() else text
+    raise SettingError(key, value, "a key or attribute name (str), an index (int) or a callable output -> logits")
