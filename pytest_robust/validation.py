@@ -93,10 +93,16 @@ def path(key: str, value) -> str:
 
 
 def directory_path(key: str, value) -> str:
-    """A directory to write into: it may not exist yet, but must not be a file, nor lie under one."""
+    """A directory to write into: it may not exist yet, but must not be a file, nor lie under one, nor
+    be (or lie under) a symbolic link that points nowhere."""
     from pathlib import Path
 
+    from .report.files import dangling_link
+
     where = Path(path(key, value))
+    problem = dangling_link(where)
+    if problem:
+        raise SettingError(key, value, f"a directory path ({problem})")
     for p in (where, *where.parents):
         if p.exists() and not p.is_dir():
             raise SettingError(key, value, f"a directory path ({p} exists and is a file)")
@@ -114,10 +120,18 @@ def file_path(key: str, value) -> str:
     return value
 
 
+#: Longest baseline name: it becomes a file name (``<name>.json``), well within the 255 bytes file
+#: systems allow.
+MAX_BASELINE_NAME = 128
+
+
 def baseline_name(key: str, value) -> str:
-    """A baseline's name becomes a file name: letters, digits, '_', '-' and '.', not '.' or '..'."""
-    if not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value)) or set(value) == {"."}:
-        raise SettingError(key, value, "a baseline name of letters, digits, '_', '-' or '.' (no path separators or '..')")
+    """A baseline's name becomes a file name: at most ``MAX_BASELINE_NAME`` letters, digits, '_', '-'
+    and '.', not '.' or '..'."""
+    if (not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value)) or set(value) == {"."}
+            or len(value) > MAX_BASELINE_NAME):
+        raise SettingError(key, value, f"a baseline name of at most {MAX_BASELINE_NAME} letters, digits, '_', '-' "
+                           "or '.' (no path separators or '..')")
     return value
 
 

@@ -20,6 +20,7 @@ import re
 import textwrap
 from pathlib import Path
 
+from .files import file_stem, replacing
 from .inputs import gallery_file, thumbnails
 
 #: Heatmap cells with fewer draws than this are greyed out: their 95% interval is wider than about
@@ -27,8 +28,16 @@ from .inputs import gallery_file, thumbnails
 MIN_CELL_DRAWS = 30
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120] or "check"
+def _save(fig, path: Path) -> Path:
+    """Write ``fig`` as a PNG at ``path``, whole or not at all (``files.replacing``), and close it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with replacing(path) as f:
+            fig.savefig(f, format="png")
+    finally:
+        plt.close(fig)
+    return path
 
 
 def _title(ax, text: str, width_inches: float) -> None:
@@ -64,9 +73,7 @@ def plot_curve(curve: dict, path: Path) -> Path:
     if len(curve["series"]) > 1:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_heatmap(heatmap: dict, path: Path) -> Path:
@@ -98,9 +105,7 @@ def plot_heatmap(heatmap: dict, path: Path) -> Path:
     ax.set(xlabel=heatmap.get("xlabel", ""))
     fig.colorbar(image, ax=ax, fraction=0.05)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 SIZE = re.compile(r"^(\w+)\((\w+)=([-+0-9.eE]+)(.*)\)$")
@@ -167,9 +172,7 @@ def plot_gallery(gallery: dict, title: str, path: Path) -> Path:
     fig.suptitle(textwrap.fill(f"{title}: worst inputs first; bottom row: one draw of {gallery['perturbation']}",
                                max(30, int(width * 11))), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_plots(results: list[dict], directory: Path) -> list[Path]:
@@ -185,11 +188,10 @@ def write_plots(results: list[dict], directory: Path) -> list[Path]:
         import matplotlib  # noqa: F401
     except ImportError:
         raise RuntimeError("plots need matplotlib: pip install 'pytest-robust[plots]'") from None
-    directory.mkdir(parents=True, exist_ok=True)
     written = []
     for i, (result, name, curve) in enumerate(curves):
         test = (result.get("test_id") or "programmatic").rsplit("/", 1)[-1]
-        stem = _slug("-".join(p for p in (test, result.get("model", ""), name) if p))
+        stem = file_stem("-".join(p for p in (test, result.get("model", ""), name) if p))
         draw = plot_heatmap if "values" in curve else plot_curve
         written.append(draw(curve, directory / f"{i:02d}-{stem}.png"))
     for position, result in galleries:
