@@ -26,7 +26,7 @@ from .report.lock import RunLock
 from .report.inputs import per_input_csv, without_pixels
 from .report.junit import metric_junit
 from .report.markdown import summary_markdown
-from .report.plots import write_plots
+from .report.plots import planned_plots
 from .report.terminal import familywise_lines, familywise_text, summary_lines
 from .validation import open_unit
 
@@ -294,14 +294,28 @@ class ResultCollector:
         return reports
 
     def _write_report(self, directory: Path, env: dict) -> None:
+        """results.json (listing every file of the run, ``files``), summary.md, per_input.csv and the
+        plots; then the files that the previous run in this directory listed and this one did not
+        write are removed, so that the directory holds one run's files, never two runs' mixed."""
         settings = self.declared or self.config.stash[SETTINGS]
+        previous, note = store.previous_files(directory / "results.json")
+        try:
+            plots = planned_plots(self.results)
+        except RuntimeError as err:
+            plots = []
+            self.lines.append(f"robust report: no plots ({err})")
+        files = {"results.json": None, "summary.md": None}
+        if self.config.option.robust_per_input == "csv":
+            files["per_input.csv"] = None
+        files.update(plots)
         results = [without_pixels(r) for r in self.results]
         if self.baseline is not None:  # each check's comparison: its status and the baseline's numbers
             rows = {c["key"]: c for c in self.comparison}
             results = [dict(r, comparison={"baseline": self.baseline["name"], "status": rows[key]["status"],
                                            "baseline_numbers": rows[key]["baseline_numbers"]})
                        for r, key in zip(results, store.keys(self.results))]
-        payload = {"format": store.FORMAT, "environment": env, "settings": settings.__dict__, "results": results}
+        payload = {"format": store.FORMAT, "environment": env, "settings": settings.__dict__, "results": results,
+                   "files": list(files)}
         if self.baseline is not None:
             payload["baseline"], payload["comparison"] = self.baseline, self.comparison
         if self.family is not None:
@@ -311,15 +325,19 @@ class ResultCollector:
         if self.family is not None:
             summary = summary.rstrip("\n") + "\n\n" + familywise_markdown(self.family) + "\n"
         write_atomic(directory / "summary.md", summary)
-        written = [directory / "results.json", directory / "summary.md"]
-        if self.config.option.robust_per_input == "csv":
+        if "per_input.csv" in files:
             write_atomic(directory / "per_input.csv", per_input_csv(self.results))
-            written.append(directory / "per_input.csv")
-        try:
-            written += write_plots(self.results, directory)
-        except RuntimeError as err:
-            self.lines.append(f"robust report: no plots ({err})")
-        self.lines += [f"robust report: {p}" for p in written]
+        for name, render in plots:
+            render(directory / name)
+        self.lines += [f"robust report: {directory / name}" for name in files]
+        stale = [name for name in previous if name not in files and (directory / name).is_file()]
+        for name in stale:
+            (directory / name).unlink()
+        if stale:
+            self.lines.append(f"robust report: removed {len(stale)} file(s) of the previous run in {directory}, which "
+                              f"this run did not write: {', '.join(stale)}")
+        if note:
+            self.lines.append(f"robust report: {note}")
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self._writes():  # torchrun: rank 0 alone prints the table and the report lines

@@ -225,6 +225,26 @@ def test_a_second_run_on_a_report_directory_in_use_stops_before_any_check(pytest
     assert not (pytester.path / "out" / LOCK_NAME).exists()  # a finished run leaves no lock behind
 
 
+def test_a_rerun_in_a_report_directory_removes_the_previous_run_s_files_it_does_not_write(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(PASSING)
+    out = pytester.path / "out"
+    assert pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out", "--robust-per-input", "csv").ret == 0
+    (out / "mine.txt").write_text("not the tool's")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out")
+    result.stdout.fnmatch_lines(["robust report: removed 1 file(s) of the previous run in out, which this run did "
+                                 "not write: per_input.csv"])
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "results.json", "summary.md"]
+    assert json.loads((out / "results.json").read_text())["files"] == ["results.json", "summary.md"]
+    payload = json.loads((out / "results.json").read_text())
+    (out / "results.json").write_text(json.dumps({**payload, "format": 99, "files": ["summary.md", "mine.txt"]}))
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out")
+    assert result.ret == 0 and (out / "mine.txt").is_file()
+    result.stdout.fnmatch_lines(["robust report: the previous out/results.json is of format 99 (another version of "
+                                 "pytest-robust; this one writes format 1): skipped, so the files it lists were kept"])
+    assert json.loads((out / "results.json").read_text())["format"] == 1
+
+
 @pytest.mark.parametrize("change", ["format", "fields"])
 def test_a_baseline_of_another_format_is_skipped_by_name_and_every_report_written(pytester, change):
     pytester.makeconftest(CONFTEST)

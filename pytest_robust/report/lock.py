@@ -6,7 +6,9 @@ on Windows). A second run that names the same directory while the first holds it
 check runs, with an error naming the holder (pid, host, start time) and the fix: two runs writing
 one directory would leave one run's results.json beside the other's plots, mixed in silence. The
 operating system drops the lock when its process ends, even when it is killed, so a crashed run
-never blocks the next one; a finished run removes the file.
+never blocks the next one; a finished run removes the file. Runs one after the other do not mix
+either: results.json lists its run's files, and the next run removes those it does not rewrite
+(``session.ResultCollector``).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ class RunLock:
         self.directory = Path(directory)
         self.path = self.directory / LOCK_NAME
         self.fd: int | None = None
+        self.created = False  # whether acquire created the directory (release removes it if still empty)
 
     def acquire(self) -> None:
         """Hold the directory, or raise ``DirectoryInUse`` naming the run that holds it."""
+        self.created = not self.directory.exists()
         ensure_directory(self.directory)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -78,8 +82,9 @@ class RunLock:
         self.fd = fd
 
     def release(self) -> None:
-        """Remove the lock file, then let go of the lock (in that order: a run waiting on this file
-        then finds it gone and takes a new one)."""
+        """Remove the lock file, then let go of the lock (in that order: a run that opened this file
+        meanwhile finds it gone and takes a new one); a directory that ``acquire`` created and that
+        stayed empty (no check ran) is removed too."""
         if self.fd is None:
             return
         try:
@@ -88,3 +93,5 @@ class RunLock:
             pass
         os.close(self.fd)
         self.fd = None
+        if self.created and not any(self.directory.iterdir()):
+            self.directory.rmdir()

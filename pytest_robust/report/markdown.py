@@ -72,8 +72,8 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
         f"{counts['estimate']} estimates, {counts['error']} errors, {counts['skipped']} skipped, "
         f"{counts['xfail']} expected failures."
         + (f" {counts['interrupted']} interrupted: the run was cancelled." if counts["interrupted"] else "")
-        + (f" Against baseline {md_text((baseline or {}).get('name', ''))}: {md_text(store.counts(comparison))}."
-           if comparison else ""),
+        + (f" Against {'the baseline' if baseline is None else 'baseline ' + md_text(baseline['name'])}: "
+           f"{md_text(store.counts(comparison))}." if comparison else ""),
         "",
         "| check | metric | perturbation | estimate | deciding bound | threshold | verdict | evaluations/budget | time |",
         "|---|---|---|---|---|---|---|---|---|",

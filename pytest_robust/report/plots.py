@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import re
 import textwrap
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from .files import file_stem, replacing
 from .inputs import gallery_file, thumbnails
@@ -175,26 +177,29 @@ def plot_gallery(gallery: dict, title: str, path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_plots(results: list[dict], directory: Path) -> list[Path]:
-    """One PNG per curve and heatmap carried by a result, plus TSRM-against-size curves; returns
-    the paths."""
+def planned_plots(results: list[dict]) -> list[tuple[str, Callable[[Path], Path]]]:
+    """Every plot the results call for, as (file name, a function that renders it to a path): one
+    PNG per curve and heatmap carried by a result, the TSRM-against-size curves and the galleries.
+    RuntimeError when there are plots to draw and matplotlib is missing."""
     curves = [(r, name, c) for r in results for name, c in r.get("details", {}).get("curves", {}).items()]
     curves += [({"test_id": "summary"}, name, c) for name, c in accuracy_curves(results).items()]
     curves += [(r, name, h) for r in results for name, h in r.get("details", {}).get("heatmaps", {}).items()]
-    galleries = [(i, r) for i, r in enumerate(results) if r.get("gallery")]
-    if not curves and not galleries:
-        return []
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise RuntimeError("plots need matplotlib: pip install 'pytest-robust[plots]'") from None
-    written = []
+    plans = []
     for i, (result, name, curve) in enumerate(curves):
         test = (result.get("test_id") or "programmatic").rsplit("/", 1)[-1]
         stem = file_stem("-".join(p for p in (test, result.get("model", ""), name) if p))
-        draw = plot_heatmap if "values" in curve else plot_curve
-        written.append(draw(curve, directory / f"{i:02d}-{stem}.png"))
-    for position, result in galleries:
+        plans.append((f"{i:02d}-{stem}.png", partial(plot_heatmap if "values" in curve else plot_curve, curve)))
+    for position, result in ((i, r) for i, r in enumerate(results) if r.get("gallery")):
         title = f"{(result.get('test_id') or 'programmatic').rsplit('/', 1)[-1]} ({result.get('metric')})"
-        written.append(plot_gallery(result["gallery"], title, directory / gallery_file(position, result)))
-    return written
+        plans.append((gallery_file(position, result), partial(plot_gallery, result["gallery"], title)))
+    if plans:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise RuntimeError("plots need matplotlib: pip install 'pytest-robust[plots]'") from None
+    return plans
+
+
+def write_plots(results: list[dict], directory: Path) -> list[Path]:
+    """Render every plot of ``planned_plots`` into ``directory``; returns the paths."""
+    return [render(directory / name) for name, render in planned_plots(results)]

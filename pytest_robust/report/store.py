@@ -50,6 +50,26 @@ def save(directory: Path, name: str, results: list[dict], env: dict) -> Path:
     return write_atomic(path, json.dumps(payload, indent=2, default=str))
 
 
+def previous_files(results_json: Path) -> tuple[list[str], str]:
+    """The files a previous run wrote in a report directory, as its results.json lists them
+    ("files"; only plain names, nothing outside the directory), and "" or a note on why none are
+    known: a results.json of another ``FORMAT`` is skipped with its format named."""
+    try:
+        payload = json.loads(results_json.read_text())
+    except FileNotFoundError:
+        return [], ""
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return [], f"the previous {results_json} cannot be read ({type(err).__name__}), so its other files were kept"
+    if not isinstance(payload, dict):
+        return [], f"the previous {results_json} is not a results file, so its other files were kept"
+    version = payload.get("format", FORMAT)
+    if version != FORMAT:
+        return [], (f"the previous {results_json} is of format {version!r} (another version of pytest-robust; this "
+                    f"one writes format {FORMAT}): skipped, so the files it lists were kept")
+    listed = payload.get("files", [])
+    return [n for n in listed if isinstance(n, str) and n and Path(n).name == n and n not in (".", "..")], ""
+
+
 def stored(directory: Path, env: dict) -> list[Path]:
     """The baselines saved for this machine, oldest first."""
     folder = directory / baseline_key(env)
