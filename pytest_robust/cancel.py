@@ -9,7 +9,8 @@ the checks that finished, the check that was running is recorded as "interrupted
 (2). A second SIGTERM ends the process at once, as without pytest-robust.
 
 Left alone: a SIGTERM handler someone else installed, a process that is not the main thread,
-pytest-xdist workers (the controller reports a killed worker's test as crashed) and torchrun
+pytest-xdist workers (the controller stops them, and marks their tests under way as interrupted;
+a worker killed on its own is reported as crashed) and torchrun
 ranks (a rank that stopped on its own would leave the others waiting in a collective).
 """
 

@@ -130,19 +130,27 @@ class ResultCollector:
         return result
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
-        """SIGTERM or Ctrl-C: the test under way is reported as a failure whose checks are
-        "interrupted" (the one that was running, and those that had not started), so that every
-        report shows where the run stopped; finished tests keep their results."""
-        item = self.running
-        if item is None:
-            return
+        """SIGTERM or Ctrl-C: each test under way (here, or on an xdist worker) is reported as a
+        failure whose checks are "interrupted" (the one that was running, and those that had not
+        started), so that every report shows where the run stopped; finished tests keep their results."""
         what = cause(excinfo.value)
-        record_unrun(item, "interrupted", f"the run was interrupted by {what} during its test, before this check ran")
-        report = pytest.TestReport(nodeid=item.nodeid, location=item.location, keywords={}, outcome="failed",
-                                   longrepr=f"interrupted by {what}: the run stopped during this test",
-                                   when="call", sections=[], user_properties=item.user_properties)
-        attach(item, report, "interrupted")
-        self._log_failures([report])
+        message = f"interrupted by {what}: the run stopped during this test"
+        reports = []
+        if self.running is not None:
+            item = self.running
+            record_unrun(item, "interrupted", f"the run was interrupted by {what} during its test, before this check ran")
+            reports.append(pytest.TestReport(nodeid=item.nodeid, location=item.location, keywords={}, outcome="failed",
+                                             longrepr=message, when="call", sections=[],
+                                             user_properties=item.user_properties))
+            attach(item, reports[-1], "interrupted")
+        for nodeid, checks in self.under_way.items():
+            reports.append(pytest.TestReport(nodeid=nodeid, location=(nodeid.split("::")[0], None, nodeid),
+                                             keywords={}, outcome="failed", longrepr=message, when="call", sections=[]))
+            reason = f"the run was interrupted by {what} while its test ran on an xdist worker"
+            reports[-1].robust_results = [dict(r, verdict="interrupted", details={**r["details"], "error": reason},
+                                               outcome="interrupted") for r in checks]
+        self.under_way.clear()
+        self._log_failures(reports)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

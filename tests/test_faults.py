@@ -90,6 +90,16 @@ def test_sigterm_writes_every_report_and_marks_the_interrupted_check(pytester):
     assert "test_never" not in summary
 
 
+def test_sigterm_to_the_xdist_controller_marks_the_test_under_way_on_its_worker(pytester):
+    _ending(pytester, "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(1)")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "--robust-report", "out")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    results = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
+    assert [(r["test_id"].rsplit("::", 1)[-1], r["verdict"]) for r in results] == [
+        ("test_first", "pass"), ("test_cancelled", "interrupted")]
+    assert results[1]["details"]["error"] == "the run was interrupted by SIGTERM while its test ran on an xdist worker"
+
+
 def test_a_crashed_xdist_worker_s_check_is_an_error_that_names_the_crash(pytester):
     _ending(pytester, "import os; os._exit(3)")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "--robust-report", "out",
