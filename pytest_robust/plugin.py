@@ -201,8 +201,7 @@ def _check_baselines(config: pytest.Config) -> None:
         try:
             store.find(directory, options.robust_compare or None, env)
         except store.BaselineError as err:
-            raise pytest.UsageError(f"pytest-robust: --robust-compare-fail: {err}; save one with --robust-save NAME, "
-                                    "or name a stored one with --robust-compare NAME") from None
+            raise pytest.UsageError(f"pytest-robust: --robust-compare-fail: {err}") from None
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from .cancel import cause
 from .errors import RobustError
 from .familywise import family_size, familywise_method, gate_confidence, holm_adjust
-from .cancel import cause
 from .recording import SETTINGS, SPECS, attach, record_unrun
 from .report import store
 from .report.environment import environment
 from .report.files import md_text, write_atomic
-from .report.lock import RunLock
 from .report.inputs import per_input_csv, without_pixels
 from .report.junit import metric_junit
+from .report.lock import RunLock
 from .report.markdown import summary_markdown
 from .report.plots import planned_plots
 from .report.terminal import familywise_lines, familywise_text, summary_lines
@@ -130,19 +130,19 @@ class ResultCollector:
         return result
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
-        """SIGTERM or Ctrl-C: each test under way (here, or on an xdist worker) is reported as a
-        failure whose checks are "interrupted" (the one that was running, and those that had not
+        """SIGTERM or Ctrl-C: each robust test under way (here, or on an xdist worker) is reported as
+        a failure whose checks are "interrupted" (the one that was running, and those that had not
         started), so that every report shows where the run stopped; finished tests keep their results."""
         what = cause(excinfo.value)
         message = f"interrupted by {what}: the run stopped during this test"
         reports = []
-        if self.running is not None:
+        if self.running is not None:  # a test without robust checks is left to pytest
             item = self.running
             record_unrun(item, "interrupted", f"the run was interrupted by {what} during its test, before this check ran")
-            reports.append(pytest.TestReport(nodeid=item.nodeid, location=item.location, keywords={}, outcome="failed",
-                                             longrepr=message, when="call", sections=[],
-                                             user_properties=item.user_properties))
-            attach(item, reports[-1], "interrupted")
+            report = pytest.TestReport(nodeid=item.nodeid, location=item.location, keywords={}, outcome="failed",
+                                       longrepr=message, when="call", sections=[], user_properties=item.user_properties)
+            attach(item, report, "interrupted")
+            reports += [report] if hasattr(report, "robust_results") else []
         for nodeid, checks in self.under_way.items():
             reports.append(pytest.TestReport(nodeid=nodeid, location=(nodeid.split("::")[0], None, nodeid),
                                              keywords={}, outcome="failed", longrepr=message, when="call", sections=[]))
@@ -312,10 +312,8 @@ class ResultCollector:
         except RuntimeError as err:
             plots = []
             self.lines.append(f"robust report: no plots ({err})")
-        files = {"results.json": None, "summary.md": None}
-        if self.config.option.robust_per_input == "csv":
-            files["per_input.csv"] = None
-        files.update(plots)
+        csv = self.config.option.robust_per_input == "csv"
+        files = ["results.json", "summary.md"] + (["per_input.csv"] if csv else []) + [name for name, _ in plots]
         results = [without_pixels(r) for r in self.results]
         if self.baseline is not None:  # each check's comparison: its status and the baseline's numbers
             rows = {c["key"]: c for c in self.comparison}
@@ -323,7 +321,7 @@ class ResultCollector:
                                            "baseline_numbers": rows[key]["baseline_numbers"]})
                        for r, key in zip(results, store.keys(self.results))]
         payload = {"format": store.FORMAT, "environment": env, "settings": settings.__dict__, "results": results,
-                   "files": list(files)}
+                   "files": files}
         if self.baseline is not None:
             payload["baseline"], payload["comparison"] = self.baseline, self.comparison
         if self.family is not None:
@@ -333,7 +331,7 @@ class ResultCollector:
         if self.family is not None:
             summary = summary.rstrip("\n") + "\n\n" + familywise_markdown(self.family) + "\n"
         write_atomic(directory / "summary.md", summary)
-        if "per_input.csv" in files:
+        if csv:
             write_atomic(directory / "per_input.csv", per_input_csv(self.results))
         for name, render in plots:
             render(directory / name)

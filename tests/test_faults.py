@@ -91,7 +91,8 @@ def test_sigterm_writes_every_report_and_marks_the_interrupted_check(pytester):
 
 
 def test_sigterm_to_the_xdist_controller_marks_the_test_under_way_on_its_worker(pytester):
-    _ending(pytester, "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(1)")
+    # a second for the controller to read the test's setup report before the signal reaches it
+    _ending(pytester, "import os, signal, time; time.sleep(1); os.kill(os.getppid(), signal.SIGTERM); time.sleep(1)")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "--robust-report", "out")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     results = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
@@ -301,7 +302,7 @@ def test_a_misspelt_or_invalid_baseline_name_is_a_usage_error_before_any_check_l
     misspelt = pytester.runpytest("-p", "no:cacheprovider", "--robust-compare", "mian", "--robust-compare-fail")
     assert misspelt.ret == pytest.ExitCode.USAGE_ERROR
     misspelt.stderr.fnmatch_lines(["*--robust-compare-fail: no baseline named 'mian' for this machine in *; saved: "
-                                   "main; save one with --robust-save NAME*"])
+                                   "main (check the name, or save it with --robust-save NAME)"])
     assert "robustness checks" not in misspelt.stdout.str()
     for flag in ("--robust-save", "--robust-compare"):
         too_long = pytester.runpytest("-p", "no:cacheprovider", flag, "n" * 300)

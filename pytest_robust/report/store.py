@@ -88,7 +88,7 @@ def find(directory: Path, name: str | None, env: dict) -> Path:
     path = saved[-1].parent / f"{name}.json" if name else saved[-1]
     if not path.is_file():
         raise BaselineError(f"no baseline named {name!r} for this machine in {path.parent}; saved: "
-                            + ", ".join(p.stem for p in saved))
+                            + ", ".join(p.stem for p in saved) + " (check the name, or save it with --robust-save NAME)")
     return path
 
 
