@@ -23,9 +23,9 @@ from pathlib import Path
 
 from ..errors import RobustError
 
-#: Longest file name the writers produce, in bytes: below the 255 of ext4, APFS, NTFS and tmpfs,
-#: with room for the temporary file's prefix and suffix.
-MAX_NAME_BYTES = 200
+#: Characters of the target's name kept in its temporary file's name, which then stays within the
+#: 255 bytes that ext4, APFS, NTFS and tmpfs allow whatever the target's name.
+TEMP_NAME_KEEPS = 100
 
 
 def _umask() -> int:
@@ -64,7 +64,7 @@ def replacing(path: Path):
     (module docstring); when it raises, ``path`` is left as it was and the temporary file removed."""
     path = Path(path)
     ensure_directory(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:MAX_NAME_BYTES // 2]}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:TEMP_NAME_KEEPS]}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
