@@ -84,7 +84,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "this machine); a check regresses when the two runs' confidence bounds do not overlap.")
     group.addoption("--robust-compare-fail", dest="robust_compare_fail", action="store_true",
                     help="compare with the baseline (--robust-compare, default newest) and fail the run "
-                    "when a check regressed.")
+                    "when a check regressed: each regression is a failed testcase <test>::robust-regression[...] "
+                    "in pytest's reports; a baseline that is not stored is a usage error before any test runs.")
     group.addoption("--robust-baselines", dest="robust_baselines", default=".robust_baselines",
                     metavar="DIR", help="directory of saved baselines (default: .robust_baselines).")
     group.addoption("--robust-per-input", dest="robust_per_input", default=None, metavar="FORMAT",
