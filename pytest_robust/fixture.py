@@ -221,8 +221,8 @@ class RobustFixture:
                 errors.append(err.msg)
             except Exception as err:  # a bug: recorded by evaluate, re-raised after the other checks
                 bug = bug or err
-        for spec in self._specs:  # results were recorded under the run's spec copy: mark the marker's
-            item.stash.setdefault(RECORDED, set()).add(id(spec))
+            finally:  # its result was recorded under the run's spec copy (also when interrupted): mark the marker's
+                item.stash.setdefault(RECORDED, set()).add(id(spec))
         if bug is not None:
             raise bug
         return runs, tuple(errors)

@@ -13,13 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from pytest_robust import cancel
 from pytest_robust.checks import spec as checks
 from pytest_robust.errors import MarkerError, RobustError, SettingError
 from pytest_robust.fixture import RobustFixture
-from pytest_robust.recording import ITEM_RESULTS, SETTINGS, SPECS, metrics, record_unrun
-from pytest_robust.session import ResultCollector
+from pytest_robust.recording import SETTINGS, SPECS, attach, declared, metrics, record_unrun
+from pytest_robust.session import ResultCollector, run_environment
 from pytest_robust.settings.keys import KEYS, Settings, read_yaml, resolve
 from pytest_robust.settings.validation import baseline_name, choice, directory_path, file_path
+
+#: The SIGTERM handler that ``cancel.install`` replaced for the session (None: SIGTERM left alone).
+SIGTERM_HANDLER = pytest.StashKey[object]()
 
 #: Formats of ``--robust-per-input``: the per-input tables written beside the reports.
 PER_INPUT_FORMATS = ("csv",)
@@ -81,7 +85,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "this machine); a check regresses when the two runs' confidence bounds do not overlap.")
     group.addoption("--robust-compare-fail", dest="robust_compare_fail", action="store_true",
                     help="compare with the baseline (--robust-compare, default newest) and fail the run "
-                    "when a check regressed.")
+                    "when a check regressed: each regression is a failed testcase <test>::robust-regression[...] "
+                    "in pytest's reports; a baseline that is not stored is a usage error before any test runs.")
     group.addoption("--robust-baselines", dest="robust_baselines", default=".robust_baselines",
                     metavar="DIR", help="directory of saved baselines (default: .robust_baselines).")
     group.addoption("--robust-per-input", dest="robust_per_input", default=None, metavar="FORMAT",
@@ -157,7 +162,7 @@ def _join_torchrun(config: pytest.Config, device: str) -> None:
 
 def _check_paths(options, settings: Settings) -> None:
     """Settings that name files and directories, checked before any test runs (SettingError):
-    directories that are files, a JUnit path that is a directory, baseline names that are paths."""
+    directories that are files or dangling links, a JUnit path that is a directory."""
     if settings.report:
         directory_path("report (--robust-report)", settings.report)
     directory_path("cache_dir (--robust-cache-dir)", settings.cache_dir)
@@ -169,9 +174,36 @@ def _check_paths(options, settings: Settings) -> None:
         if not settings.report:
             raise SettingError("--robust-per-input", options.robust_per_input,
                                "a report directory to write it into: add --robust-report DIR (or robust_report in ini)")
-    for flag, name in (("--robust-save", options.robust_save), ("--robust-compare", options.robust_compare)):
-        if name:
+
+
+def _check_baselines(config: pytest.Config) -> None:
+    """Baseline names, checked on the controller before any test runs: each a valid file name
+    (characters, length), and under --robust-compare-fail the baseline to compare with stored. Either
+    problem is a usage error that lists the baselines stored for this machine."""
+    from pytest_robust.report import store
+
+    options = config.option
+    named = [(flag, name) for flag, name in (("--robust-save", options.robust_save),
+                                             ("--robust-compare", options.robust_compare)) if name]
+    if hasattr(config, "workerinput") or not (named or options.robust_compare_fail):
+        return
+    directory, env = Path(options.robust_baselines), run_environment(config)
+
+    def stored() -> str:
+        names = [p.stem for p in store.stored(directory, env)]
+        return (f"baselines stored for this machine in {directory}: " + ", ".join(names) if names
+                else f"no baseline is stored for this machine in {directory} yet")
+
+    for flag, name in named:
+        try:
             baseline_name(flag, name)
+        except SettingError as err:
+            raise pytest.UsageError(f"pytest-robust: {err}; {stored()}") from None
+    if options.robust_compare_fail:
+        try:
+            store.find(directory, options.robust_compare or None, env)
+        except store.BaselineError as err:
+            raise pytest.UsageError(f"pytest-robust: --robust-compare-fail: {err}") from None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -191,9 +223,17 @@ def pytest_configure(config: pytest.Config) -> None:
     _pin_xdist_worker_gpu(config, settings.device)
     _join_torchrun(config, settings.device)
     _check_device_exists(settings.device)
+    _check_baselines(config)
     config.stash[SETTINGS] = settings
     config.addinivalue_line("markers", marker_doc(metrics(config)))  # registration errors: usage errors, now
-    config.pluginmanager.register(ResultCollector(config), "robust-results")
+    collector = ResultCollector(config)
+    collector.claim_report_directory()
+    config.pluginmanager.register(collector, "robust-results")
+    config.stash[SIGTERM_HANDLER] = cancel.install(xdist_worker=hasattr(config, "workerinput"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cancel.restore(config.stash.get(SIGTERM_HANDLER, None))
 
 
 def pytest_robust_metrics() -> dict:
@@ -273,7 +313,8 @@ def _outcome(report: pytest.TestReport) -> str:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """Move the item's recorded results onto this phase's report (with pytest's outcome); a test
-    that failed or was skipped before its declared checks ran records them as not run."""
+    that failed or was skipped before its declared checks ran records them as not run. Under xdist
+    the setup report carries the test's declared checks (``recording.declared``)."""
     report = yield
     if call.when != "teardown" and (report.failed or report.skipped) and call.excinfo is not None:
         error = call.excinfo.value
@@ -282,8 +323,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         else:
             text = call.excinfo.exconly().strip().splitlines()[0][:300]
             record_unrun(item, "error", f"its test's {call.when} raised {text} before the check ran")
-    if item.stash.get(ITEM_RESULTS, None):
-        outcome = _outcome(report)
-        report.robust_results = [dict(r, test_id=item.nodeid, outcome=outcome) for r in item.stash[ITEM_RESULTS]]
-        item.stash[ITEM_RESULTS] = []
+    attach(item, report, _outcome(report))
+    if call.when == "setup" and hasattr(item.config, "workerinput"):
+        report.robust_declared = declared(item)
     return report

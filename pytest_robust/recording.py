@@ -11,8 +11,11 @@ message; any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from pytest_robust.cancel import cause
 from pytest_robust.checks import spec as checks
 from pytest_robust.checks.registry import CheckSpec
 from pytest_robust.errors import RobustError, SettingError
@@ -62,12 +65,36 @@ def not_run(item: pytest.Item, spec: CheckSpec, verdict: str, reason: str, model
 
 
 def record_unrun(item: pytest.Item, verdict: str, reason: str) -> None:
-    """Record every declared check of ``item`` that has no result yet as ``verdict`` ("error" or
-    "skipped") with ``reason``: a test that failed or was skipped before its checks ran."""
+    """Record every declared check of ``item`` that has no result yet as ``verdict`` ("error",
+    "skipped" or "interrupted") with ``reason``: a test that failed, was skipped or was interrupted
+    before its checks ran."""
     done = item.stash.get(RECORDED, set())
     for spec in item.stash.get(SPECS, []):
         if id(spec) not in done:
             not_run(item, spec, verdict, reason)
+
+
+def attach(item: pytest.Item, report: pytest.TestReport, outcome: str) -> None:
+    """Move the results recorded on ``item`` onto ``report`` (``robust_results``, each with its test
+    id and pytest's ``outcome`` for the test), where the session's collector finds them, also when
+    the report comes from an xdist worker."""
+    if item.stash.get(ITEM_RESULTS, None):
+        report.robust_results = [dict(r, test_id=item.nodeid, outcome=outcome) for r in item.stash[ITEM_RESULTS]]
+        item.stash[ITEM_RESULTS] = []
+
+
+def declared(item: pytest.Item) -> list[dict] | None:
+    """The checks ``item`` declares (markers, a YAML check) as "error" results without numbers, or
+    one such result for a test that only calls the ``robust`` fixture; None for a test with no
+    robust check. An xdist worker sends them on the setup report, so that the controller can
+    report the checks of a test whose worker crashed (``session.ResultCollector``)."""
+    specs = item.stash.get(SPECS, [])
+    if not specs and "robust" not in getattr(item, "fixturenames", ()):
+        return None
+    if not specs:
+        return [dict(Result.not_run("robust", None, ">=", "", "error", "").to_dict(), test_id=item.nodeid)]
+    return [dict(checks.not_run(spec, metrics(item.config), "error", "").to_dict(), test_id=item.nodeid)
+            for spec in specs]
 
 
 def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
@@ -89,6 +116,7 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     from pytest_robust.engine.progress import progress_sink
 
     how = settings or item.config.stash[SETTINGS]
+    started = time.monotonic()
     try:
         with progress_sink(_progress(item)), execution(how.precision, how.channels_last, how.compile,
                                                        how.deterministic), model_interface(how.normalize, how.logits), \
@@ -97,6 +125,11 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     except RobustError as err:
         not_run(item, spec, "error", str(err), model_name, settings)
         pytest.fail(f"robust check could not run: {err}", pytrace=False)
+    except KeyboardInterrupt as err:  # SIGTERM (cancel.Terminated) or Ctrl-C: the session reports it
+        reason = (f"the run was interrupted by {cause(err)} while this check ran, after "
+                  f"{time.monotonic() - started:.1f} s; the checks that finished are in the reports")
+        not_run(item, spec, "interrupted", reason, model_name, settings)
+        raise
     except Exception as err:
         not_run(item, spec, "error", f"{type(err).__name__}: {err}", model_name, settings)
         raise

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-VERDICTS = ("pass", "fail", "inconclusive", "estimate", "error", "skipped")
+VERDICTS = ("pass", "fail", "inconclusive", "estimate", "error", "skipped", "interrupted")
 
 #: What a report shows for a check (``Result.status``): its verdict, or how pytest judged its test.
 STATUSES = VERDICTS + ("xfail",)
+
+#: The statuses of checks that did not pass, whose messages the reports list.
+NOT_PASSED = ("fail", "inconclusive", "error", "xfail", "interrupted")
 
 #: JUnit property names, in order (stable names); other tools read these.
 PROPERTY_FIELDS = (
@@ -86,9 +89,10 @@ class Result:
     probability ``confidence``; ``verdict`` compares them with ``threshold``: "pass" (the bound
     proves the requirement), "fail" (the bound proves it violated), "inconclusive" (the budget ran
     out first), "estimate" (no threshold given), "error" (the check could not run or raised; the
-    numbers are None and ``details["error"]`` says why) or "skipped" (its test was skipped before
-    the check ran). ``outcome`` is pytest's word for the test ("passed", "failed", "skipped",
-    "xfailed", "xpassed"; empty outside pytest). ``direction`` is ">=" when the requirement is
+    numbers are None and ``details["error"]`` says why), "skipped" (its test was skipped before
+    the check ran) or "interrupted" (the run was cancelled, by SIGTERM or Ctrl-C, while the check or
+    its test ran; ``details["error"]`` says by what). ``outcome`` is pytest's word for the test
+    ("passed", "failed", "skipped", "xfailed", "xpassed", "interrupted"; empty outside pytest). ``direction`` is ">=" when the requirement is
     estimate >= threshold (accuracies) and "<=" when it is estimate <= threshold (losses).
     ``draws`` counts the random perturbations the verdict rests on; ``forward_passes`` counts every
     input the model evaluated. ``note`` is appended to the message (e.g. diagnostics, caveats).
@@ -129,7 +133,7 @@ class Result:
     @classmethod
     def not_run(cls, metric: str, threshold: float | None, direction: str, perturbation: str, verdict: str,
                 reason: str, model: str = "") -> "Result":
-        """The record of a check that produced no numbers: ``verdict`` "error" or "skipped"."""
+        """The record of a check that produced no numbers: ``verdict`` "error", "skipped" or "interrupted"."""
         return cls(metric=metric, estimate=None, lower=None, upper=None, threshold=threshold, confidence=0.0,
                    verdict=verdict, n_inputs=0, draws=0, forward_passes=0, seconds=0.0, device="", seed=0,
                    perturbation=perturbation, budget=0, details={"error": reason}, direction=direction,
@@ -158,7 +162,7 @@ class Result:
     def message(self) -> str:
         """One line with the numbers: what was measured, against what, under which conditions."""
         if self.estimate is None:
-            what = "could not run" if self.verdict == "error" else "was skipped"
+            what = {"error": "could not run", "interrupted": "was interrupted"}.get(self.verdict, "was skipped")
             return f"{self.name} check {what}: {self.details.get('error', '')}"
         pct = percent(self.confidence)
         head = f"{self.name} {self.estimate:.3f} ({pct} lower bound {self.lower:.3f}, upper bound {self.upper:.3f})"

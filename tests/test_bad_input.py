@@ -485,12 +485,12 @@ def test_it():
 def test_compare_fail_with_a_misspelled_or_missing_baseline_is_an_error(suite):
     suite.makepyfile(MIXED.split("@pytest.mark.robust(tsrm=0.7, perturbation=P, data=")[0])
     first = suite.runpytest("--robust-compare-fail")
-    assert first.ret == pytest.ExitCode.USAGE_ERROR
-    first.stdout.fnmatch_lines(["*robust baseline comparison failed (--robust-compare-fail): no baseline saved*"])
+    assert first.ret == pytest.ExitCode.USAGE_ERROR  # before any check runs
+    first.stderr.fnmatch_lines(["*pytest-robust: --robust-compare-fail: no baseline saved*"])
     assert suite.runpytest("--robust-save", "main").ret == 0
     typo = suite.runpytest("--robust-compare-fail", "--robust-compare", "mian")
     assert typo.ret == pytest.ExitCode.USAGE_ERROR
-    typo.stdout.fnmatch_lines(["*no baseline named 'mian'*saved: main*"])
+    typo.stderr.fnmatch_lines(["*no baseline named 'mian'*saved: main*"])
 
 
 def test_interrupted_run_still_writes_what_was_collected(suite):

@@ -114,7 +114,7 @@ def test_report_directory_gets_tables_csv_worst_inputs_and_galleries(suite):
     rows = list(csv.DictReader((rep / "per_input.csv").open()))
     assert len(rows) == 16 + 8 and {"test", "metric", "index", "outcome", "estimate", "radius"} <= set(rows[0])
     summary = (rep / "summary.md").read_text()
-    assert "### Worst inputs of `test_x.py::test_smoothed` (certified accuracy)" in summary
+    assert "### Worst inputs of test_x.py::test_smoothed (certified accuracy)" in summary
     assert "10 of 16 inputs, worst first" in summary and "Pictures: `gallery-00-test_x.py_test_smoothed" in summary
     galleries = sorted(p.name for p in rep.glob("gallery-*.png"))
     assert galleries == ["gallery-00-test_x.py_test_smoothed-certified_accuracy.png",

@@ -93,18 +93,32 @@ def test_baseline_then_degraded_model_fails_compare(suite):
 
     same = suite.runpytest("--robust-compare", "main", "--robust-compare-fail")
     assert same.ret == pytest.ExitCode.TESTS_FAILED  # test_too_strict fails on its own
-    # early-stopped gates leave bounds too wide to see a 1-point change: never "unchanged" from those
-    same.stdout.fnmatch_lines(["robust baseline 'main' (commit *): 0 regressed, 0 improved, 0 unchanged, "
-                               "3 cannot tell*"])
+    # a bit-identical rerun is unchanged, however wide the bounds of its early-stopped gates
+    same.stdout.fnmatch_lines(["robust baseline 'main' (commit *): 0 regressed, 0 improved, 3 unchanged"])
 
     suite.makeconftest(CONFTEST.replace(STEP_AT, "return Step(0.55)"))  # TSRM drops to 0.55
-    worse = suite.runpytest("--robust-compare-fail", "--robust-inconclusive", "skip")
+    worse = suite.runpytest("--robust-compare-fail", "--robust-inconclusive", "skip", "--junitxml", "pytest.xml",
+                            "--robust-report", "out")
     worse.stdout.fnmatch_lines([
         "robust baseline 'main' *: * regressed*",
         "  REGRESSED test_suite.py::test_wide::tsrm::UniformLinf(eps=0.5): 0.* -> 0.*",
         "  --robust-compare-fail: failing the run*",
     ])
     assert worse.ret == pytest.ExitCode.TESTS_FAILED
+    # the regression is a failure in pytest's own JUnit file, its terminal counts and summary.md's headline
+    suite_xml = ET.parse(suite.path / "pytest.xml").getroot().find("testsuite")
+    regressions = [c for c in suite_xml.iter("testcase") if c.get("name").startswith("robust-regression[")]
+    assert int(suite_xml.get("failures")) >= len(regressions) >= 1
+    assert regressions[0].get("name") == "robust-regression[tsrm::UniformLinf(eps=0.5)]"
+    assert "regressed against baseline 'main'" in regressions[0].find("failure").get("message")
+    worse.stdout.fnmatch_lines(
+        ["FAILED test_suite.py::test_wide::robust-regression[[]tsrm::UniformLinf(eps=0.5)[]] - *", "*5 failed*"])
+    payload = json.loads((suite.path / "out" / "results.json").read_text())
+    wide = next(r for r in payload["results"] if r["test_id"].endswith("test_wide"))
+    assert wide["comparison"]["status"] == "regressed" and wide["comparison"]["baseline"] == "main"
+    assert wide["comparison"]["baseline_numbers"]["estimate"] > wide["estimate"]
+    assert payload["baseline"]["name"] == "main" and payload["format"] == store.FORMAT
+    assert "Against baseline main: 2 regressed" in (suite.path / "out" / "summary.md").read_text()
 
 
 def test_compare_without_a_baseline_says_how_to_make_one(suite):

@@ -70,7 +70,7 @@ def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
 
 def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: str = "",
             settings: Settings | None = None) -> Result:
-    """The Result recorded for ``spec`` when it produced no numbers (verdict "error" or "skipped"),
+    """The Result recorded for ``spec`` when it produced no numbers (verdict "error", "skipped" or "interrupted"),
     with what is known of its conditions: its parameters and, when resolved, its settings."""
     metric = metrics.get(spec.metric)
     direction = metric.direction if metric is not None else ">="

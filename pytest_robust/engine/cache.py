@@ -8,8 +8,8 @@ class, and the caller's settings (any JSON-able dict). An entry is trusted only 
 carries exactly the expected key, and its payload still has the SHA-256 stored with it
 (``payload_checksum``: an entry altered after it was written, even one that still loads, is
 caught); anything else is reported as invalid, and the caller refits.
-Writes go to a temporary file renamed into place, so concurrent writers (xdist workers) never
-leave a half-written entry.
+Writes go to a temporary file renamed into place (``report.files.replacing``), so concurrent writers
+(xdist workers) and a full disk never leave a half-written entry.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from pytest_robust.report.files import replacing
 
 #: Bumped whenever the layout of stored entries changes; part of every key.
 FORMAT = 2
@@ -97,13 +98,6 @@ def load(path: Path, key: str) -> tuple[dict | None, str]:
 
 
 def store(path: Path, key: str, entry: dict) -> None:
-    """Write ``entry`` (tensors and plain values) with its key, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({**entry, "format": FORMAT, "key": key, "checksum": payload_checksum(entry)}, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``entry`` (tensors and plain values) with its key, atomically (``report.files.replacing``)."""
+    with replacing(path) as f:
+        torch.save({**entry, "format": FORMAT, "key": key, "checksum": payload_checksum(entry)}, f)

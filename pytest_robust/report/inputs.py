@@ -11,8 +11,8 @@ from __future__ import annotations
 import base64
 import csv
 import io
-import re
 
+from pytest_robust.report.files import csv_cell, file_stem, md_text
 from pytest_robust.report.per_input import columns, rows, worst
 from pytest_robust.results import Result
 
@@ -38,34 +38,35 @@ def thumbnails(gallery: dict, name: str):
 
 
 def gallery_file(position: int, result: dict) -> str:
-    """The gallery PNG's name for the result at ``position`` in the run's results."""
+    """The gallery PNG's name for the result at ``position`` in the run's results (``files.file_stem``:
+    one path component of bounded length, whatever the test id)."""
     test = (result.get("test_id") or "programmatic").rsplit("/", 1)[-1]
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{test}-{result.get('metric', '')}").strip("_")[:100]
-    return f"gallery-{position:02d}-{stem}.png"
+    return f"gallery-{position:02d}-{file_stem(test + '-' + result.get('metric', ''), 100)}.png"
 
 
 def per_input_csv(results: list[dict]) -> str:
     """Every per-input table of the run as one CSV: one row per (check, input), the check's test,
     model, metric and perturbation first, then index, outcome and the union of the tables' own
-    columns (empty where a table has no such column)."""
+    columns (empty where a table has no such column). Text cells that a spreadsheet would read as a
+    formula are neutralised (``files.csv_cell``)."""
     tables = [(r, r["details"]["per_input"]) for r in results if (r.get("details") or {}).get("per_input")]
     names: list[str] = []
     for _, table in tables:
         names += [c for c in columns(table) if c not in names]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_HEAD + tuple(names))
+    writer.writerow([csv_cell(c) for c in CSV_HEAD + tuple(names)])
     for r, table in tables:
         head = [r.get("test_id", ""), r.get("model", ""), r.get("metric", ""), r.get("perturbation", "")]
         for row in rows(table):
-            writer.writerow(head + ["" if row.get(c) is None else row[c] for c in names])
+            writer.writerow([csv_cell(v) for v in head + ["" if row.get(c) is None else row[c] for c in names]])
     return out.getvalue()
 
 
 def _cell(value) -> str:
     if value is None:
         return "–"
-    return f"{value:.3f}" if isinstance(value, float) else str(value).replace("|", "\\|")
+    return f"{value:.3f}" if isinstance(value, float) else md_text(value)
 
 
 def worst_inputs_markdown(results: list[dict]) -> list[str]:
@@ -79,12 +80,12 @@ def worst_inputs_markdown(results: list[dict]) -> list[str]:
         r = Result.from_dict(data)
         picked = worst(table, r.direction)
         names = columns(table)
-        lines += ["", f"### Worst inputs of `{r.test_id or 'programmatic'}` ({r.name})", "",
+        lines += ["", f"### Worst inputs of {md_text(r.test_id or 'programmatic')} ({md_text(r.name)})", "",
                   f"{len(picked)} of {len(table['index'])} inputs, worst first; every input is in results.json "
                   "(and per_input.csv with --robust-per-input csv)."]
         if data.get("gallery"):
             lines += ["", f"Pictures: `{gallery_file(position, data)}` (each input clean and under one draw of "
-                          f"{data['gallery']['perturbation']})."]
-        lines += ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+                          f"{md_text(data['gallery']['perturbation'])})."]
+        lines += ["", "| " + " | ".join(map(md_text, names)) + " |", "|" + "---|" * len(names)]
         lines += ["| " + " | ".join(_cell(row.get(c)) for c in names) + " |" for row in picked]
     return lines

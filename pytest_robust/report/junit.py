@@ -43,7 +43,8 @@ def familywise_property(family: dict) -> str:
 
 def metric_junit(results: list[dict], env: dict, familywise: dict | None = None) -> str:
     """The XML text: suites per model (``Result.model``), one case per check: a failure for a
-    check that failed or was inconclusive, an error for one that could not run, skipped for a
+    check that failed or was inconclusive, an error for one that could not run or was interrupted
+    (its type says which), skipped for a
     skipped test's checks and for expected failures (as pytest's own JUnit file does); a check
     that is not enforced passes, with its message as output. ``familywise`` (``familywise.holm_adjust``'s
     summary) becomes the suites' ``robust.familywise`` property."""
@@ -60,8 +61,8 @@ def metric_junit(results: list[dict], env: dict, familywise: dict | None = None)
                 case.stdout = f"not enforced (enforce=False): {r.message()}"
             elif r.status in ("fail", "inconclusive"):
                 case.add_failure_info(message=r.message(), failure_type=r.verdict)
-            elif r.status == "error":
-                case.add_error_info(message=r.message(), error_type="error")
+            elif r.status in ("error", "interrupted"):
+                case.add_error_info(message=r.message(), error_type=r.status)
             elif r.status == "xfail":
                 case.add_skipped_info(message=f"expected failure (xfail): {r.message()}")
             elif r.status == "skipped":

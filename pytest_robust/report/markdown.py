@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+from pytest_robust.report import store
+from pytest_robust.report.files import md_text
 from pytest_robust.report.inputs import worst_inputs_markdown
-from pytest_robust.results import STATUSES, Result
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+from pytest_robust.results import NOT_PASSED, STATUSES, Result
 
 
 def _pct(value) -> str:
@@ -34,14 +32,15 @@ def check_tables(parsed: list[Result]) -> list[str]:
     lines = []
     for r in parsed:
         for table in r.details.get("tables", []):
-            lines += ["", f"### {table['title']} of `{_cell(r.test_id)}`", "", table.get("text", ""), "",
-                      "| " + " | ".join(table["header"]) + " |", "|---|" + "---:|" * (len(table["header"]) - 1)]
+            lines += ["", f"### {md_text(table['title'])} of {md_text(r.test_id)}", "", md_text(table.get("text", "")),
+                      "", "| " + " | ".join(map(md_text, table["header"])) + " |",
+                      "|---|" + "---:|" * (len(table["header"]) - 1)]
             lines += ["| " + " | ".join(_shown(c) for c in row) + " |" for row in table["rows"]]
     return lines
 
 
 def _shown(cell) -> str:
-    return _pct(cell) if cell is None or isinstance(cell, float) else str(cell)
+    return _pct(cell) if cell is None or isinstance(cell, float) else md_text(cell)
 
 
 def _row(r: Result, icon: dict) -> str:
@@ -49,49 +48,57 @@ def _row(r: Result, icon: dict) -> str:
     space = r.details.get("space")
     estimate = "–" if r.estimate is None else f"{r.estimate:.4f}"
     threshold = "–" if r.threshold is None else f"{r.direction} {r.threshold:g}"
-    return (f"| {_cell(r.test_id)} | {r.name} | {_cell(r.perturbation)}{f' ({space})' if space else ''} | {estimate} | "
+    return (f"| {md_text(r.test_id)} | {md_text(r.name)} | {md_text(r.perturbation)}"
+            f"{f' ({md_text(space)})' if space else ''} | {estimate} | "
             f"{deciding_bound(r)} | {threshold} | {icon.get(r.status, r.status)} | "
             f"{r.forward_passes}/{r.budget} | {r.seconds:.1f} s |")
 
 
-def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | None = None) -> str:
-    """One row per check (check, metric, estimate, the bound that decided it, threshold, verdict,
+def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | None = None,
+                     baseline: dict | None = None) -> str:
+    """The counts of verdicts (and, with a ``comparison`` against ``baseline``, of regressions),
+    one row per check (check, metric, estimate, the bound that decided it, threshold, verdict,
     time), then the messages of checks that did not pass, the per-check tables (``details["tables"]``, worst
     inputs), the baseline comparison and the environment."""
     parsed = [Result.from_dict(r) for r in results]
     icon = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "estimate": "ℹ️ estimate",
-            "error": "💥 error", "skipped": "⏭️ skipped", "xfail": "➖ expected failure"}
+            "error": "💥 error", "skipped": "⏭️ skipped", "xfail": "➖ expected failure",
+            "interrupted": "⏹️ interrupted"}
     counts = {status: sum(r.status == status for r in parsed) for status in STATUSES}
     lines = [
         "## Robustness checks",
         "",
         f"{counts['pass']} passed, {counts['fail']} failed, {counts['inconclusive']} inconclusive, "
         f"{counts['estimate']} estimates, {counts['error']} errors, {counts['skipped']} skipped, "
-        f"{counts['xfail']} expected failures.",
+        f"{counts['xfail']} expected failures."
+        + (f" {counts['interrupted']} interrupted: the run was cancelled." if counts["interrupted"] else "")
+        + (f" Against {'the baseline' if baseline is None else 'baseline ' + md_text(baseline['name'])}: "
+           f"{md_text(store.counts(comparison))}." if comparison else ""),
         "",
         "| check | metric | perturbation | estimate | deciding bound | threshold | verdict | evaluations/budget | time |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(r, icon) for r in parsed]
-    failing = [r for r in parsed if r.status in ("fail", "inconclusive", "error", "xfail")]
+    failing = [r for r in parsed if r.status in NOT_PASSED]
     if failing:
         lines += ["", "### Checks that did not pass", ""]
         lines += [
-            f"- `{_cell(r.test_id)}`{' (expected failure)' if r.status == 'xfail' else ''}: {_cell(r.message())}"
+            f"- {md_text(r.test_id)}{' (expected failure)' if r.status == 'xfail' else ''}: {md_text(r.message())}"
             for r in failing
         ]
-    warned = [f"- `{_cell(r.test_id)}`: {_cell(w)}" for r in parsed for w in r.details.get("warnings", [])]
+    warned = [f"- {md_text(r.test_id)}: {md_text(w)}" for r in parsed for w in r.details.get("warnings", [])]
     if warned:
         lines += ["", "### Warnings", ""] + warned
     lines += check_tables(parsed)
     lines += worst_inputs_markdown(results)
     notes = sorted({r.note for r in parsed if r.note})
     if notes:
-        lines += ["", "### Notes", ""] + [f"- {_cell(n)}" for n in notes]
+        lines += ["", "### Notes", ""] + [f"- {md_text(n)}" for n in notes]
     if comparison:
         lines += ["", "### Against the baseline", "", "| check | baseline | now | change |", "|---|---|---|---|"]
         lines += [
-            f"| {_cell(c['key'])} | {c['baseline']} | {c['current']} | {c['status']} |" for c in comparison
+            f"| {md_text(c['key'])} | {md_text(c['baseline'])} | {md_text(c['current'])} | {md_text(c['status'])} |"
+            for c in comparison
         ]
     lines += [
         "",
@@ -100,7 +107,7 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
         "",
         "<details><summary>environment</summary>",
         "",
-        *[f"- {k}: {_cell(v)}" for k, v in env.items()],
+        *[f"- {md_text(k)}: {md_text(v)}" for k, v in env.items()],
         "",
         "</details>",
         "",

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import re
 import textwrap
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
+from pytest_robust.report.files import file_stem, replacing
 from pytest_robust.report.inputs import gallery_file, thumbnails
 
 #: Heatmap cells with fewer draws than this are greyed out: their 95% interval is wider than about
@@ -27,8 +30,16 @@ from pytest_robust.report.inputs import gallery_file, thumbnails
 MIN_CELL_DRAWS = 30
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120] or "check"
+def _save(fig, path: Path) -> Path:
+    """Write ``fig`` as a PNG at ``path``, whole or not at all (``files.replacing``), and close it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with replacing(path) as f:
+            fig.savefig(f, format="png")
+    finally:
+        plt.close(fig)
+    return path
 
 
 def _title(ax, text: str, width_inches: float) -> None:
@@ -64,9 +75,7 @@ def plot_curve(curve: dict, path: Path) -> Path:
     if len(curve["series"]) > 1:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_heatmap(heatmap: dict, path: Path) -> Path:
@@ -98,9 +107,7 @@ def plot_heatmap(heatmap: dict, path: Path) -> Path:
     ax.set(xlabel=heatmap.get("xlabel", ""))
     fig.colorbar(image, ax=ax, fraction=0.05)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 SIZE = re.compile(r"^(\w+)\((\w+)=([-+0-9.eE]+)(.*)\)$")
@@ -167,32 +174,32 @@ def plot_gallery(gallery: dict, title: str, path: Path) -> Path:
     fig.suptitle(textwrap.fill(f"{title}: worst inputs first; bottom row: one draw of {gallery['perturbation']}",
                                max(30, int(width * 11))), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
-def write_plots(results: list[dict], directory: Path) -> list[Path]:
-    """One PNG per curve and heatmap carried by a result, plus TSRM-against-size curves; returns
-    the paths."""
+def planned_plots(results: list[dict]) -> list[tuple[str, Callable[[Path], Path]]]:
+    """Every plot the results call for, as (file name, a function that renders it to a path): one
+    PNG per curve and heatmap carried by a result, the TSRM-against-size curves and the galleries.
+    RuntimeError when there are plots to draw and matplotlib is missing."""
     curves = [(r, name, c) for r in results for name, c in r.get("details", {}).get("curves", {}).items()]
     curves += [({"test_id": "summary"}, name, c) for name, c in accuracy_curves(results).items()]
     curves += [(r, name, h) for r in results for name, h in r.get("details", {}).get("heatmaps", {}).items()]
-    galleries = [(i, r) for i, r in enumerate(results) if r.get("gallery")]
-    if not curves and not galleries:
-        return []
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise RuntimeError("plots need matplotlib: pip install 'pytest-robust[plots]'") from None
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
+    plans = []
     for i, (result, name, curve) in enumerate(curves):
         test = (result.get("test_id") or "programmatic").rsplit("/", 1)[-1]
-        stem = _slug("-".join(p for p in (test, result.get("model", ""), name) if p))
-        draw = plot_heatmap if "values" in curve else plot_curve
-        written.append(draw(curve, directory / f"{i:02d}-{stem}.png"))
-    for position, result in galleries:
+        stem = file_stem("-".join(p for p in (test, result.get("model", ""), name) if p))
+        plans.append((f"{i:02d}-{stem}.png", partial(plot_heatmap if "values" in curve else plot_curve, curve)))
+    for position, result in ((i, r) for i, r in enumerate(results) if r.get("gallery")):
         title = f"{(result.get('test_id') or 'programmatic').rsplit('/', 1)[-1]} ({result.get('metric')})"
-        written.append(plot_gallery(result["gallery"], title, directory / gallery_file(position, result)))
-    return written
+        plans.append((gallery_file(position, result), partial(plot_gallery, result["gallery"], title)))
+    if plans:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise RuntimeError("plots need matplotlib: pip install 'pytest-robust[plots]'") from None
+    return plans
+
+
+def write_plots(results: list[dict], directory: Path) -> list[Path]:
+    """Render every plot of ``planned_plots`` into ``directory``; returns the paths."""
+    return [render(directory / name) for name, render in planned_plots(results)]

@@ -2,8 +2,8 @@
 
 Baselines live in ``<directory>/<key>/<name>.json`` (key: architecture, torch version and
 accelerators, see ``environment.baseline_key``; not the host, so a CI runner finds the previous
-run's baseline), with the commit and time. A check is matched by its test, metric, perturbation
-and precision.
+run's baseline), with the commit, the time and the ``FORMAT`` of their layout. A check is matched
+by its test, metric, perturbation and precision.
 
 The comparison is not a difference of two noisy estimates. Each check carries one-sided bounds
 that each hold with probability >= its confidence. A check is flagged **regressed** when the
@@ -15,9 +15,9 @@ could have seen a change of ``TOLERANCE`` (in the check's units): the smallest c
 bounds can detect is the distance the estimates must move apart for the bounds to stop
 overlapping, (base estimate - base lower) + (current upper - current estimate) for an accuracy
 (mirrored for a loss). Wider than that, the status says so and names the smallest detectable
-change: a gate that stopped early leaves wide bounds, which cannot tell a 1-point change. The
-paired gate against a reference model (``reference=``, ``procedures.paired``) is the tool for
-small changes.
+change: a gate that stopped early leaves wide bounds, which cannot tell a 1-point change. Identical
+numbers (a rerun on the same machine) are "unchanged" whatever their width. The paired gate
+against a reference model (``reference=``, ``procedures.paired``) is the tool for small changes.
 """
 
 from __future__ import annotations
@@ -27,43 +27,98 @@ import time
 from pathlib import Path
 
 from pytest_robust.report.environment import baseline_key
+from pytest_robust.report.files import write_atomic
 from pytest_robust.report.inputs import without_pixels
 from pytest_robust.results import NO_IDENTITY, Result
 
+#: The layout of baselines and results.json (their "format" field). A baseline of another format is
+#: skipped with its format named; one without the field predates it and has this layout.
+FORMAT = 1
+
+
+class BaselineError(LookupError):
+    """A baseline that cannot be used: none saved, no such name, unreadable, or of another format."""
+
 
 def save(directory: Path, name: str, results: list[dict], env: dict) -> Path:
+    """Write the baseline ``name`` of this machine (``environment.baseline_key``), whole or not at
+    all: two runs saving it at once leave one of them (``files.write_atomic``)."""
     path = directory / baseline_key(env) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"name": name, "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": env.get("commit", ""),
-               "environment": env, "results": [without_pixels(r) for r in results]}
-    path.write_text(json.dumps(payload, indent=2, default=str))
+    payload = {"format": FORMAT, "name": name, "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "commit": env.get("commit", ""), "environment": env, "results": [without_pixels(r) for r in results]}
+    return write_atomic(path, json.dumps(payload, indent=2, default=str))
+
+
+def previous_files(results_json: Path) -> tuple[list[str], str]:
+    """The files a previous run wrote in a report directory, as its results.json lists them
+    ("files"; only plain names, nothing outside the directory), and "" or a note on why none are
+    known: a results.json of another ``FORMAT`` is skipped with its format named."""
+    try:
+        payload = json.loads(results_json.read_text())
+    except FileNotFoundError:
+        return [], ""
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return [], f"the previous {results_json} cannot be read ({type(err).__name__}), so its other files were kept"
+    if not isinstance(payload, dict):
+        return [], f"the previous {results_json} is not a results file, so its other files were kept"
+    version = payload.get("format", FORMAT)
+    if version != FORMAT:
+        return [], (f"the previous {results_json} is of format {version!r} (another version of pytest-robust; this "
+                    f"one writes format {FORMAT}): skipped, so the files it lists were kept")
+    listed = payload.get("files", [])
+    return [n for n in listed if isinstance(n, str) and n and Path(n).name == n and n not in (".", "..")], ""
+
+
+def stored(directory: Path, env: dict) -> list[Path]:
+    """The baselines saved for this machine, oldest first."""
+    folder = directory / baseline_key(env)
+    return sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+
+
+def find(directory: Path, name: str | None, env: dict) -> Path:
+    """The file of the named baseline of this machine, or of its newest when ``name`` is None or
+    empty; ``BaselineError`` naming the stored baselines when there is none."""
+    saved = stored(directory, env)
+    if not saved:
+        raise BaselineError(
+            f"no baseline saved for this machine ({baseline_key(env)}) in {directory}: "
+            "run once with --robust-save NAME first"
+        )
+    path = saved[-1].parent / f"{name}.json" if name else saved[-1]
+    if not path.is_file():
+        raise BaselineError(f"no baseline named {name!r} for this machine in {path.parent}; saved: "
+                            + ", ".join(p.stem for p in saved) + " (check the name, or save it with --robust-save NAME)")
     return path
 
 
 def load(directory: Path, name: str | None, env: dict) -> dict:
-    """The named baseline of this machine, or its newest when ``name`` is None or empty."""
-    folder = directory / baseline_key(env)
-    saved = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
-    if not saved:
-        raise FileNotFoundError(
-            f"no baseline saved for this machine ({baseline_key(env)}) in {directory}: "
-            "run once with --robust-save NAME first"
-        )
-    path = folder / f"{name}.json" if name else saved[-1]
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no baseline named {name!r} for this machine in {folder}; saved: "
-            + ", ".join(p.stem for p in saved)
-        )
+    """The named baseline of this machine, or its newest when ``name`` is None or empty (``find``);
+    ``BaselineError`` when it cannot be read, is not a baseline, or is of another ``FORMAT``."""
+    path = find(directory, name, env)
+    fix = "delete it or save a new one with --robust-save NAME"
     try:
         baseline = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise FileNotFoundError(f"baseline {path} cannot be read ({type(err).__name__}: {err}); delete it or "
-                                "save a new one with --robust-save NAME") from None
+        raise BaselineError(f"baseline {path} cannot be read ({type(err).__name__}: {err}); {fix}") from None
     if not (isinstance(baseline, dict) and {"name", "saved", "commit", "results"} <= set(baseline)):
-        raise FileNotFoundError(f"baseline {path} is not a saved baseline (name, saved, commit and results "
-                                "expected); delete it or save a new one with --robust-save NAME")
+        raise BaselineError(f"baseline {path} is not a saved baseline (name, saved, commit and results "
+                            f"expected); {fix}")
+    version = baseline.get("format", FORMAT)
+    if version != FORMAT:
+        written_by = (baseline.get("environment") or {}).get("pytest_robust", "another version")
+        raise BaselineError(f"baseline {path} is of format {version!r} (written by pytest-robust {written_by}); "
+                            f"this version reads format {FORMAT}: skipped; {fix}")
+    try:
+        keys(baseline["results"])
+    except (TypeError, AttributeError) as err:
+        raise BaselineError(f"baseline {path} holds results this version cannot read ({err}); {fix}") from None
     return baseline
+
+
+def keys(results: list[dict]) -> list[str]:
+    """Each result's key in a comparison, in order: test, metric, perturbation and (unless
+    float32) precision, with "#2", "#3"... for repeats."""
+    return list(_keyed(results))
 
 
 def _keyed(results: list[dict]) -> dict[str, Result]:
@@ -93,6 +148,8 @@ def detectable(base: Result, now: Result) -> float:
 def _status(base: Result, now: Result) -> str:
     if base.estimate is None or now.estimate is None:
         return "not comparable (a run has no numbers)"
+    if (base.estimate, base.lower, base.upper) == (now.estimate, now.lower, now.upper):
+        return "unchanged"  # identical numbers, however wide their bounds
     worse, better = (now.upper < base.lower, now.lower > base.upper)
     if base.direction == "<=":
         worse, better = better, worse
@@ -115,12 +172,36 @@ def _shown(r: Result | None) -> str:
 UNMATCHABLE = "not matched (its perturbation has no stable identity: give its class a __repr__)"
 
 
+def numbers(r: Result | None) -> dict | None:
+    """A check's figures as results.json records a baseline's: estimate, bounds, confidence,
+    verdict, draws and evaluations (None: not in that run)."""
+    if r is None:
+        return None
+    return {"estimate": r.estimate, "lower": r.lower, "upper": r.upper, "confidence": r.confidence,
+            "verdict": r.verdict, "draws": r.draws, "forward_passes": r.forward_passes}
+
+
 def compare(baseline: list[dict], current: list[dict]) -> list[dict]:
-    """One row per check present in either run: key, baseline, current, status."""
+    """One row per check present in either run: key, baseline and current (shown as text), status,
+    and ``baseline_numbers`` (``numbers``)."""
     old, new = _keyed(baseline), _keyed(current)
     rows = []
     for key in list(old) + [k for k in new if k not in old]:
         a, b = old.get(key), new.get(key)
         status = UNMATCHABLE if NO_IDENTITY in key else "new" if a is None else "missing" if b is None else _status(a, b)
-        rows.append({"key": key, "baseline": _shown(a), "current": _shown(b), "status": status})
+        rows.append({"key": key, "baseline": _shown(a), "current": _shown(b), "status": status,
+                     "baseline_numbers": numbers(a)})
     return rows
+
+
+def counts(comparison: list[dict]) -> str:
+    """The comparison in one line: "1 regressed, 0 improved, 2 unchanged", then "cannot tell",
+    "new", "missing", "not matched" and "not comparable" when there are any."""
+    def count(status: str) -> int:
+        return sum(c["status"].startswith(status) for c in comparison)
+
+    always = [f"{count(s)} {s}" for s in ("regressed", "improved", "unchanged")]
+    more = [f"{count(s)} {s}{what}" for s, what in (("cannot tell", " (bounds too wide to see a small change)"),
+                                                    ("new", ""), ("missing", ""), ("not matched", ""),
+                                                    ("not comparable", "")) if count(s)]
+    return ", ".join(always + more)

@@ -11,7 +11,7 @@ shown. The full numbers stay in the reports (results.json, summary.md, the JUnit
 
 from __future__ import annotations
 
-from pytest_robust.results import Result, percent
+from pytest_robust.results import NOT_PASSED, Result, percent
 
 COLUMNS = (
     "test", "metric", "perturbation", "estimate", "bounds", "threshold", "evaluations/budget",
@@ -133,7 +133,7 @@ def summary_lines(results: list[dict], width: int = 10**6) -> list[str]:
     message of every check that did not pass and any warnings."""
     parsed = [Result.from_dict(d) for d in results]
     lines = _fit([COLUMNS] + [_row(r) for r in parsed], width)
-    notes = [f"{r.test_id}: {r.message()}" for r in parsed if r.status in ("fail", "inconclusive", "error", "xfail")]
+    notes = [f"{r.test_id}: {r.message()}" for r in parsed if r.status in NOT_PASSED]
     if notes:
         lines += ["", "checks that did not pass:"] + notes
     warned = [f"{r.test_id}: {w}" for r in parsed for w in r.details.get("warnings", [])]

@@ -7,8 +7,10 @@ Pure Python: the library raises ``errors.SettingError`` (a RobustError and a Val
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from pytest_robust.errors import SettingError
 
@@ -93,10 +95,12 @@ def path(key: str, value) -> str:
 
 
 def directory_path(key: str, value) -> str:
-    """A directory to write into: it may not exist yet, but must not be a file, nor lie under one."""
-    from pathlib import Path
-
+    """A directory to write into: it may not exist yet, but must not be a file, nor lie under one, nor
+    be (or lie under) a symbolic link that points nowhere."""
     where = Path(path(key, value))
+    problem = dangling_link(where)
+    if problem:
+        raise SettingError(key, value, f"a directory path ({problem})")
     for p in (where, *where.parents):
         if p.exists() and not p.is_dir():
             raise SettingError(key, value, f"a directory path ({p} exists and is a file)")
@@ -114,10 +118,18 @@ def file_path(key: str, value) -> str:
     return value
 
 
+#: Longest baseline name: it becomes a file name (``<name>.json``), well within the 255 bytes file
+#: systems allow.
+MAX_BASELINE_NAME = 128
+
+
 def baseline_name(key: str, value) -> str:
-    """A baseline's name becomes a file name: letters, digits, '_', '-' and '.', not '.' or '..'."""
-    if not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value)) or set(value) == {"."}:
-        raise SettingError(key, value, "a baseline name of letters, digits, '_', '-' or '.' (no path separators or '..')")
+    """A baseline's name becomes a file name: at most ``MAX_BASELINE_NAME`` letters, digits, '_', '-'
+    and '.', not '.' or '..'."""
+    if (not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value)) or set(value) == {"."}
+            or len(value) > MAX_BASELINE_NAME):
+        raise SettingError(key, value, f"a baseline name of at most {MAX_BASELINE_NAME} letters, digits, '_', '-' "
+                           "or '.' (no path separators or '..')")
     return value
 
 
@@ -312,3 +324,13 @@ def logits_selector(key: str, value):
         text = value.strip()
         return int(text) if text.lstrip("-").isdigit() else text
     raise SettingError(key, value, "a key or attribute name (str), an index (int) or a callable output -> logits")
+
+
+def dangling_link(directory: Path) -> str | None:
+    """What is wrong when ``directory`` or a parent is a symbolic link that points nowhere (with
+    the fix), else None: ``os.makedirs`` would say only "File exists"."""
+    for p in (directory, *directory.parents):
+        if p.is_symlink() and not p.exists():
+            return (f"{p} is a symbolic link to {os.readlink(p)}, which does not exist: create the directory it "
+                    f"points to, or remove the link (rm {p}) to let pytest-robust create a directory there")
+    return None
