@@ -30,7 +30,7 @@ def cause(interrupt: BaseException) -> str:
     return "SIGTERM" if isinstance(interrupt, Terminated) else "Ctrl-C (SIGINT)"
 
 
-def _terminate(signum, frame) -> None:
+def _terminate(_signum, _frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     raise Terminated("SIGTERM: the run was cancelled; reports are written for the checks that finished")
 

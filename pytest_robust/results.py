@@ -220,3 +220,40 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
+
+
+#: The reserved keys of ``Result.details``: what every check's run writes (the first group) and
+#: what the reports read when a check provides it (the second). A check's own keys must differ.
+RESERVED_DETAILS = {
+    "title": "the check's display name (its declaration's title)",
+    "budget_unit": 'always "model evaluations"',
+    "evaluations": "model evaluations spent, by phase (summed over ranks)",
+    "evaluations_per_rank": "model evaluations of each torch.distributed rank",
+    "backward_passes": "evaluations that also ran a backward pass",
+    "batch_size": "the batch size at the end (halved on out-of-memory)",
+    "oom_halvings": "how often an out-of-memory error halved the batch",
+    "dtype": "the working dtype of inputs, perturbations and statistics",
+    "dtype_note": "how the data was converted to the working dtype, when it was",
+    "tie_rate": "share of evaluated rows whose two largest logits were equal (counted as errors)",
+    "execution": "precision, channels-last, compile and deterministic settings the model ran with",
+    "model_interface": "the normalize= and logits= settings",
+    "space": "the units of the data, perturbations and sizes",
+    "model_was_training": "whether the model was in training mode before the check (it runs in eval mode)",
+    "certificate_warning": "why a certificate computed in reduced precision is only an estimate",
+    "warnings": "the RobustWarnings issued while the check ran, in order",
+    "procedure": 'the procedure that produced the numbers ("bernoulli": the Bernoulli stream)',
+    "per_input": "the per-input table {index, outcome, estimate, ...}: CSV, worst inputs, gallery",
+    "curves": "{name: {title, xlabel, ylabel, x, series, intervals, counts}}: one PNG each",
+    "heatmaps": "{name: {title, rows, columns, values, counts}}: one PNG each",
+    "tables": "[{title, text, header, rows}]: tables in summary.md",
+    "inconclusive_reason": "why an inconclusive check is undecided and what to change",
+    "error": "the message of a check that could not run",
+    "p_values": "{fail, pass}: the p-value of each claim from the check's own test (family-wise adjustment)",
+    "familywise": "the family-wise adjustment of the session (--robust-familywise) as it applied to this check",
+    "enforced": "False for a fixture call with enforce=False (reported, not gating its test)",
+    "paired": "the paired form against a reference model: both estimates, discordant counts, margin, test",
+    "clean_accuracy": "accuracy on the unperturbed inputs: a check's own, or the run's (``Run.clean_accuracy``) "
+                      "beside a low or failed accuracy",
+    "clean_accuracy_advice": "what a clean accuracy near chance suggests (inputs the model does not expect)",
+    "clean_accuracy_note": "why the clean accuracy beside a low accuracy was not computed (the budget)",
+}

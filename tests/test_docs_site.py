@@ -77,8 +77,8 @@ def test_the_package_ships_license_types_and_urls():
 
 
 def test_extending_lists_every_reserved_details_key():
-    """The extending page's table of reserved ``details`` keys cannot drift from ``run.RESERVED_DETAILS``."""
-    from pytest_robust.engine.run import RESERVED_DETAILS
+    """The extending page's table of reserved ``details`` keys cannot drift from ``results.RESERVED_DETAILS``."""
+    from pytest_robust.results import RESERVED_DETAILS
 
     page = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
     assert all(f"| `{key}` | {doc} |" in page for key, doc in RESERVED_DETAILS.items())

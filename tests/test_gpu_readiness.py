@@ -30,7 +30,7 @@ from pytest_robust import (
     tsrm,
 )
 from pytest_robust.engine import collective
-from pytest_robust.engine.device import _check_model_device, resolve_device
+from pytest_robust.engine.device import check_model_device, resolve_device
 from pytest_robust.engine.forward import Forward
 from pytest_robust.engine.host_syncs import count_host_syncs
 from pytest_robust.launch import exit_code
@@ -189,7 +189,7 @@ def test_cuda_means_the_model_s_gpu_or_an_error_naming_both(monkeypatch):
     assert resolve_device("cuda", _OnGpu()) == torch.device("cuda", 1)
     assert resolve_device("cuda", SmallNet()) == torch.device("cuda", 0)
     with pytest.raises(Exception, match=r"parameters are on cuda:1 but the check runs on cuda:0"):
-        _check_model_device(_OnGpu(), torch.device("cuda", 0))
+        check_model_device(_OnGpu(), torch.device("cuda", 0))
 
 
 def test_a_lazy_cache_built_without_gradients_serves_a_later_gradient_pass():

@@ -17,8 +17,8 @@ from toy_models import SmallNet, image_data
 from pytest_robust import ArgumentError, UniformLinf, adversarial_accuracy, intermediate_q, tsrm
 from pytest_robust.engine.run import Run
 from pytest_robust.procedures.bernoulli import bernoulli_stream
-from pytest_robust.procedures.paired import PairedGate, confidence_sequence
 from pytest_robust.stats import confidence_sequence as bernoulli_sequence
+from pytest_robust.stats.paired import PairedGate, confidence_sequence
 
 DIGITS = Path(__file__).parents[1] / "examples" / "digits"
 sys.path.insert(0, str(DIGITS))

@@ -23,10 +23,6 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
     exists is an error, never a silent fallback.
     """
     if spec is None:
-        if model is not None:
-            from pytest_robust.engine.inspect.model import check_model
-
-            check_model(model)
         param = next(iter(model.parameters()), None) if model is not None else None
         if param is not None and param.device.type == "meta":
             raise RobustModelError("the model's parameters are on the meta device: load its weights first")
@@ -61,7 +57,7 @@ def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def _check_model_device(model: torch.nn.Module, device: torch.device) -> None:
+def check_model_device(model: torch.nn.Module, device: torch.device) -> None:
     param = next(iter(model.parameters()), None)
     if param is None:
         return

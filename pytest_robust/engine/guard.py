@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from pytest_robust.engine.device import _check_model_device
+from pytest_robust.engine.device import check_model_device
 from pytest_robust.errors import (
     RobustModelError,
     RobustWarning,
@@ -33,10 +33,7 @@ def guarded(model: torch.nn.Module, device: torch.device):
     training mode: they are evaluated in eval mode, with a RobustWarning). Raises RobustModelError if the forward passes
     modified parameters or buffers in place.
     """
-    from pytest_robust.engine.inspect.model import check_model
-
-    check_model(model)
-    _check_model_device(model, device)
+    check_model_device(model, device)
     modes = [(m, m.training) for m in model.modules()]
     flags = [(p, p.requires_grad) for p in model.parameters()]
     tensors = list(model.named_parameters()) + list(model.named_buffers())

@@ -130,7 +130,7 @@ class _HostReads(TorchFunctionMode):
             return self.on_device(args[1] if len(args) > 1 else kwargs.get("repeats"))
         return getattr(func, "__name__", "") in HOST_READS and bool(args) and self.on_device(args[0])
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, _types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if self.active and self.synchronises(func, args, kwargs):

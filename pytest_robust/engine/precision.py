@@ -33,7 +33,7 @@ import torch
 from pytest_robust.settings import validation
 
 #: Accepted values of the precision setting.
-PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")
+
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Execution:
     deterministic: bool = False
 
     def __post_init__(self):  # validated and converted here: SettingError names the key
-        validation.choice(*PRECISION_CHOICES)("precision", self.precision)
+        validation.choice(*validation.PRECISION_CHOICES)("precision", self.precision)
         for name in ("channels_last", "compile", "deterministic"):
             object.__setattr__(self, name, validation.boolean(name, getattr(self, name)))
 
@@ -113,10 +113,6 @@ def compiled(model: torch.nn.Module, on: bool):
     return torch.compile(model, dynamic=True) if on else model
 
 
-#: ``precision`` settings: the autocast dtype each runs the model under (None: no autocast).
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The dtype ``precision`` runs the model under on ``device`` (None: the model's own dtype).
 
@@ -126,7 +122,8 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision == "auto":
         cuda = device.type == "cuda" and torch.cuda.is_available()
         return torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else None
-    return PRECISIONS[precision]
+    dtype = validation.PRECISIONS[precision]
+    return None if dtype is None else getattr(torch, dtype)
 
 
 def at_least_float32(dtype: torch.dtype) -> torch.dtype:

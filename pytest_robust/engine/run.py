@@ -75,43 +75,6 @@ from pytest_robust.report.per_input import check_table
 from pytest_robust.results import LOW_ACCURACY, Result, decide
 from pytest_robust.settings.validation import check_run_args
 
-#: The reserved keys of ``Result.details``: what every check's run writes (the first group) and
-#: what the reports read when a check provides it (the second). A check's own keys must differ.
-RESERVED_DETAILS = {
-    "title": "the check's display name (its declaration's title)",
-    "budget_unit": 'always "model evaluations"',
-    "evaluations": "model evaluations spent, by phase (summed over ranks)",
-    "evaluations_per_rank": "model evaluations of each torch.distributed rank",
-    "backward_passes": "evaluations that also ran a backward pass",
-    "batch_size": "the batch size at the end (halved on out-of-memory)",
-    "oom_halvings": "how often an out-of-memory error halved the batch",
-    "dtype": "the working dtype of inputs, perturbations and statistics",
-    "dtype_note": "how the data was converted to the working dtype, when it was",
-    "tie_rate": "share of evaluated rows whose two largest logits were equal (counted as errors)",
-    "execution": "precision, channels-last, compile and deterministic settings the model ran with",
-    "model_interface": "the normalize= and logits= settings",
-    "space": "the units of the data, perturbations and sizes",
-    "model_was_training": "whether the model was in training mode before the check (it runs in eval mode)",
-    "certificate_warning": "why a certificate computed in reduced precision is only an estimate",
-    "warnings": "the RobustWarnings issued while the check ran, in order",
-    "procedure": 'the procedure that produced the numbers ("bernoulli": the Bernoulli stream)',
-    "per_input": "the per-input table {index, outcome, estimate, ...}: CSV, worst inputs, gallery",
-    "curves": "{name: {title, xlabel, ylabel, x, series, intervals, counts}}: one PNG each",
-    "heatmaps": "{name: {title, rows, columns, values, counts}}: one PNG each",
-    "tables": "[{title, text, header, rows}]: tables in summary.md",
-    "inconclusive_reason": "why an inconclusive check is undecided and what to change",
-    "error": "the message of a check that could not run",
-    "p_values": "{fail, pass}: the p-value of each claim from the check's own test (family-wise adjustment)",
-    "familywise": "the family-wise adjustment of the session (--robust-familywise) as it applied to this check",
-    "enforced": "False for a fixture call with enforce=False (reported, not gating its test)",
-    "paired": "the paired form against a reference model: both estimates, discordant counts, margin, test",
-    "clean_accuracy": "accuracy on the unperturbed inputs: a check's own, or the run's (``Run.clean_accuracy``) "
-                      "beside a low or failed accuracy",
-    "clean_accuracy_advice": "what a clean accuracy near chance suggests (inputs the model does not expect)",
-    "clean_accuracy_note": "why the clean accuracy beside a low accuracy was not computed (the budget)",
-}
-
-
 #: Share of evaluated rows with tied top logits above which a check warns (ties count as errors).
 TIE_WARNING = 1e-3
 
@@ -179,6 +142,7 @@ class Run:
         self._stack = contextlib.ExitStack()
         self.info: dict = {}
         self._clean: float | None = None
+        self._closed = False
 
     # -- the guarded model ----------------------------------------------------------------------
 
@@ -190,6 +154,7 @@ class Run:
         return self
 
     def __exit__(self, *exc) -> bool:
+        self._closed = True
         return self._stack.__exit__(*exc)
 
     @property
@@ -302,18 +267,25 @@ class Run:
     # -- the result -------------------------------------------------------------------------------
 
     def spent(self) -> dict:
-        """Model evaluations by phase, summed over ranks."""
-        phases = sorted({p for ranks in collective.gather_objects(sorted(self.forward.by_phase)) for p in ranks})
-        return {phase: collective.sum_int(self.forward.by_phase.get(phase, 0)) for phase in phases}
+        """Model evaluations by phase, summed over ranks (one collective call)."""
+        return self._accounts()["evaluations"]
 
-    def per_rank(self) -> list[int]:
-        """Model evaluations of each rank (one entry with one process)."""
-        return collective.gather_objects(self.forward.passes)
+    def _accounts(self) -> dict:
+        """This run's accounting, combined over ranks in one collective call: evaluations by
+        phase, each rank's evaluations, backward passes, tied top logits and the smallest batch
+        size (an out-of-memory halving on one rank halves every rank's)."""
+        f = self.forward
+        ranks = collective.gather_objects({"by_phase": dict(f.by_phase), "passes": f.passes,
+                                           "backward": f.backward_passes, "ties": int(f.ties),
+                                           "batch_size": f.batch_size})
+        phases = sorted({p for r in ranks for p in r["by_phase"]})
+        return {"evaluations": {p: sum(r["by_phase"].get(p, 0) for r in ranks) for p in phases},
+                "per_rank": [r["passes"] for r in ranks], "backward": sum(r["backward"] for r in ranks),
+                "ties": sum(r["ties"] for r in ranks), "batch_size": min(r["batch_size"] for r in ranks)}
 
-    def _tie_rate(self, evaluated: int) -> float:
+    def _tie_rate(self, ties: int, evaluated: int) -> float:
         """Share of evaluated rows whose two largest logits were equal (counted as errors); a
         RobustWarning above ``TIE_WARNING``."""
-        ties = collective.sum_int(int(self.forward.ties))
         rate = ties / evaluated if evaluated else 0.0
         if rate > TIE_WARNING:
             why = ("low precision makes ties common: run the model in float32 (--robust-precision fp32, "
@@ -333,7 +305,11 @@ class Run:
         """The check's ``Result``: verdict by ``results.decide`` (or "estimate" without a
         threshold), spending and common facts filled in. With a per-input table in ``details``,
         ``gallery`` (when not given) shows its worst inputs perturbed by ``example`` (default: the
-        run's perturbation)."""
+        run's perturbation). Called inside the ``with Run(...)`` block: the model's state is
+        restored when the block closes, so a result after it is refused."""
+        if self._closed:
+            raise RuntimeError(f"{self.metric}: Run.result() after the run closed: return run.result(...) inside "
+                               "the `with Run(...) as run:` block")
         threshold = self.args.threshold
         verdict = decide(threshold, lower, upper, self.direction, healthy)
         details = dict(details or {})
@@ -345,8 +321,10 @@ class Run:
             except ValueError as err:
                 raise ArgumentError(f"metric {self.metric}: {err}") from None
             gallery = gallery or worst_gallery(table, self.direction, example or self.perturbation, self.ds, self.seed)
-        evaluations = self.spent()
+        accounts = self._accounts()
+        evaluations = accounts["evaluations"]
         evaluated = sum(evaluations.values())
+        self.forward.batch_size = accounts["batch_size"]
         return Result(
             metric=self.metric,
             estimate=float(estimate),
@@ -373,12 +351,12 @@ class Run:
                 "title": self.title,
                 "budget_unit": "model evaluations",
                 "evaluations": evaluations,
-                "evaluations_per_rank": self.per_rank(),
-                "backward_passes": collective.sum_int(self.forward.backward_passes),
-                "batch_size": self.agreed_batch_size(),
+                "evaluations_per_rank": accounts["per_rank"],
+                "backward_passes": accounts["backward"],
+                "batch_size": accounts["batch_size"],
                 "oom_halvings": self.forward.halvings,
                 "dtype": str(self.dtype).removeprefix("torch."),
-                "tie_rate": self._tie_rate(evaluated),
+                "tie_rate": self._tie_rate(accounts["ties"], evaluated),
                 "execution": {**self.execution.__dict__, "precision_ran": self.precision},
                 "model_interface": self.interface.describe(),
                 "space": self.interface.space(),

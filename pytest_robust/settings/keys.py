@@ -105,7 +105,7 @@ KEYS = (
         "ignore cached fitted artefacts and fit again", flag=True),
     Key("profile", validation.name,
         "profile of YAML suites (robust_*.yaml) to run, e.g. smoke, ci or nightly; scales budgets"),
-    Key("precision", validation.choice("auto", "fp32", "bf16", "fp16"),
+    Key("precision", validation.choice(*validation.PRECISION_CHOICES),
         "precision the model runs in: fp32 (its own dtype), bf16 or fp16 (torch.autocast), auto (bf16 on "
         "CUDA devices that support it, else fp32); perturbations and statistics stay in float32"),
     Key("channels_last", validation.boolean,

@@ -14,6 +14,10 @@ from pathlib import Path
 
 from pytest_robust.errors import SettingError
 
+#: The ``precision`` settings: the dtype each runs the model under with autocast (None: the model's
+#: own dtype, no autocast), and "auto" (bf16 on a CUDA device that supports it, else fp32).
+PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+PRECISION_CHOICES = ("auto", *PRECISIONS)
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 

@@ -6,6 +6,7 @@
   sequence they give (``confidence_sequence``);
 - ``group_sequential``: looks at growing samples, alpha spending over them, and the two-stage
   Student-t bounds of a mean over sampled units (the q check's gate);
+- ``paired``: betting tests and the confidence sequence of a paired difference (the paired gate);
 - ``familywise``: Holm's step-down over a family of checks' p-values (``--robust-familywise``).
 
 Every gate also gives the p-values of its two claims (pass, fail), each <= alpha exactly when the

@@ -50,9 +50,8 @@ from pytest_robust.engine.data import TensorData
 from pytest_robust.engine.device import upload
 from pytest_robust.engine.run import Run
 from pytest_robust.engine.streams import host_rng, stream_generator
-from pytest_robust.errors import ArgumentError, RobustWarning, SettingError
+from pytest_robust.errors import ArgumentError, RobustWarning
 from pytest_robust.perturbations.base import Perturbation
-from pytest_robust.settings import validation
 
 #: At most this many points of the fit loss curve are kept (averaged over windows of steps).
 CURVE_POINTS = 200
@@ -81,23 +80,6 @@ class FitSettings:
         return start * (end / start) ** (step / max(self.steps - 1, 1))
 
 
-def fit_settings(steps, batch_size, draws, lr, temperature, clip_norm, kappa) -> FitSettings:
-    accepted = "a pair (start, end) of numbers > 0"
-    if not (isinstance(temperature, (tuple, list)) and len(temperature) == 2):
-        raise SettingError("fit_temperature", temperature, accepted)
-    try:
-        start, end = (validation.positive_float("fit_temperature", t) for t in temperature)
-    except SettingError:
-        raise SettingError("fit_temperature", temperature, accepted) from None
-    return FitSettings(
-        steps=validation.positive_int("fit_steps", steps),
-        batch_size=validation.positive_int("fit_batch_size", batch_size),
-        draws=validation.positive_int("fit_draws", draws),
-        lr=validation.positive_float("fit_lr", lr),
-        temperature=(start, end),
-        clip_norm=validation.positive_float("fit_clip_norm", clip_norm),
-        kappa=validation.non_negative_float("kappa", kappa),
-    )
 
 
 def mixture_config(options: dict, eval_ds: TensorData, fit_logits, fit_features) -> GMMConfig:

@@ -44,10 +44,6 @@ from torch import nn
 
 from pytest_robust.perturbations.base import feasible_box
 
-DEPENDENCIES = ("independent", "label", "input", "joint")
-COVARIANCES = ("full", "diagonal")
-NORMS = ("linf", "l2")
-
 #: Added to softplus of the Cholesky diagonal: keeps every covariance positive definite.
 MIN_SCALE = 1e-4
 #: Width of the label embedding and of the feature trunk (as in the reference implementation).

@@ -53,21 +53,21 @@ def q_curve(model: torch.nn.Module, data, *, perturbation, qs=(1, 10, 100, 1000)
         every = list(range(len(plan.blocks)))
         estimates = [estimate(plan.config, q, draw(plan, q, every)) for q in qs]
         adversarial = run_pgd(plan, every)
-    q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
-    q_inf = float((adversarial if adversarial is not None else np.max([e.max_visited for e in estimates], axis=0)).mean())
-    table = [_curve_row(est, plan.n_total, run.args.confidence) for est in estimates]
-    last = table[-1]
-    return run.result(
-        estimate=last["estimate"], lower=last["lower"], upper=last["upper"], draws=sum(e.draws for e in estimates),
-        n_inputs=len(plan.index), perturbation=repr(plan.perturbation), 
-        note=_curve_note(plan, estimates, table, q_inf, q_inf_name),
-        details={
-            "qs": qs, "table": table, "q_infinity": q_inf, "q_infinity_method": q_inf_name,
-            "method": describe(plan.config), "loss": repr(plan.loss), "inputs_total": plan.n_total,
-            "input_index": plan.index.tolist(), "evaluations_per_input": cost["per_input"],
-            "curves": {"q_curve": _curve(plan, estimates, table, q_inf, q_inf_name)},
-        },
-    )
+        q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
+        q_inf = float((adversarial if adversarial is not None else np.max([e.max_visited for e in estimates], axis=0)).mean())
+        table = [_curve_row(est, plan.n_total, run.args.confidence) for est in estimates]
+        last = table[-1]
+        return run.result(
+            estimate=last["estimate"], lower=last["lower"], upper=last["upper"], draws=sum(e.draws for e in estimates),
+            n_inputs=len(plan.index), perturbation=repr(plan.perturbation), 
+            note=_curve_note(plan, estimates, table, q_inf, q_inf_name),
+            details={
+                "qs": qs, "table": table, "q_infinity": q_inf, "q_infinity_method": q_inf_name,
+                "method": describe(plan.config), "loss": repr(plan.loss), "inputs_total": plan.n_total,
+                "input_index": plan.index.tolist(), "evaluations_per_input": cost["per_input"],
+                "curves": {"q_curve": _curve(plan, estimates, table, q_inf, q_inf_name)},
+            },
+        )
 
 
 def _curve_row(est: Estimate, n_total: int, confidence: float) -> dict:

@@ -67,25 +67,25 @@ def pa_report(
     with Run("pa_report", model, data, confidence=confidence, budget=None, seed=seed, batch_size=batch_size,
              device=device, declaration=Metric("", title="mean pA", certificate=True)) as run:
         counts = class_counts(run, sigma, [(0, n)], "pA report")[:, 0]
-    k = counts[np.arange(len(counts)), run.ds.y.cpu().numpy()]
-    pa, total, level = k / n, int(k.sum()), run.alpha
-    measured = []
-    for r in radii:
-        need = certificates.min_count_to_certify(r, sigma, n, alpha)
-        measured.append(0.0 if need is None else float(np.mean(k >= need)))
-    measured_label = f"measured at n={n}, alpha={alpha:g}"
-    step = max(1, len(radii) // 4)  # up to four radii, evenly spread, in the one-line note
-    notes = ", ".join(f"r={r:g}: {a:.3f}" for r, a in list(zip(radii, measured))[::step][:4])
-    return run.result(
-        estimate=total / (n * len(k)), lower=clopper_pearson_lower(total, n * len(k), level),
-        upper=clopper_pearson_upper(total, n * len(k), level), draws=n * len(k), 
-        perturbation=f"Gaussian smoothing sigma={sigma:g} (pA report, n={n} draws per input)",
-        note=(
-            f"estimate = mean pA (accuracy under the noise); median pA {float(np.median(pa)):.4f}, "
-            f"P(pA >= 0.5) = {float(np.mean(pa >= 0.5)):.3f}; certified accuracy ({measured_label}) {notes}"
-        ),
-        details=_pa_details(k, n, sigma, alpha, radii, measured, measured_label, conversions, largest),
-    )
+        k = counts[np.arange(len(counts)), run.ds.y.cpu().numpy()]
+        pa, total, level = k / n, int(k.sum()), run.alpha
+        measured = []
+        for r in radii:
+            need = certificates.min_count_to_certify(r, sigma, n, alpha)
+            measured.append(0.0 if need is None else float(np.mean(k >= need)))
+        measured_label = f"measured at n={n}, alpha={alpha:g}"
+        step = max(1, len(radii) // 4)  # up to four radii, evenly spread, in the one-line note
+        notes = ", ".join(f"r={r:g}: {a:.3f}" for r, a in list(zip(radii, measured))[::step][:4])
+        return run.result(
+            estimate=total / (n * len(k)), lower=clopper_pearson_lower(total, n * len(k), level),
+            upper=clopper_pearson_upper(total, n * len(k), level), draws=n * len(k), 
+            perturbation=f"Gaussian smoothing sigma={sigma:g} (pA report, n={n} draws per input)",
+            note=(
+                f"estimate = mean pA (accuracy under the noise); median pA {float(np.median(pa)):.4f}, "
+                f"P(pA >= 0.5) = {float(np.mean(pa >= 0.5)):.3f}; certified accuracy ({measured_label}) {notes}"
+            ),
+            details=_pa_details(k, n, sigma, alpha, radii, measured, measured_label, conversions, largest),
+        )
 
 
 def _pa_details(k: np.ndarray, n: int, sigma: float, alpha: float, radii: list, measured: list, measured_label: str,
