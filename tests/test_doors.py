@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from toy_models import SmallNet, image_data
+from toy_models import SmallNet, image_data, small_net_conftest
 
 import pytest_robust as pr
 
@@ -68,18 +68,7 @@ def _yaml(metric: str) -> str:
 
 
 def test_every_check_gives_the_same_numbers_through_all_four_doors(pytester):
-    pytester.makeconftest(f"""
-import pytest
-from toy_models import SmallNet, image_data
-
-@pytest.fixture
-def robust_model():
-    return SmallNet().eval()
-
-@pytest.fixture
-def robust_data():
-    return image_data(n={N})
-""")
+    pytester.makeconftest(small_net_conftest(N))
     pytester.makepyfile(factories=f"""
 from toy_models import SmallNet, image_data
 

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from toy_models import ConstantLogits, SmallNet, ThresholdModel, image_data, threshold_data
+from toy_models import ConstantLogits, SmallNet, ThresholdModel, image_data, small_net_conftest, threshold_data
 
 from pytest_robust import (
     ArgumentError,
@@ -444,22 +444,6 @@ def test_an_nppr_ball_that_covers_most_of_the_box_warns(eps, norm, fragment):
     x, y = image_data(n=40)
     with pytest.warns(RobustWarning, match=re.escape(fragment)):
         nppr(SmallNet().eval(), (x, y), eps=eps, norm=norm, **ONE_THREAD_NPPR)
-
-
-def small_net_conftest(n: int) -> str:
-    """A conftest whose robust_model is the toy SmallNet and robust_data n toy images."""
-    return f"""
-import pytest
-from toy_models import SmallNet, image_data
-
-@pytest.fixture
-def robust_model():
-    return SmallNet().eval()
-
-@pytest.fixture
-def robust_data():
-    return image_data(n={n})
-"""
 
 
 def test_the_q_checks_default_ball_warns_when_robust_eps_is_in_grey_levels(pytester):

@@ -224,3 +224,19 @@ class ClassCountChangingModel(torch.nn.Module):
 
     def forward(self, x):
         return torch.zeros(len(x), 2 + len(x) % 2) + self.bias
+
+
+def small_net_conftest(n: int) -> str:
+    """A conftest whose robust_model is the toy SmallNet and robust_data n toy images."""
+    return f"""
+import pytest
+from toy_models import SmallNet, image_data
+
+@pytest.fixture
+def robust_model():
+    return SmallNet().eval()
+
+@pytest.fixture
+def robust_data():
+    return image_data(n={n})
+"""
