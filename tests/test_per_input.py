@@ -30,10 +30,9 @@ def test_worst_inputs_rank_outcomes_then_estimates_in_the_metrics_direction():
 
 def test_a_malformed_table_is_the_metrics_bug_named():
     with Run("mine", small_net(), images()) as run:
-        pass
-    with pytest.raises(ArgumentError, match='metric mine: details\\["per_input"\\] columns must have equal lengths'):
-        run.result(estimate=0.5, lower=0.4, upper=0.6, draws=1, perturbation="-",
-                   details={"per_input": {"index": [0, 1], "outcome": ["robust"]}})
+        with pytest.raises(ArgumentError, match='metric mine: details\\["per_input"\\] columns must have equal lengths'):
+            run.result(estimate=0.5, lower=0.4, upper=0.6, draws=1, perturbation="-",
+                       details={"per_input": {"index": [0, 1], "outcome": ["robust"]}})
 
 
 def test_certified_accuracy_lists_every_input_and_shows_the_worst():
