@@ -29,10 +29,12 @@ demo: $(BIN)/.installed
 demo-full: $(BIN)/.installed
 	$(DEMO)
 
-## test: the project's test suite (CPU; CUDA tests skip without a GPU), then the number snapshot again
-## with torch's kernels forced to the baseline instruction set (other rounding, same numbers within
-## the tolerances of tests/test_numbers.py)
+## test: the linter (ruff: pyflakes, pycodestyle, import order, 120 columns; pyproject.toml), the
+## project's test suite (CPU; CUDA tests skip without a GPU), then the number snapshot again with
+## torch's kernels forced to the baseline instruction set (other rounding, same numbers within the
+## tolerances of tests/test_numbers.py)
 test: $(BIN)/.installed
+	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest tests -p no:cacheprovider
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest tests/test_numbers.py -p no:cacheprovider -q
 
