@@ -17,7 +17,7 @@ from pytest_robust import cancel
 from pytest_robust.checks import spec as checks
 from pytest_robust.errors import MarkerError, RobustError, SettingError
 from pytest_robust.fixture import RobustFixture
-from pytest_robust.recording import SETTINGS, SPECS, attach, declared, metrics, record_unrun
+from pytest_robust.recording import COMMAND_LINE, SETTINGS, SPECS, attach, declared, metrics, record_unrun
 from pytest_robust.session import ResultCollector, run_environment
 from pytest_robust.settings.keys import KEYS, Settings, read_yaml, resolve
 from pytest_robust.settings.validation import baseline_name, choice, directory_path, file_path
@@ -211,12 +211,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.option.robust_per_input = config.getoption("robust_per_input") or config.getini("robust_per_input") or None
     try:
         yaml_values, yaml_source = _yaml_layer(config)
+        cli = {k.name: config.getoption(f"robust_{k.name}") for k in KEYS}
         settings = resolve(
             ini={k.name: config.getini(f"robust_{k.name}") or None for k in KEYS},
             yaml_values=yaml_values,
             yaml_source=yaml_source,
-            cli={k.name: config.getoption(f"robust_{k.name}") for k in KEYS},
+            cli=cli,
         )
+        config.stash[COMMAND_LINE] = {k: v for k, v in cli.items() if v is not None}
         _check_paths(config.option, settings)
     except SettingError as err:
         raise pytest.UsageError(f"pytest-robust: {err}") from None

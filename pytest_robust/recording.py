@@ -27,6 +27,8 @@ from pytest_robust.settings.keys import Settings
 #: the result dicts recorded on it (the report hook moves them onto the test reports), and the ids
 #: of the declared checks that have a recorded result (numbers or an error).
 SETTINGS = pytest.StashKey[Settings]()
+#: The settings given on the command line (validated, unset keys left out): they beat a suite's settings.
+COMMAND_LINE = pytest.StashKey[dict]()
 SPECS = pytest.StashKey[list]()
 ITEM_RESULTS = pytest.StashKey[list]()
 RECORDED = pytest.StashKey[set]()
