@@ -98,6 +98,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "confidence) or holm (every check gated at alpha/k while it runs, k the checks collected, and "
                     "Holm's step-down over the family in the reports) (default: none; ini: robust_familywise).")
     parser.addini("robust_familywise", "family-wise error over the run's checks: none or holm.", default="")
+    group.addoption("--robust-suggest", dest="robust_suggest", action="store_true", default=False,
+                    help="run every check as an estimate (thresholds ignored; paired gates as declared) and print "
+                    "per check a suggested threshold: its lower bound rounded down to 0.01 (losses: upper bound "
+                    "up), with the marker or YAML text to paste; also suggested_thresholds.md in --robust-report")
 
 
 def _yaml_layer(config: pytest.Config) -> tuple[dict, str]:
