@@ -267,7 +267,7 @@ class ResultCollector:
         if regressed and options.robust_compare_fail:
             self.lines.append(
                 "  --robust-compare-fail: failing the run (bounds of the two runs do not overlap; "
-                "see README, 'Baselines'); each regression is a failed testcase in pytest's reports"
+                "see docs/reports-and-baselines.md, 'Baselines'); each regression is a failed testcase in pytest's reports"
             )
             self._log_failures(self._regression_reports(regressed))
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -89,7 +89,7 @@ KEYS = (
     Key("budget", validation.positive_int,
         "cap on model evaluations per check (one input through the model, with or without a "
         "backward pass); a check undecided at the cap is inconclusive; default: each metric's own "
-        "(README, 'Budgets')"),
+        "(docs/settings.md, 'Budgets')"),
     Key("inconclusive", validation.choice("fail", "skip"),
         "what an inconclusive check does to its test: fail or skip"),
     Key("model", validation.identifier, "name of the fixture that returns the model"),

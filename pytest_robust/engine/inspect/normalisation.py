@@ -117,7 +117,7 @@ def probe_normalisation(forward, model: torch.nn.Module, x: torch.Tensor, y: tor
             f"on the first {len(x)} inputs the model is right on {facts['accuracy_without']:.3f} of them without "
             f"normalize= and on {facts['accuracy_with']:.3f} with it (right only without it on {b} inputs, only with "
             f"it on {c}; exact McNemar p = {p_value:.2g}): normalize= is likely not the model's own normalisation. "
-            "Take mean and std from your training pipeline (docs/bring-your-own-model.md, 'Which statistics'), or drop "
-            "normalize= if the model or the data already normalises",
+            "Take mean and std from your training pipeline (docs/bring-your-own-model.md, 'Which statistics'), "
+            "or drop normalize= if the model or the data already normalises",
             RobustWarning, stacklevel=4)
     return facts
