@@ -224,9 +224,12 @@ class Forward:
             check_outputs(z)
             self.n_classes = z.shape[1]
             if self.max_label is not None and self.max_label >= self.n_classes:
+                binary = self.n_classes == 2 and bool((z[:, 0] == 0).all())
                 raise RobustDataError(
                     f"label {self.max_label} is out of range for a model with {self.n_classes} classes "
-                    f"(labels must be class indices 0..{self.n_classes - 1})"
+                    f"(labels must be class indices 0..{self.n_classes - 1})" + (
+                        "; a model with one logit per input is read as a binary classifier (classes 0 and 1): "
+                        "return one logit per class for more classes" if binary else "")
                 )
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
