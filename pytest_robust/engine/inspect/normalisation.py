@@ -107,11 +107,12 @@ def probe_normalisation(forward, model: torch.nn.Module, x: torch.Tensor, y: tor
     if not all(z.ndim == 2 and z.shape == (len(x), z.shape[1]) and z.shape[1] >= 2 for z in (z_with, z_without)):
         return {}  # the check's own first batch names what is wrong with the outputs
     right_with, right_without = (correct_predictions(z.float(), y) for z in (z_with, z_without))
-    b = int((right_without & ~right_with).sum())
-    c = int((right_with & ~right_without).sum())
+    counts = torch.stack([(right_without & ~right_with).sum(), (right_with & ~right_without).sum(),
+                          right_with.sum(), right_without.sum()])
+    b, c, hits_with, hits_without = counts.tolist()  # one host read
     p_value = sum(math.comb(b + c, k) for k in range(b, b + c + 1)) / 2 ** (b + c)
-    facts = {"inputs": len(x), "evaluations": 2 * len(x), "accuracy_with": float(right_with.float().mean()),
-             "accuracy_without": float(right_without.float().mean()), "p_value": p_value}
+    facts = {"inputs": len(x), "evaluations": 2 * len(x), "accuracy_with": hits_with / len(x),
+             "accuracy_without": hits_without / len(x), "p_value": p_value}
     if p_value <= PROBE_ALPHA:
         warnings.warn(
             f"on the first {len(x)} inputs the model is right on {facts['accuracy_without']:.3f} of them without "
