@@ -104,6 +104,9 @@ def test_a_better_candidate_passes_and_a_degraded_copy_fails(digits):
     p = degraded.details["paired"]
     assert p["reference_only"] > p["candidate_only"] and "candidate 0." in degraded.note and "reference 0." in degraded.note
     assert degraded.forward_passes == sum(sum(v.values()) for v in degraded.details["evaluations"].values())
+    page = (DIGITS.parents[1] / "docs" / "paired.md").read_text()
+    shown = re.search(r"```text\n(TSRM drop vs reference .*?)```", page, re.S)
+    assert " ".join(shown.group(1).split()) == degraded.message()  # the message docs/paired.md shows
 
 
 def _separate_gates(model, reference, data, margin, seed, most=60_000):
