@@ -83,3 +83,20 @@ def test_the_suite_error_examples_are_the_errors_of_those_mistakes():
         real = str(err.value).replace(str(path.parent), "/src/examples/digits")
         assert real == line, f"docs/yaml-suites.md shows\n{line}\nthe error is\n{real}"
         assert str(err.value).startswith(f"robust_digits.yaml:{real.split(':')[1]}: ")
+
+
+def test_the_certified_accuracy_message_is_the_reruns():
+    """docs/certified.md's failing message: the noise-trained digits CNN on 50 held-out digits."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples" / "digits"))
+    from digits_model import digits_split, load_model
+
+    from pytest_robust import certified_accuracy
+
+    x, y = digits_split()[1]
+    result = certified_accuracy(load_model("gaussian_0.25"), (x[:50], y[:50]), threshold=0.9, radius=0.5, sigma=0.25)
+    page = (ROOT / "docs" / "certified.md").read_text()
+    shown = next(b.code for b in read_blocks(ROOT / "docs" / "certified.md")
+                 if b.language == "text" and b.code.startswith("certified accuracy"))
+    assert " ".join(shown.split()) == result.message() and "failing check's message" in page
