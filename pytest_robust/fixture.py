@@ -62,7 +62,7 @@ class RobustFixture:
         settings = settings_for(self.settings, spec.overrides, f"argument of robust.{metric}")
         spec = dataclasses.replace(spec, overrides={}, **self._resolved(spec, registered[metric]))
         item = self._request.node
-        result = run_spec(item, spec, model, data, settings, self._model_name(model, settings))
+        result = run_spec(item, spec, model, data, settings, self._model_name(model, settings), spelling="call")
         if (spec.threshold is not None or spec.paired) and gate:
             self._gated.append((settings, result))
         elif spec.threshold is not None or spec.paired:  # recorded, not enforced: the reports say so

@@ -25,5 +25,5 @@ def pytest_robust_metrics() -> dict:
     """Return ``{name: pytest_robust.Metric(...)}``: metrics usable as marker keywords
     (``@pytest.mark.robust(name=threshold, ...)``), fixture methods (``robust.name(model, data,
     threshold, ...)``) and YAML-suite checks. The built-in metrics register through this hook
-    too; a name may be registered only once. See docs/extending.md.
+    too; a name may be registered only once. See docs/extending.md, 'A declaration'.
     """

@@ -17,7 +17,7 @@ from pytest_robust import cancel
 from pytest_robust.checks import spec as checks
 from pytest_robust.errors import MarkerError, RobustError, SettingError
 from pytest_robust.fixture import RobustFixture
-from pytest_robust.recording import SETTINGS, SPECS, attach, declared, metrics, record_unrun
+from pytest_robust.recording import COMMAND_LINE, SETTINGS, SPECS, attach, declared, metrics, record_unrun
 from pytest_robust.session import ResultCollector, run_environment
 from pytest_robust.settings.keys import KEYS, Settings, read_yaml, resolve
 from pytest_robust.settings.validation import baseline_name, choice, directory_path, file_path
@@ -98,6 +98,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "confidence) or holm (every check gated at alpha/k while it runs, k the checks collected, and "
                     "Holm's step-down over the family in the reports) (default: none; ini: robust_familywise).")
     parser.addini("robust_familywise", "family-wise error over the run's checks: none or holm.", default="")
+    group.addoption("--robust-suggest", dest="robust_suggest", action="store_true", default=False,
+                    help="run every check as an estimate (thresholds ignored; paired gates as declared) and print "
+                    "per check a suggested threshold: its lower bound rounded down to 0.01 (losses: upper bound "
+                    "up), with the marker or YAML text to paste; also suggested_thresholds.md in --robust-report")
 
 
 def _yaml_layer(config: pytest.Config) -> tuple[dict, str]:
@@ -211,12 +215,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.option.robust_per_input = config.getoption("robust_per_input") or config.getini("robust_per_input") or None
     try:
         yaml_values, yaml_source = _yaml_layer(config)
+        cli = {k.name: config.getoption(f"robust_{k.name}") for k in KEYS}
         settings = resolve(
             ini={k.name: config.getini(f"robust_{k.name}") or None for k in KEYS},
             yaml_values=yaml_values,
             yaml_source=yaml_source,
-            cli={k.name: config.getoption(f"robust_{k.name}") for k in KEYS},
+            cli=cli,
         )
+        config.stash[COMMAND_LINE] = {k: v for k, v in cli.items() if v is not None}
         _check_paths(config.option, settings)
     except SettingError as err:
         raise pytest.UsageError(f"pytest-robust: {err}") from None

@@ -11,6 +11,7 @@ message; any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -27,6 +28,8 @@ from pytest_robust.settings.keys import Settings
 #: the result dicts recorded on it (the report hook moves them onto the test reports), and the ids
 #: of the declared checks that have a recorded result (numbers or an error).
 SETTINGS = pytest.StashKey[Settings]()
+#: The settings given on the command line (validated, unset keys left out): they beat a suite's settings.
+COMMAND_LINE = pytest.StashKey[dict]()
 SPECS = pytest.StashKey[list]()
 ITEM_RESULTS = pytest.StashKey[list]()
 RECORDED = pytest.StashKey[set]()
@@ -137,16 +140,34 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     return record(item, result, spec)
 
 
-def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str) -> Result:
-    """Evaluate one spec with resolved settings and record its result."""
+def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str,
+             spelling: str = "marker") -> Result:
+    """Evaluate one spec with resolved settings and record its result. Under ``--robust-suggest``
+    a check with a threshold runs as an estimate and its result carries the suggested threshold
+    (``report.suggest``) in ``details["suggestion"]``, written as ``spelling`` ("marker": a marker
+    or a YAML check, "call": a fixture call) declares it; a paired gate runs as declared."""
     from pytest_robust.engine.device import resolve_device
+    from pytest_robust.report.suggest import suggestion
 
     registered = metrics(item.config)
+    suggesting = bool(item.config.getoption("robust_suggest", False)) and spec.paired is None
+    ran = dataclasses.replace(spec, threshold=None) if suggesting else spec
 
     def call():
-        return checks.run(spec, registered, model, data, settings, resolve_device(settings.device))
+        result = checks.run(ran, registered, model, data, settings, resolve_device(settings.device))
+        if suggesting and result.estimate is not None:
+            result.details["suggestion"] = suggestion(result, *_paste(item, spec, registered[spec.metric], spelling))
+        return result
 
     return evaluate(item, call, model_name, spec, settings)
+
+
+def _paste(item: pytest.Item, spec: CheckSpec, metric, spelling: str) -> tuple[str, str]:
+    """How the threshold of ``spec`` is written where it was declared: (key, separator) of a YAML
+    check ("tsrm", ": "), a marker ("tsrm", "=") or a fixture call ("threshold", "=")."""
+    if spelling == "call":
+        return "threshold", "="
+    return metric.threshold_key or spec.metric, ": " if getattr(item, "check", None) is not None else "="
 
 
 def _progress(item: pytest.Item):

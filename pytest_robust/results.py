@@ -34,6 +34,8 @@ PROPERTY_FIELDS = (
     "draws",
     "budget",
     "precision",
+    "name",  # what the estimate measures: the check's title, "TSRM drop vs reference" for a paired gate
+    "direction",  # ">=": estimate >= threshold is required; "<=": estimate <= threshold (losses, drops)
 )
 
 #: Marks a perturbation identity that could not be derived (``perturbations.stable_identity``): a

@@ -19,7 +19,7 @@ from pytest_robust.cancel import cause
 from pytest_robust.errors import RobustError
 from pytest_robust.familywise import family_size, familywise_method, gate_confidence, holm_adjust
 from pytest_robust.recording import SETTINGS, SPECS, attach, record_unrun
-from pytest_robust.report import store
+from pytest_robust.report import store, suggest
 from pytest_robust.report.environment import environment
 from pytest_robust.report.files import md_text, write_atomic
 from pytest_robust.report.inputs import per_input_csv, without_pixels
@@ -267,7 +267,7 @@ class ResultCollector:
         if regressed and options.robust_compare_fail:
             self.lines.append(
                 "  --robust-compare-fail: failing the run (bounds of the two runs do not overlap; "
-                "see README, 'Baselines'); each regression is a failed testcase in pytest's reports"
+                "see docs/reports-and-baselines.md, 'Baselines'); each regression is a failed testcase in pytest's reports"
             )
             self._log_failures(self._regression_reports(regressed))
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -314,7 +314,8 @@ class ResultCollector:
             plots = []
             self.lines.append(f"robust report: no plots ({err})")
         csv = self.config.option.robust_per_input == "csv"
-        files = ["results.json", "summary.md"] + (["per_input.csv"] if csv else []) + [name for name, _ in plots]
+        suggesting = ["suggested_thresholds.md"] if self.config.option.robust_suggest else []
+        files = ["results.json", "summary.md"] + (["per_input.csv"] if csv else []) + suggesting + [n for n, _ in plots]
         results = [without_pixels(r) for r in self.results]
         if self.baseline is not None:  # each check's comparison: its status and the baseline's numbers
             rows = {c["key"]: c for c in self.comparison}
@@ -334,6 +335,8 @@ class ResultCollector:
         write_atomic(directory / "summary.md", summary)
         if csv:
             write_atomic(directory / "per_input.csv", per_input_csv(self.results))
+        if suggesting:
+            write_atomic(directory / "suggested_thresholds.md", suggest.markdown(self.results))
         for name, render in plots:
             render(directory / name)
         self.lines += [f"robust report: {directory / name}" for name in files]
@@ -353,5 +356,9 @@ class ResultCollector:
             terminalreporter.section("robustness checks")
             for line in summary_lines(self.results, terminalreporter._tw.fullwidth):
                 terminalreporter.write_line(line)
+            if self.config.option.robust_suggest:
+                terminalreporter.section("suggested thresholds (--robust-suggest)")
+                for line in suggest.lines(self.results):
+                    terminalreporter.write_line(line)
         for line in self.lines:
             terminalreporter.write_line(line)

@@ -22,8 +22,11 @@ LIBRARY = [b for b in BLOCKS[1:] if not re.match(r"# \S+\.py\n", b)]
 
 
 def test_the_page_has_its_examples():
-    assert set(FILES) == {"conftest.py", "test_robustness.py"} and len(LIBRARY) == 4
-    assert all("normalize=" in b for b in LIBRARY[:3]) and "logits=0" in LIBRARY[3]
+    assert set(FILES) == {"conftest.py", "test_robustness.py"} and len(LIBRARY) == 7
+    assert all("normalize=" in b for b in LIBRARY[:4]) and "logits=0" in LIBRARY[4]
+    assert "transforms.Normalize" in LIBRARY[0] and "pretrained_cfg" in LIBRARY[2]  # your pipeline's statistics
+    assert "image processor hold the statistics of the *pretrained*" in PAGE.read_text()
+    assert "Linear(3 * 8 * 8, 1)" in LIBRARY[5] and "functools.partial" in LIBRARY[6]
 
 
 @pytest.mark.parametrize("block", range(len(LIBRARY)))

@@ -358,10 +358,9 @@ def test_other_runtime_errors_propagate_unchanged():
         ("nan", "returned NaN or infinite logits"),
         ("inf", "returned NaN or infinite logits"),
         ("neg_inf", "returned NaN or infinite logits"),
-        ("1d", r"logits of shape \(batch, classes\) with at least 2 classes; for a batch of 100 it returned shape \(100,\)"),
         ("wrong_batch", r"for a batch of 100 it returned shape \(101, 2\)"),
-        ("one_class", r"at least 2 classes; for a batch of 100 it returned shape \(100, 1\)"),
-        ("3d", r"returned shape \(100, 2, 1\)"),
+        ("3d", r"or one logit per input \(\(batch,\) or \(batch, 1\): a binary classifier, read as \[0, z\]\); "
+               r"for a batch of 100 it returned shape \(100, 2, 1\)"),  # (batch,), (batch, 1): test_binary_models
         ("tuple", "must return logits .*it returned a tuple of"),
         ("numpy", "must return logits .*it returned a ndarray: it has no .logits attribute"),
     ],

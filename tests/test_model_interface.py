@@ -58,8 +58,9 @@ SIX = {
                                                                    square_queries=20, **k),
 }
 #: Details that differ between two runs of the same numbers: wall time, how the model was given,
-#: and the feature layer's name (the explicit wrapper prefixes it with "1.").
-NOT_NUMBERS = ("fit", "model_interface", "space", "warnings", "feature_layer")
+#: the feature layer's name (the explicit wrapper prefixes it with "1.") and the normalisation probe
+#: run with normalize= (outside the budget: inspect.normalisation).
+NOT_NUMBERS = ("fit", "model_interface", "space", "warnings", "feature_layer", "normalisation_probe")
 
 
 def numbers(result) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,9 @@ def test_a_better_candidate_passes_and_a_degraded_copy_fails(digits):
     p = degraded.details["paired"]
     assert p["reference_only"] > p["candidate_only"] and "candidate 0." in degraded.note and "reference 0." in degraded.note
     assert degraded.forward_passes == sum(sum(v.values()) for v in degraded.details["evaluations"].values())
+    page = (DIGITS.parents[1] / "docs" / "paired.md").read_text()
+    shown = re.search(r"```text\n(TSRM drop vs reference .*?)```", page, re.S)
+    assert " ".join(shown.group(1).split()) == degraded.message()  # the message docs/paired.md shows
 
 
 def _separate_gates(model, reference, data, margin, seed, most=60_000):
@@ -242,8 +246,18 @@ def test_marker_fixture_and_yaml_run_the_paired_gate(pytester):
             reference: conftest:model
             max_drop: 0.01
     ''')
-    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out", "--junitxml=pytest.xml",
+                                "--robust-junitxml=metric.xml")
     result.assert_outcomes(passed=2, failed=2)
+    # every report labels the gate as the drop it gates: what it measures, its estimate, which way it binds
+    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+             for c in ET.parse(pytester.path / "pytest.xml").getroot().iter("testcase")}
+    worse = cases["test_worse"]
+    assert (worse["robust.metric"], worse["robust.name"], worse["robust.direction"], worse["robust.threshold"]) == (
+        "tsrm", "TSRM drop vs reference", "<=", "0.01")
+    names = [c.get("name") for c in ET.parse(pytester.path / "metric.xml").getroot().iter("testcase")]
+    assert sum(n.startswith("TSRM drop vs reference 0.") and " <= 0.01 " in n for n in names) == 4
+    result.stdout.fnmatch_lines(["*TSRM drop vs reference*<= 0.01*"])  # the terminal table
     results = {r["test_id"].rsplit("::", 1)[-1]: r for r in
                json.loads((pytester.path / "out" / "results.json").read_text())["results"]}
     assert {k: r["verdict"] for k, r in results.items()} == {

@@ -80,10 +80,11 @@ def test_marked_empty_test_passes_and_reports_properties(suite):
     assert set(props) == {
         f"robust.{k}" for k in (
             "metric estimate lower upper threshold confidence verdict n_inputs forward_passes "
-            "seconds device seed perturbation draws budget precision"
+            "seconds device seed perturbation draws budget precision name direction"
         ).split()
     }
     assert props["robust.metric"] == "tsrm"
+    assert (props["robust.name"], props["robust.direction"]) == ("TSRM", ">=")
     assert props["robust.verdict"] == "pass"
     assert float(props["robust.lower"]) >= 0.7
     assert props["robust.perturbation"] == "UniformLinf(eps=0.5)"
@@ -277,10 +278,10 @@ def test_robust_fixture_programmatic_and_explicit_check(suite):
     result = suite.runpytest("--junitxml=out.xml")
     result.assert_outcomes(passed=2)
     programmatic, explicit = properties(suite.path / "out.xml")
-    assert len(programmatic) == 16  # properties of two results share names (the last one wins here)
+    assert len(programmatic) == 18  # properties of two results share names (the last one wins here)
     root = ET.parse(suite.path / "out.xml").getroot()
     counts = [len(list(case.iter("property"))) for case in root.iter("testcase")]
-    assert counts == [32, 16], "two recorded results, then one: the explicit check is not run twice"
+    assert counts == [36, 18], "two recorded results, then one: the explicit check is not run twice"
 
 
 def test_inconclusive_fails_by_default_or_skips_when_configured(suite):

@@ -215,6 +215,9 @@ def test_terminal_table_at_80_columns_keeps_ids_whole_and_the_metric():
     assert all(i.rsplit("/", 1)[-1] in text for i in ids) and "…" not in text
     assert text.count("NPPR") == 2 and "corruption accuracy" in text
     assert "under LearnedGMM(eps=0.1, norm=linf, K=7, latent=128, covariance=diagonal," in text
+    costs = [line.strip() for line in lines if line.strip().startswith("evaluations/budget ")]
+    assert costs == [f"evaluations/budget {r['forward_passes']}/{r['budget']}, seconds {r['seconds']:.2f}, "
+                     f"seed {r['seed']}" for r in rows]  # wrapped onto a line of their own, not dropped
     wide = summary_lines(rows, 400)
     assert len(wide) == 2 + len(rows) and wide[0].startswith("test ")  # one line per check when it fits
 

@@ -213,15 +213,19 @@ def test_profiles_scale_budgets_and_select_checks(suite):
     result.stdout.fnmatch_lines(["*runs only under --robust-profile nightly (this run uses 'ci')"])
 
 
-def test_settings_precedence_session_suite_profile_check(suite):
+def test_settings_precedence_check_then_command_line_then_suite_and_profile(suite):
+    """settings.keys.PRECEDENCE: a check's own key > the command line > the suite's settings: and
+    profile; a command-line budget is used as given (a smoke job can scale a suite down)."""
     suite.makefile(".yaml", robust_toy=PROFILED)
-    ci = _props_after(suite, "--robust-seed", "1")
+    ci = _props_after(suite)
     assert (ci["plain"]["robust.seed"], ci["own-seed"]["robust.seed"]) == ("3", "4")  # profile, check
+    ci = _props_after(suite, "--robust-seed", "1")
+    assert (ci["plain"]["robust.seed"], ci["own-seed"]["robust.seed"]) == ("1", "4")  # command line, check
     smoke = _props_after(suite, "--robust-seed", "1", "--robust-profile", "smoke")
-    assert smoke["plain"]["robust.seed"] == "2"  # the suite's settings over the command line
-    suite.makefile(".yaml", robust_toy=PROFILED.replace("settings: {budget: 1000, seed: 2}\n", ""))
+    assert (smoke["plain"]["robust.seed"], smoke["plain"]["robust.budget"]) == ("1", "100")  # suite's budget, scaled
     smoke = _props_after(suite, "--robust-seed", "1", "--robust-budget", "500", "--robust-profile", "smoke")
-    assert (smoke["plain"]["robust.seed"], smoke["plain"]["robust.budget"]) == ("1", "50")
+    assert (smoke["plain"]["robust.seed"], smoke["plain"]["robust.budget"]) == ("1", "500")  # as given
+    assert smoke["own-seed"]["robust.budget"] == "300"  # the check's own budget, scaled
 
 
 def test_suite_without_profiles_ignores_the_chosen_profile(suite):

@@ -3,7 +3,7 @@ parameters to a ``Result`` that library calls and the pytest layer share.
 
 ``function(name, metric)`` builds ``name(model, data, *, <threshold>=None, <parameters>,
 confidence=0.95, budget=<the metric's>, seed=0, batch_size=1024, device=None, normalize=None,
-logits=None)``: everything after (model, data) is keyword-only, so that a swapped threshold and
+logits=None, data_keys=None)``: everything after (model, data) is keyword-only, so that a swapped threshold and
 radius cannot go unnoticed. ``evaluate`` validates the parameters by their declaration, builds the
 check's ``run.Run`` (direction, streams and certificate from the declaration), calls the body
 inside it with RobustWarnings captured (re-issued to the caller and listed in
@@ -12,21 +12,23 @@ inside it with RobustWarnings captured (re-issued to the caller and listed in
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 
 from pytest_robust.checks.registry import REQUIRED, Metric, load
 from pytest_robust.engine import interface as model_io
 from pytest_robust.engine.inspect.warnings import captured_warnings, robust_messages
+from pytest_robust.engine.items import data_keys
 from pytest_robust.engine.run import Run
 from pytest_robust.errors import ArgumentError, BudgetError, SettingError
 from pytest_robust.perturbations.base import as_perturbation
 from pytest_robust.procedures import paired as paired_procedures
 from pytest_robust.results import Result
-from pytest_robust.settings.keys import Settings
+from pytest_robust.settings.keys import Settings, data_key_pair
 
 #: The common keywords of every check, with their library defaults (budget: the metric's).
-COMMON = ("confidence", "budget", "seed", "batch_size", "device", "normalize", "logits")
+COMMON = ("confidence", "budget", "seed", "batch_size", "device", "normalize", "logits", "data_keys")
 #: Library defaults of settings keys a check takes that differ from the pytest layer's: a library
 #: call caches nothing unless it names a directory.
 LIBRARY_SETTINGS = {"cache_dir": None}
@@ -62,7 +64,9 @@ def function(name: str, metric: Metric, public: str | None = None):
         settings = Settings(**{k: given.pop(k) for k in metric.settings})
         spec = metric.accept(name, given, spelling="call", where=f"{public}(...)", settings=())
         paired = None if spec.paired is None else (spec.paired["reference"], spec.paired["margin"])
-        with model_io.model_interface(*_interface(common.pop("normalize"), common.pop("logits"))):
+        keys = data_key_pair("data_keys", common.pop("data_keys"))  # None: the keys in force hold
+        with model_io.model_interface(*_interface(common.pop("normalize"), common.pop("logits"))), \
+                (contextlib.nullcontext() if keys is None else data_keys(keys)):
             return evaluate(name, metric, model, data, spec.threshold, metric.resolved(spec.params, settings),
                             paired=paired, **common)
 

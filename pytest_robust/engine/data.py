@@ -84,13 +84,26 @@ def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
             f"would be read as {len(x)} inputs of shape {tuple(x.shape[1:])}: add the batch dimension "
             "(x.unsqueeze(0), y.view(1)), or pass the whole dataset"
         )
+    if y.ndim == 2 and len(y) == len(x) and y.shape[1] > 1 and bool(((y == 0) | (y == 1)).all()):
+        one_hot = bool((y.sum(dim=1) == 1).all())
+        raise RobustDataError(
+            f"labels of shape {tuple(y.shape)} are " + (
+                "one-hot rows: pass the class indices, y.argmax(dim=1)" if one_hot else
+                "multi-hot rows (several classes per input): multi-label classification is not supported; each "
+                "input needs one class index (a binary classifier per label can be checked on its own: "
+                "y[:, k] as labels and that label's logit, logits=lambda out: out[:, k])")
+        )
+    if y.ndim == 2 and y.shape == (len(x), 1):
+        raise RobustDataError(f"labels must have shape (n,), got {tuple(y.shape)}: pass y.view(-1)")
     if y.ndim != 1 or len(y) != len(x):
         raise RobustDataError(
             f"labels must have shape (n,) with n = len(x) = {len(x)}, got {tuple(y.shape)}"
             + (" (a 0-d label: y.view(1))" if y.ndim == 0 else "")
         )
     if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
-        raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}")
+        whole = y.dtype.is_floating_point and bool((y == y.round()).all()) and bool((y >= 0).all())
+        raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}"
+                              + (": they hold whole numbers, pass y.long()" if whole else ""))
     if not x.dtype.is_floating_point:
         raise RobustDataError(
             f"inputs must be floating point (got {x.dtype}): convert images with "

@@ -194,6 +194,11 @@ class Forward:
         try:
             with torch.autocast(x.device.type, dtype=self.autocast, enabled=self.autocast is not None):
                 out = model(x)
+        except TypeError as err:
+            from pytest_robust.engine.inspect.model import explain_signature_error
+
+            explain_signature_error(model, err)
+            raise
         except (RuntimeError, ValueError) as err:
             if self.n_classes is None and not is_oom(err):
                 from pytest_robust.engine.inspect.model import explain_model_error
@@ -209,8 +214,9 @@ class Forward:
         model."""
         if z.ndim != 2 or z.shape[0] != n or z.shape[1] < 2:
             raise RobustModelError(
-                f"the model must return logits of shape (batch, classes) with at least 2 classes; "
-                f"for a batch of {n} it returned shape {tuple(z.shape)}"
+                f"the model must return logits of shape (batch, classes) with at least 2 classes, or one logit "
+                f"per input ((batch,) or (batch, 1): a binary classifier, read as [0, z]); for a batch of {n} it "
+                f"returned shape {tuple(z.shape)}"
             )
         if self.n_classes is None:
             from pytest_robust.engine.inspect.model import check_outputs
@@ -218,9 +224,12 @@ class Forward:
             check_outputs(z)
             self.n_classes = z.shape[1]
             if self.max_label is not None and self.max_label >= self.n_classes:
+                binary = self.n_classes == 2 and bool((z[:, 0] == 0).all())
                 raise RobustDataError(
                     f"label {self.max_label} is out of range for a model with {self.n_classes} classes "
-                    f"(labels must be class indices 0..{self.n_classes - 1})"
+                    f"(labels must be class indices 0..{self.n_classes - 1})" + (
+                        "; a model with one logit per input is read as a binary classifier (classes 0 and 1): "
+                        "return one logit per class for more classes" if binary else "")
                 )
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")

@@ -24,6 +24,10 @@ fixture call).
   attribute name (str), an index (int), or a callable ``output -> logits tensor``. A key or an
   index leaves a tensor output alone (one session-wide ``--robust-logits 0`` then serves models
   of both kinds); a callable is applied to every output.
+- One-logit binary classifiers (the ``BCEWithLogitsLoss`` shape): logits of shape ``(batch,)`` or
+  ``(batch, 1)`` are read as the two-class logits ``[0, z]`` (``two_classes``), so class 1 is
+  predicted iff z > 0 (z = 0 is a tie, counted as an error like any tie) and every check gives the
+  numbers of the explicit two-logit model ``[0, z]`` bit for bit; labels are 0 and 1.
 """
 
 from __future__ import annotations
@@ -134,9 +138,30 @@ class Normalizer:
 
 
 def logits_of(output, selector, rows: int):
-    """The logits tensor in ``output`` (``selector``: the ``logits`` setting; module docstring).
-    Anything else is a ``RobustModelError`` that says which part looks like the logits and how to
-    choose it."""
+    """The logits tensor in ``output`` (``selector``: the ``logits`` setting; module docstring),
+    one-logit outputs read as two classes (``two_classes``). Anything else is a
+    ``RobustModelError`` that says which part looks like the logits and how to choose it."""
+    return two_classes(_logits_of(output, selector, rows), rows)
+
+
+def two_classes(z, rows: int):
+    """The (rows, 2) logits ``[0, z]`` of a one-logit binary classifier's ``z`` of shape (rows,) or
+    (rows, 1), the logit of class 1 (``sigmoid(z)`` = P(class 1), so the softmax of ``[0, z]``
+    gives the same probabilities); any other tensor unchanged. A one-logit output whose values all
+    lie in [0, 1] looks like sigmoid probabilities: ``inspect.model.check_outputs`` warns on the
+    first batch."""
+    import torch
+
+    if not isinstance(z, torch.Tensor) or not z.is_floating_point() or z.ndim not in (1, 2) or len(z) != rows:
+        return z
+    if z.ndim == 2 and z.shape[1] != 1:
+        return z
+    z = z.reshape(rows, 1)
+    return torch.cat([torch.zeros_like(z), z], dim=1)
+
+
+def _logits_of(output, selector, rows: int):
+    """The logits tensor in ``output`` as the model gave it (``logits_of``)."""
     import torch
 
     if selector is not None and (callable(selector) or not isinstance(output, torch.Tensor)):

@@ -67,6 +67,7 @@ from pytest_robust.engine.gallery import gallery as worst_gallery
 from pytest_robust.engine.guard import guarded
 from pytest_robust.engine.inspect.data import check_data_normalisation
 from pytest_robust.engine.inspect.model import check_model
+from pytest_robust.engine.inspect.normalisation import PROBE_INPUTS, probe_normalisation
 from pytest_robust.engine.inspect.perturbation import inspect_inputs
 from pytest_robust.engine.precision import autocast_dtype, describe_precision, model_dtype, working_dtype
 from pytest_robust.engine.streams import stream_generator
@@ -151,6 +152,10 @@ class Run:
         self._stack.enter_context(model_execution.deterministic_algorithms(self.execution.deterministic))
         self._stack.enter_context(model_execution.channels_last_weights(self.model, self.execution.channels_last))
         self.forward.model = model_execution.compiled(self.model, self.execution.compile)
+        if self.interface.normalize is not None:  # outside the budget (inspect.normalisation)
+            x, y = (t[:PROBE_INPUTS].to(self.device) for t in (self.ds.x, self.ds.y))
+            self.details["normalisation_probe"] = probe_normalisation(self.forward, self.model, x, y,
+                                                                      self.interface.normalize)
         return self
 
     def __exit__(self, *exc) -> bool:

@@ -1,12 +1,13 @@
 """The terminal table printed after a run: one row per robustness check, then the non-pass messages.
 
 The table fits the terminal (80 columns in a CI log that is not a TTY). When one line per check
-is too wide even without the least important columns (``DROP_ORDER``: seed, seconds,
-evaluations/budget), each check takes a block of lines instead: its test id, "under" its
-perturbation, then its numbers in aligned columns (metric, estimate, bounds, threshold, verdict,
-and the dropped columns where they fit). Long ids and perturbations wrap (``wrap``) rather than
-being cut, so every test id stays whole, two checks never look the same, and the metric is always
-shown. The full numbers stay in the reports (results.json, summary.md, the JUnit files).
+is too wide even without the seed (``DROP_ORDER``; the header states it), each check takes a block
+of lines instead: its test id, "under" its perturbation, its numbers in aligned columns (metric,
+estimate, bounds, threshold, verdict), then what it cost (``COST``: evaluations/budget, seconds,
+seed) on a line of its own. Long ids and perturbations wrap (``wrap``) rather than being cut, so
+every test id stays whole, two checks never look the same, and nothing but the seed of a one-line
+table is ever dropped. The full numbers stay in the reports (results.json, summary.md, the JUnit
+files).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ COLUMNS = (
     "test", "metric", "perturbation", "estimate", "bounds", "threshold", "evaluations/budget",
     "seconds", "seed", "verdict",
 )
-#: Columns dropped, in this order, until the table fits.
-DROP_ORDER = ("seed", "seconds", "evaluations/budget")
+#: Columns a one-line-per-check table drops, in this order, until it fits.
+DROP_ORDER = ("seed",)
+#: Columns a check's block shows on a line of their own, labelled, below its numbers.
+COST = ("evaluations/budget", "seconds", "seed")
 #: Where a wrapped id or perturbation breaks (after these), in order of preference.
 BREAKS = ("::", "/", ", ", " ", "_", "(", "=")
 #: Indent of continuation lines (a wrapped cell, a check's block), so that a new check stands out.
@@ -94,14 +97,15 @@ def _fit(rows: list[tuple[str, ...]], width: int) -> list[str]:
     if max(map(len, lines)) <= width:
         return lines
     test, perturbation = COLUMNS.index("test"), COLUMNS.index("perturbation")
-    numbers = [c for c in COLUMNS if c not in ("test", "perturbation")]
-    inner = _aligned([[row[COLUMNS.index(c)] for c in numbers] for row in rows], numbers, width - 2 * len(INDENT))
-    inner = _lines(inner, 2 * INDENT)
-    out = ["test", INDENT + "under perturbation", inner[0], "-" * min(width, max(map(len, inner)))]
+    numbers = [c for c in COLUMNS if c not in ("test", "perturbation") + COST]
+    inner = _lines([[row[COLUMNS.index(c)] for c in numbers] for row in rows], 2 * INDENT)
+    out = ["test", INDENT + "under perturbation", inner[0], INDENT * 2 + ", ".join(COST),
+           "-" * min(width, max(map(len, inner)))]
     for row, numbers_line in zip(rows[1:], inner[2:]):
         out += wrap(row[test], width)
         out += [INDENT + piece for piece in wrap("under " + row[perturbation], width - len(INDENT))]
         out.append(numbers_line)
+        out.append(INDENT * 2 + ", ".join(f"{c} {row[COLUMNS.index(c)]}" for c in COST))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Settings: one table of keys, resolved once with precedence marker > command line > YAML > ini > default.
+"""Settings: one table of keys, resolved with one precedence (``PRECEDENCE``): marker or per-check key >
+command line > a suite's settings: or --robust-config > ini > default.
 
 Every key is spelled the same way everywhere: ``--robust-batch-size`` on the command line,
 ``robust_batch_size`` in ini (``[tool.pytest.ini_options]``), ``batch_size:`` in the YAML file
@@ -169,11 +170,25 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
+#: Where a setting can come from, the strongest first: the one precedence of every setting, in
+#: markers, fixture calls, YAML suites and library calls alike (docs/settings.md shows this table).
+PRECEDENCE = (
+    ("a robust marker's keyword, a robust fixture call's keyword, a suite check's own key", "this check"),
+    ("the command line (--robust-budget 300)", "the run"),
+    ("a suite's settings: and its selected profile's keys; the --robust-config file", "a suite; the run"),
+    ("ini (robust_budget in [tool.pytest.ini_options])", "the project"),
+    ("the defaults", "everywhere"),
+)
+COMMAND_LINE_SOURCE = "command line --robust-<flag>"
+
+
 def resolve(*, ini: dict, yaml_values: dict, yaml_source: str, cli: dict) -> Settings:
-    """Session settings from defaults < ini < YAML < command line (markers apply per test)."""
+    """Session settings from defaults < ini < --robust-config < command line (``PRECEDENCE``; a
+    suite's settings slot in below the command line, ``suites.schema.load_suite``; markers and
+    per-check keys apply per test, above everything)."""
     return (
         Settings()
         .replace(ini, "ini option robust_<key>")
         .replace(yaml_values, yaml_source)
-        .replace(cli, "command line --robust-<flag>")
+        .replace(cli, COMMAND_LINE_SOURCE)
     )

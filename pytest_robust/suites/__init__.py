@@ -28,10 +28,12 @@ that scale the draw budgets::
 
 A check takes the same keywords as a ``robust`` marker (``checks.parse_marker``); a perturbation
 is written ``{Name: {param: value}}`` or ``Name``, where Name is a built-in perturbation or one
-that a ``pytest_robust_perturbations`` hook adds. Settings resolve as: session (defaults < ini <
---robust-config < command line) < the suite's ``settings`` < the selected profile's settings <
-the check's own keys; the resulting budget is then multiplied by the profile's ``budget_scale``
-(rounded, at least 1). A suite without ``profiles`` runs every check at scale 1 whatever profile
+that a ``pytest_robust_perturbations`` hook adds. Settings resolve with the one precedence of
+``settings.keys.PRECEDENCE``: defaults < ini < --robust-config < the suite's ``settings`` < the
+selected profile's settings < the command line < the check's own keys; the resulting budget is
+then multiplied by the profile's ``budget_scale`` (rounded, at least 1), except a budget given on
+the command line and not by the check itself, which is used as given (a smoke job's
+``--robust-budget 300`` means 300). A suite without ``profiles`` runs every check at scale 1 whatever profile
 is chosen; a suite with ``profiles`` must define the chosen one.
 
 Everything but the factory calls is checked at collection (which imports the factories'

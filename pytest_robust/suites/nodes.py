@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_robust.errors import FactoryError, RobustError, SuiteError
-from pytest_robust.recording import RECORDED, SETTINGS, SPECS, enforce, metrics, run_spec
+from pytest_robust.recording import COMMAND_LINE, RECORDED, SETTINGS, SPECS, enforce, metrics, run_spec
 from pytest_robust.suites.factories import Factory, perturbation_factories
 from pytest_robust.suites.schema import Check, load_suite
 
@@ -38,7 +38,8 @@ class SuiteFile(pytest.File):
     def collect(self):
         try:
             checks = load_suite(self.path, self.nodeid, self.config.stash[SETTINGS],
-                                perturbation_factories(self.ihook), metrics(self.config))
+                                perturbation_factories(self.ihook), metrics(self.config),
+                                command_line=self.config.stash.get(COMMAND_LINE, {}))
         except SuiteError as err:
             raise self.CollectError(str(err)) from None
         except pytest.UsageError as err:

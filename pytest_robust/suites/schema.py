@@ -12,7 +12,7 @@ from typing import Callable
 from pytest_robust.checks.registry import CheckSpec, suggest
 from pytest_robust.checks.spec import budget_of, parse_marker
 from pytest_robust.errors import MarkerError, SettingError, SuiteError
-from pytest_robust.settings.keys import KEY_NAMES, Settings, parse_layer
+from pytest_robust.settings.keys import COMMAND_LINE_SOURCE, KEY_NAMES, Settings, parse_layer
 from pytest_robust.settings.validation import positive_float
 from pytest_robust.suites.document import KeyPath, SuiteDocument, _shown
 from pytest_robust.suites.factories import Factory, factory, perturbation_of
@@ -92,10 +92,12 @@ class Check:
 
 
 def load_suite(path: Path, where: str, session: Settings, perturbations: dict[str, Callable],
-               registered: dict) -> list[Check]:
+               registered: dict, command_line: dict | None = None) -> list[Check]:
     """Parse and validate the suite at ``path``; ``where`` names it in messages (its node id).
 
-    ``session`` holds the session settings (including the chosen profile) and ``perturbations``
+    ``session`` holds the session settings (including the chosen profile), ``command_line`` the
+    settings given on the command line, which beat the suite's ``settings:`` and profile (a check's
+    own keys beat them all: ``settings.keys.PRECEDENCE``), and ``perturbations``
     the perturbation factories a check may name, ``registered`` the metrics. Imports the factories' modules (from the
     suite's folder or sys.path) but calls no factory. Raises ``SuiteError``.
     """
@@ -120,11 +122,14 @@ def load_suite(path: Path, where: str, session: Settings, perturbations: dict[st
     suite_settings = _settings(doc, ("settings",), doc.mapping(("settings",), top.get("settings"), "a mapping"))
     profiles = _profiles(doc, top.get("profiles"))
     profile = _select(doc, profiles, session.profile)
-    base = session.replace(suite_settings, f"in {where}").replace(profile.settings, f"profile {profile.name}")
+    command_line = command_line or {}
+    base = (session.replace(suite_settings, f"in {where}").replace(profile.settings, f"profile {profile.name}")
+            .replace(command_line, COMMAND_LINE_SOURCE))
     entries = doc.expect(("checks",), top["checks"], list, "a list of checks")
     if not entries:
         raise doc.error(("checks",), "the list of checks is empty")
-    context = _Context(doc, folder, model, data, base, profile, profiles, perturbations, registered, names={})
+    context = _Context(doc, folder, model, data, base, profile, profiles, perturbations, registered, names={},
+                       budget_given="budget" in command_line)
     return [_check(context, index, entry) for index, entry in enumerate(entries)]
 
 
@@ -202,6 +207,7 @@ class _Context:
     perturbations: dict
     metrics: dict  # the registered metrics
     names: dict  # check name -> index, filled while the checks are parsed
+    budget_given: bool = False  # --robust-budget on the command line: used as given, not scaled by the profile
 
 
 def _check(ctx: _Context, index: int, raw) -> Check:
@@ -251,8 +257,8 @@ def _check(ctx: _Context, index: int, raw) -> Check:
     if spec.paired:
         spec.paired["reference"] = factory(doc, path, raw, "reference", ctx.folder)
     settings = ctx.settings.replace(overrides, f"in {doc.where}")
-    settings = dataclasses.replace(
-        settings, budget=max(1, round(budget_of(settings, metric) * ctx.profile.budget_scale)))
+    scale = 1.0 if ctx.budget_given and "budget" not in overrides else ctx.profile.budget_scale
+    settings = dataclasses.replace(settings, budget=max(1, round(budget_of(settings, metric) * scale)))
     return Check(
         name=name,
         line=doc.line(path),

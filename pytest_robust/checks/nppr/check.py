@@ -205,7 +205,7 @@ def _note(details: dict, confidence: float) -> str:
     if ctx["pgd_accuracy"] is not None:
         parts.append(f"PGD accuracy {ctx['pgd_accuracy']:.3f}")
     return (
-        f"{SEMANTICS} ({confidence:.0%}); per-input PR over {per_input['draws']} draws: mean "
+        f"{SEMANTICS} ({confidence:.0%}); per-input PR over {per_input['draws']:.1f} draws per input on average: mean "
         f"{per_input['mean_pr']:.3f}, {per_input['fraction_pr_at_least_0.9']:.0%} of inputs at 0.9 or more; "
         f"context at the same eps: {', '.join(parts)}; mixture fitted on {split['fit_inputs']} inputs, "
         f"evaluated on {split['eval_inputs']} others (cache: {details['cache']})"

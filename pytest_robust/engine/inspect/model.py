@@ -5,6 +5,7 @@ cannot be sure."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import torch
@@ -40,7 +41,19 @@ def check_model(model) -> None:
 
 def check_outputs(z: torch.Tensor) -> None:
     """RobustWarning when the model's outputs look like probabilities (non-negative rows that
-    sum to 1): losses (the q-loss's cross-entropy, NPPR's margin) need logits."""
+    sum to 1, or a one-logit output read as ``[0, z]`` whose z all lie in [0, 1]: a final
+    sigmoid): losses (the q-loss's cross-entropy, NPPR's margin) and, for a sigmoid, the
+    predictions (class 1 iff z > 0) need logits."""
+    if z.shape[1] == 2 and bool((z[:, 0] == 0).all()) and bool(((z[:, 1] >= 0) & (z[:, 1] <= 1)).all()):
+        warnings.warn(
+            "the model's one-logit outputs all lie in [0, 1]: they look like sigmoid probabilities (a "
+            "torch.sigmoid at the end of the model?). pytest-robust reads a one-logit output z as the logits "
+            "[0, z], class 1 iff z > 0, so probabilities predict class 1 for almost every input: remove the "
+            "final sigmoid (the model of BCEWithLogitsLoss returns logits)",
+            RobustWarning,
+            stacklevel=4,
+        )
+        return
     if bool((z >= 0).all()) and bool(((z.sum(dim=1) - 1).abs() <= PROBABILITY_TOLERANCE).all()):
         warnings.warn(
             "the model's outputs are non-negative and every row sums to 1: they look like "
@@ -81,3 +94,24 @@ def explain_model_error(x: torch.Tensor, err: Exception) -> None:
             f"{type(err).__name__}: {text}); give "
             "the data the shape the model expects (one row per input: (N, C, H, W) images, (N, F) features)"
         ) from err
+
+
+def explain_signature_error(model, err: TypeError) -> None:
+    """Called when the model raises a TypeError: a RobustModelError when its ``forward`` has
+    required arguments besides the input (pytest-robust calls ``model(x)``), naming them and the
+    one-line fix; otherwise nothing (the TypeError is the model's own)."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    required = [p.name for p in params[1:] if p.kind in plain and p.default is inspect.Parameter.empty]
+    if not required or "missing" not in str(err):
+        return
+    given = ", ".join(f"{name}=..." for name in required)
+    raise RobustModelError(
+        f"the model's forward needs {', '.join(map(repr, required))} besides the input ({type(err).__name__}: {err}); "
+        f"pytest-robust calls model(x) with the input alone: fix the other arguments in the model fixture with "
+        f"model.forward = functools.partial(model.forward, {given}), or wrap the model in a module whose forward "
+        "takes x alone (docs/bring-your-own-model.md, 'A forward that needs more than the input')"
+    ) from err
