@@ -128,15 +128,20 @@ BUILTIN = {
         "pytest_robust.metrics.adversarial:evaluate", title="adversarial accuracy", budget=1_000_000, paired="outcomes",
         perturbation="pytest_robust.metrics.adversarial:ball",
         params=(
-            Param("eps", positive_float, EPS_SETTING, "the L-inf radius of the attack, in input units"),
+            Param("eps", positive_float, EPS_SETTING, "the radius of the attack in the norm norm=, in input units"),
+            Param("norm", choice("linf", "l2"), "linf", "the ball's norm"),
             Param("steps", positive_int, 100, "APGD steps"),
             Param("restarts", positive_int, 1, "APGD-CE restarts"),
-            Param("targets", non_negative_int, 9, "target classes of APGD-T (0 skips it)"),
+            Param("targets", non_negative_int, 9, "target classes of APGD-T (0 skips it; at most classes - 1)"),
+            Param("ranking", choice("linear", "logits"), "linear",
+                  "APGD-T's targets and starts: by the first-order model (linear) or by clean logits from random "
+                  "starts (logits, AutoAttack's)"),
             Param("square_queries", non_negative_int, 1000, "queries of the Square search (0 skips it)"),
+            Param("inputs", positive_int, None, "attack at most this many inputs (a seeded random subset)"),
             BOX,
         ),
-        doc="accuracy under an L-inf attack (APGD-CE, APGD-T, Square) >= threshold (an upper estimate of true "
-            "robust accuracy)",
+        doc="accuracy under an L-inf or L2 attack (APGD-CE, APGD-T, Square) >= threshold (an upper estimate of "
+            "true robust accuracy)",
     ),
     "corruption_accuracy": Metric(
         "pytest_robust.metrics.corruption_accuracy:evaluate", title="corruption accuracy", budget=100_000, paired="bernoulli",
