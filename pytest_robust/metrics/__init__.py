@@ -130,13 +130,13 @@ BUILTIN = {
         params=(
             Param("eps", positive_float, EPS_SETTING, "the radius of the attack in the norm norm=, in input units"),
             Param("norm", choice("linf", "l2"), "linf", "the ball's norm"),
-            Param("steps", positive_int, 100, "APGD steps"),
+            Param("steps", positive_int, 50, "APGD steps"),
             Param("restarts", positive_int, 1, "APGD-CE restarts"),
-            Param("targets", non_negative_int, 9, "target classes of APGD-T (0 skips it; at most classes - 1)"),
+            Param("targets", non_negative_int, 6, "target classes of APGD-T (0 skips it; at most classes - 1)"),
             Param("ranking", choice("linear", "logits"), "linear",
                   "APGD-T's targets and starts: by the first-order model (linear) or by clean logits from random "
                   "starts (logits, AutoAttack's)"),
-            Param("square_queries", non_negative_int, 1000, "queries of the Square search (0 skips it)"),
+            Param("square_queries", non_negative_int, 250, "queries of the Square search (0 skips it)"),
             Param("inputs", positive_int, None, "attack at most this many inputs (a seeded random subset)"),
             BOX,
         ),
