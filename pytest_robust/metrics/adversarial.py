@@ -168,8 +168,11 @@ class _Found:
         self.schedule, self.points = schedule, {}
 
     def keep(self, index: torch.Tensor, broken: torch.Tensor, example: torch.Tensor) -> None:
-        """Add the rows ``broken`` (a mask) of a group, ``index`` their inputs' positions."""
-        for i, point in zip(index[broken].tolist(), example[broken].cpu()):
+        """Add the rows ``broken`` (a mask) of a group, ``index`` their inputs' positions: only the
+        WORST of lowest index are copied to the host."""
+        rows = broken.nonzero().squeeze(1)
+        rows = rows[index[rows].argsort()[: per_input.WORST]]
+        for i, point in zip(index[rows].tolist(), example[rows].cpu()):
             self.points[int(i)] = point
         self.points = dict(sorted(self.points.items())[: per_input.WORST])
 
