@@ -35,6 +35,7 @@ accuracy of AutoAttack's adversarial points is computed outside the wrapper.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -61,7 +62,7 @@ LINEARS = {"linf": (((3, 8), (0.02, 0.05)), ((3, 5, 8), (0.02, 0.05)), (tuple(ra
            "l2": (((3, 8), (0.1, 0.25)), ((3, 5, 8), (0.1, 0.25)), (tuple(range(10)), (0.1, 0.25)))}
 #: Tolerances of the targets (points of accuracy) and the share of AA-100's evaluations allowed.
 STRENGTH_POINTS, COST_SHARE = 0.5, 1 / 10
-#: AutoAttack's figures per (norm, model, eps, inputs, steps, seed): they do not depend on our code,
+#: AutoAttack's figures per (norm, model, its fingerprint, eps, inputs, steps, seed): they do not depend on our code,
 #: so a run reuses those an earlier run of this script measured (``--refresh-aa`` measures again).
 CACHE = Path(__file__).parent / "results" / "autoattack_cache.json"
 
@@ -153,6 +154,16 @@ def ours(model: nn.Module, x, y, eps: float, norm: str, device) -> dict:
             "masking": r.details["gradient_masking"]["suspected"]}
 
 
+def fingerprint(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str:
+    """12 hex digits of a SHA-1 over the model's parameters and buffers and the inputs and labels:
+    a cached AutoAttack figure is reused only for the very same model and data (a model trained by
+    this script on another CPU differs in its last bits)."""
+    digest = hashlib.sha1()
+    for t in (*model.state_dict().values(), x, y):
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
 def _cache() -> dict:
     return json.loads(CACHE.read_text()) if CACHE.exists() else {}
 
@@ -192,7 +203,7 @@ def evaluate(name: str, model: nn.Module, x, y, eps: float, cfg: dict, device, e
     model = model.to(device).eval()
     x, y = x.to(device), y.to(device)
     norm = cfg["norm"]
-    key = f"{norm}|{name}|eps={eps:g}|inputs={len(y)}|seed={SEED}"
+    key = f"{norm}|{name}|{fingerprint(model, x, y)}|eps={eps:g}|inputs={len(y)}|seed={SEED}"
     row = {"model": name, "eps": eps, "exact": exact, "clean": correct_predictions(model(x), y).double().mean().item(),
            "ours": ours(model, x, y, eps, norm, device) if cfg["ours"] else None,
            "aa10": autoattack(model, x, y, eps, None, norm, key, cfg["refresh"]),
