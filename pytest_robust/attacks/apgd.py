@@ -24,11 +24,11 @@ step size to tune. A row counts as broken when any iterate it visits is misclass
 counts as misclassified).
 
 Cost and host reads: N + 1 model evaluations per row (x(0) ... x(N), each with a backward pass).
-At each checkpoint, and after the steps ``EARLY`` that come before the first checkpoint, the rows
+At each checkpoint, and after the steps ``EARLY`` (each capped at the first checkpoint), the rows
 already broken leave the run (their remaining steps are not spent): most breakable inputs break
 within a few steps, so they cost a few evaluations rather than the first checkpoint's w_1 + 1.
-One host read per exit, at most eight checkpoints plus len(EARLY) per run whatever N (a checkpoint
-that coincides with the previous one, for small N, still reads once); nothing else is read back,
+One host read per exit: eight checkpoints plus len(EARLY) per run whatever N (an exit that
+coincides with the previous one, for small N, still reads once); nothing else is read back,
 every per-row decision is a ``torch.where`` on the device. Iterates, step sizes and losses are float32 or wider whatever
 the model's dtype (the model wrapper casts at the model's input).
 """
@@ -180,8 +180,8 @@ def apgd(forward: Forward, x0: torch.Tensor, center: torch.Tensor, y: torch.Tens
     flat, found = torch.zeros_like(fooled), x0.clone()
     s, done, last = _start(forward, x0, center, y, labels, lo, hi, objective, ball.eps), 0, 0
     marks = checkpoints(steps)
-    for e in (e for e in EARLY if e < marks[0]):
-        s, done = _advance(forward, s, objective, ball, done, e)
+    for e in EARLY:  # capped at the first checkpoint: the same number of reads whatever the steps
+        s, done = _advance(forward, s, objective, ball, done, min(e, marks[0]))
         s = _retire(s, fooled, flat, found)
     for w in marks:
         s, done = _advance(forward, s, objective, ball, done, w)

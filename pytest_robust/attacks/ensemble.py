@@ -93,6 +93,7 @@ class Schedule:
                 + self.square_queries)
 
     def ball(self) -> Ball:
+        """The ball the stages move in (``norms``)."""
         return ball(self.norm, self.eps)
 
     def describe(self) -> str:

@@ -194,9 +194,12 @@ class _Found:
 
 
 def _classes(run: Run) -> int:
-    """The number of classes: the width of the logits of one input (one model evaluation)."""
+    """The number of classes: the width of the logits of the first input (one model evaluation,
+    on the rank whose share of the rows holds it; every rank gets the answer)."""
+    rows = run.span(1)
     with run.forward.phase("probe"):
-        return int(run.forward.logits(run.ds.x[:1].to(run.device)).shape[1])
+        mine = int(run.forward.logits(run.ds.x[rows].to(run.device)).shape[1]) if rows.stop > rows.start else None
+    return next(c for c in collective.gather_objects(mine) if c is not None)
 
 
 def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: SequentialGate | None,
