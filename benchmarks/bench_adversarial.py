@@ -92,10 +92,12 @@ class WideCNN(nn.Module):
         return self.net(x)
 
 
-def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, noise: float = 0.0) -> nn.Module:
-    """Adam (lr 2e-3, batches of 64) on cross-entropy, seeded; with ``noise`` every batch is replaced by
-    a uniform draw in the L-inf ball of that radius, clipped to [0, 1]."""
+def fit(build: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, epochs: int, noise: float = 0.0) -> nn.Module:
+    """The model ``build()`` makes, initialised and trained with Adam (lr 2e-3, batches of 64) on
+    cross-entropy, seeded (the same model whichever models ran before); with ``noise`` every batch is
+    replaced by a uniform draw in the L-inf ball of that radius, clipped to [0, 1]."""
     torch.manual_seed(SEED)
+    model = build()
     gen = torch.Generator().manual_seed(SEED)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     model.train()
@@ -123,7 +125,7 @@ def linear_model(train, classes: tuple[int, ...]) -> tuple[nn.Module, Callable]:
         return x[keep], torch.searchsorted(torch.tensor(classes), y[keep])
 
     x, y = select(train)
-    return fit(nn.Sequential(nn.Flatten(), nn.Linear(64, len(classes))), x, y, epochs=100), select
+    return fit(lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, len(classes))), x, y, epochs=100), select
 
 
 def exact_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str) -> float | None:
@@ -221,7 +223,7 @@ def runs(cfg: dict, device) -> list[dict]:
     for name, radii in CNNS[norm]:
         if wanted and name not in wanted:
             continue
-        model = fit(WideCNN(), *train, epochs=20, noise=0.2) if name == "wide" else load(name, torch.device("cpu"))
+        model = fit(WideCNN, *train, epochs=20, noise=0.2) if name == "wide" else load(name, torch.device("cpu"))
         rows += [evaluate(name, model, x, y, eps, cfg, device) for eps in radii]
     for classes, radii in LINEARS[norm]:
         if wanted and "linear" not in wanted:
