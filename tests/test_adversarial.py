@@ -8,7 +8,7 @@ import torch
 from toy_models import SmallNet, image_data
 
 from pytest_robust import adversarial_accuracy
-from pytest_robust.attacks.apgd import checkpoints
+from pytest_robust.attacks.apgd import EARLY, checkpoints
 from pytest_robust.attacks.losses import dlr_targeted
 from pytest_robust.errors import RobustWarning, SettingError
 
@@ -86,7 +86,7 @@ class Separated(torch.nn.Module):
 
 def test_every_stage_attacks_only_the_inputs_still_unbroken():
     """Inputs far from the boundary survive everything and cost the whole schedule; inputs within
-    eps of it are broken by APGD-CE before its first checkpoint and leave; misclassified inputs
+    eps of it are broken by APGD-CE within its first steps and leave; misclassified inputs
     cost their clean evaluation only."""
     far, near, wrong = torch.full((5, 4), 0.9), torch.full((3, 4), 0.27), torch.full((2, 4), 0.1)
     x = torch.cat([far, near, wrong])  # sums 3.6 (robust at eps 0.05), 1.08 (broken), 0.4 (class 1)
@@ -94,13 +94,18 @@ def test_every_stage_attacks_only_the_inputs_still_unbroken():
     steps, queries = 20, 30
     r = adversarial_accuracy(Separated(), (x, y), eps=0.05, steps=steps, restarts=2, targets=3,
                              square_queries=queries)
-    first = checkpoints(steps)[0]
-    assert r.details["evaluations"] == {
+    spent = dict(r.details["evaluations"])
+    near = spent.pop("apgd-ce") - 5 * 2 * (steps + 1)
+    assert spent == {
+        "probe": 1,  # the number of classes
         "clean": 10,
-        "apgd-ce": 5 * 2 * (steps + 1) + 3 * (first + 1),  # the near ones leave at the first checkpoint
-        "apgd-t": 5 * 1 * (steps + 1),  # two classes: one target
+        "apgd-t": 5 * (1 + 1 * (steps + 1)),  # two classes: one target, one ranking gradient
         "square": 5 * queries,
     }
+    # the first signed step reaches the corner where sum(x) = 0.88 < 1: each near input leaves at the
+    # early exit after its start (when the start already errs) or after step 2 (EARLY), long before
+    # the first checkpoint
+    assert 3 * (EARLY[0] + 1) <= near <= 3 * (EARLY[1] + 1) < 3 * (checkpoints(steps)[0] + 1)
     table = r.details["per_input"]
     assert table["outcome"] == ["robust"] * 5 + ["broken"] * 3 + ["misclassified"] * 2
     assert table["stage"] == [""] * 5 + ["apgd-ce"] * 3 + [""] * 2
@@ -124,7 +129,7 @@ def test_per_input_table_schema_and_counts():
     assert table["outcome"].count("misclassified") == d["misclassified_inputs"]
     assert sum(s["broken"] for s in d["stages"]) == d["broken_inputs"] > 0
     assert {s["name"]: s["evaluations"] for s in d["stages"]} == {k: v for k, v in d["evaluations"].items()
-                                                                  if k != "clean"}
+                                                                  if k not in ("clean", "probe")}
     assert "L-inf eps=0.05" in r.perturbation and "APGD-CE 5 steps" in r.perturbation
     assert "an upper estimate of the true adversarial accuracy: a fail is conclusive, a pass is only as " \
            "strong as the attack" in r.message()
@@ -161,15 +166,20 @@ def test_gradient_masking_is_reported_when_only_the_random_search_breaks_inputs(
 
 
 def test_a_budget_that_cannot_attack_every_input_is_refused_up_front():
+    """The worst case counts the targets the model has: SmallNet has 3 classes, so 2 of the 3
+    targets asked for, and 2 ranking gradients; the refusal names inputs= and the probe is counted."""
     x, y = image_data(n=40)
-    per_input = 1 + (2 + 3) * (9 + 1) + 100
-    with pytest.raises(SettingError, match=rf"at least {40 * per_input} model evaluations to attack all 40 inputs"):
+    per_input = 1 + (2 + 2) * (9 + 1) + 2 + 100
+    needed = 1 + 40 * per_input
+    with pytest.raises(SettingError, match=rf"at least {needed} model evaluations to attack 40 inputs .*2 target\(s\) "
+                                           r"of 3 classes.*set inputs= \(a seeded random subset\) below 40"):
         adversarial_accuracy(SmallNet().eval(), (x, y), eps=0.1, steps=9, restarts=2, targets=3,
-                             square_queries=100, budget=40 * per_input - 1)
+                             square_queries=100, budget=needed - 1)
     r = adversarial_accuracy(SmallNet().eval(), (x, y), eps=0.1, steps=9, restarts=2, targets=3,
-                             square_queries=100, budget=40 * per_input)
-    assert r.forward_passes <= r.budget == 40 * per_input
-    assert r.details["attack"]["worst_case_per_input"] == per_input
+                             square_queries=100, budget=needed)
+    assert r.forward_passes <= r.budget == needed
+    assert r.details["attack"]["worst_case_per_input"] == per_input and r.details["attack"]["classes"] == 3
+    assert r.details["evaluations"]["probe"] == 1
 
 
 def test_numbers_do_not_depend_on_the_batch_size():

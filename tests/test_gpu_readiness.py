@@ -263,7 +263,7 @@ def test_hot_loops_read_the_host_at_most_twice_per_model_batch(name):
             severities=[1, 5], budget=1024 * k, batch_size=256),
         "certified_accuracy": lambda k: certified_accuracy(model, (x[:8 * k], y[:8 * k]), threshold=None, radius=0.05, sigma=0.25,
                                                            max_draws=1000, budget=40_000, batch_size=256),
-        "adversarial_accuracy": lambda k: adversarial_accuracy(model, (x, y), threshold=None, eps=0.1, steps=5 * k, batch_size=256),
+        "adversarial_accuracy": lambda k: adversarial_accuracy(model, (x, y), threshold=None, eps=0.02, steps=5 * k, batch_size=256),
         "q_hmc": lambda k: intermediate_q(
             model, (x[:8], y[:8]), perturbation=box, q=10, chains=4, steps=6 * k, warmup=2, pgd_steps=2, budget=40_000, batch_size=256),
         "nppr": lambda k: nppr(model, (x, y), eps=0.1, latent_dim=4, components=2, fit_steps=4 * k, fit_batch_size=8,

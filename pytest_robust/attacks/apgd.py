@@ -1,12 +1,14 @@
 """APGD: projected gradient ascent with an adaptive step size and momentum (Croce & Hein, "Reliable
 evaluation of adversarial robustness with an ensemble of diverse parameter-free attacks", ICML 2020,
-Algorithm 1), in the L-inf ball intersected with the input box.
+Algorithm 1), in the L-inf or the L2 ball of radius eps intersected with the input box.
 
-From x(0) (a uniform draw in the feasible box S = [max(x - eps, lo), min(x + eps, hi)]) and the
-step size eta = 2 eps, with P the projection onto S (a clamp):
+From a start x(0) in the feasible set and the step size eta = 2 eps, with P the projection onto
+the feasible set and a(g) the steepest-ascent direction of unit norm (``norms.Ball``: sign(g) and a
+clamp to S = [max(x - eps, lo), min(x + eps, hi)] in L-inf; g / ||g||_2 and a rescaling onto the
+L2 ball, then the clamp, in L2):
 
-    x(1)   = P(x(0) + eta sign(grad f(x(0))))
-    z(k+1) = P(x(k) + eta sign(grad f(x(k))))
+    x(1)   = P(x(0) + eta a(grad f(x(0))))
+    z(k+1) = P(x(k) + eta a(grad f(x(k))))
     x(k+1) = P(x(k) + alpha (z(k+1) - x(k)) + (1 - alpha) (x(k) - x(k-1))),   alpha = 0.75.
 
 At the checkpoints w_j = ceil(p_j N) of an N-step run (p_0 = 0, p_1 = 0.22,
@@ -22,10 +24,12 @@ step size to tune. A row counts as broken when any iterate it visits is misclass
 counts as misclassified).
 
 Cost and host reads: N + 1 model evaluations per row (x(0) ... x(N), each with a backward pass).
-At each checkpoint the rows already broken leave the run (their remaining steps are not spent):
-one host read per checkpoint, eight per run whatever N (a checkpoint that coincides with the
-previous one, for small N, still reads once); nothing else is read back, every per-row decision
-is a ``torch.where`` on the device. Iterates, step sizes and losses are float32 or wider whatever
+At each checkpoint, and after the steps ``EARLY`` (each capped at the first checkpoint), the rows
+already broken leave the run (their remaining steps are not spent): most breakable inputs break
+within a few steps, so they cost a few evaluations rather than the first checkpoint's w_1 + 1.
+One host read per exit: eight checkpoints plus len(EARLY) per run whatever N (an exit that
+coincides with the previous one, for small N, still reads once); nothing else is read back,
+every per-row decision is a ``torch.where`` on the device. Iterates, step sizes and losses are float32 or wider whatever
 the model's dtype (the model wrapper casts at the model's input).
 """
 
@@ -38,11 +42,15 @@ from typing import Callable
 
 import torch
 
+from pytest_robust.attacks.norms import Ball
 from pytest_robust.engine.forward import Forward, correct_predictions
 from pytest_robust.engine.streams import per_row
 
 #: Weight of the new gradient step against the previous move (the paper's alpha).
 ALPHA = 0.75
+#: Steps after which broken rows also leave the run, when they come before the first checkpoint
+#: (0: right after the start's evaluation, which a ranked start may already break).
+EARLY = (0, 2, 5, 10)
 #: Share of loss-increasing steps since the last checkpoint below which the step size halves (rho).
 RHO = 0.75
 
@@ -64,6 +72,7 @@ class _Rows:
     still in the run; ``index`` is each row's position among the rows the run started with."""
 
     index: torch.Tensor
+    center: torch.Tensor  # the clean inputs, the balls' centres
     y: torch.Tensor  # true labels, for the misclassification check
     labels: torch.Tensor  # what the objective gets (y, or (y, target) pairs)
     lo: torch.Tensor
@@ -80,6 +89,7 @@ class _Rows:
     best_at_check: torch.Tensor  # best loss at the last checkpoint
     halved_at_check: torch.Tensor  # whether the step size halved at the last checkpoint
     fooled: torch.Tensor
+    found: torch.Tensor  # the first misclassified iterate (x(0) while none)
     flat: torch.Tensor  # the gradient was exactly zero at every point visited
 
     def take(self, keep: torch.Tensor) -> "_Rows":
@@ -93,29 +103,30 @@ def _evaluate(forward: Forward, x: torch.Tensor, y: torch.Tensor, labels: torch.
     return loss, grad, ~correct_predictions(logits, y), (grad.flatten(1) == 0).all(dim=1)
 
 
-def _start(forward, x0, y, labels, lo, hi, objective, eps) -> _Rows:
+def _start(forward, x0, center, y, labels, lo, hi, objective, eps) -> _Rows:
     """The run's state at x(0): its loss and gradient; step size 2 eps."""
     loss, grad, wrong, flat = _evaluate(forward, x0, y, labels, objective)
     n = len(y)
-    return _Rows(torch.arange(n, device=x0.device), y, labels, lo, hi, x0, x0, grad, loss, x0, grad, loss,
+    return _Rows(torch.arange(n, device=x0.device), center, y, labels, lo, hi, x0, x0, grad, loss, x0, grad, loss,
                  torch.full((n,), 2.0 * eps, dtype=x0.dtype, device=x0.device),
                  torch.zeros(n, dtype=torch.long, device=x0.device), loss,
-                 torch.zeros(n, dtype=torch.bool, device=x0.device), wrong, flat)
+                 torch.zeros(n, dtype=torch.bool, device=x0.device), wrong, x0, flat)
 
 
-def _step(forward: Forward, s: _Rows, objective: Objective, first: bool) -> _Rows:
+def _step(forward: Forward, s: _Rows, objective: Objective, ball: Ball, first: bool) -> _Rows:
     """One APGD iteration: the momentum step (a plain projected step for the first), then the new
     point's loss and gradient; the best point so far is kept per row."""
-    z = torch.minimum(torch.maximum(s.x + per_row(s.eta, s.x) * s.grad.sign(), s.lo), s.hi)
+    z = ball.project(s.x + per_row(s.eta, s.x) * ball.ascent(s.grad), s.center, s.lo, s.hi)
     if not first:
-        z = torch.minimum(torch.maximum(s.x + ALPHA * (z - s.x) + (1 - ALPHA) * (s.x - s.x_prev), s.lo), s.hi)
+        z = ball.project(s.x + ALPHA * (z - s.x) + (1 - ALPHA) * (s.x - s.x_prev), s.center, s.lo, s.hi)
     loss, grad, wrong, flat = _evaluate(forward, z, s.y, s.labels, objective)
     better = loss > s.best_loss
     wide = per_row(better, z)
     return dataclasses.replace(
         s, x=z, x_prev=s.x, grad=grad, loss=loss, rises=s.rises + (loss > s.loss),
         best_x=torch.where(wide, z, s.best_x), best_grad=torch.where(wide, grad, s.best_grad),
-        best_loss=torch.where(better, loss, s.best_loss), fooled=s.fooled | wrong, flat=s.flat & flat)
+        best_loss=torch.where(better, loss, s.best_loss), fooled=s.fooled | wrong,
+        found=torch.where(per_row(wrong & ~s.fooled, z), z, s.found), flat=s.flat & flat)
 
 
 def _revise(s: _Rows, interval: int) -> _Rows:
@@ -130,43 +141,53 @@ def _revise(s: _Rows, interval: int) -> _Rows:
         best_at_check=s.best_loss, halved_at_check=halve)
 
 
-def _record(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor) -> None:
-    """Write every current row's outcome into ``fooled`` / ``flat``, the run's full-length masks."""
+def _record(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Tensor) -> None:
+    """Write every current row's outcome into ``fooled`` / ``flat`` / ``found``, the run's
+    full-length outputs."""
     fooled[s.index] = s.fooled
     flat[s.index] = s.flat
+    found[s.index] = s.found
 
 
-def _retire(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor) -> _Rows:
+def _retire(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Tensor) -> _Rows:
     """Record the current rows' outcomes and keep only the rows not yet broken (the one host read
     of a checkpoint)."""
-    _record(s, fooled, flat)
+    _record(s, fooled, flat, found)
     return s.take((~s.fooled).nonzero().squeeze(1))
 
 
-def _advance(forward: Forward, s: _Rows, objective: Objective, done: int, until: int) -> tuple[_Rows, int]:
+def _advance(forward: Forward, s: _Rows, objective: Objective, ball: Ball, done: int,
+             until: int) -> tuple[_Rows, int]:
     """Iterate the rows still in the run from step ``done`` to step ``until`` (none left: stop)."""
     while done < until and len(s.index):
-        s, done = _step(forward, s, objective, first=done == 0), done + 1
+        s, done = _step(forward, s, objective, ball, first=done == 0), done + 1
     return s, done
 
 
-def apgd(forward: Forward, x0: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, lo: torch.Tensor,
-         hi: torch.Tensor, objective: Objective, eps: float, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """APGD maximising ``objective(logits, labels)`` from x(0) = ``x0`` in the box [lo, hi] (float32 or
-    wider, x0 inside it), ``steps`` iterations (module docstring).
+def apgd(forward: Forward, x0: torch.Tensor, center: torch.Tensor, y: torch.Tensor, labels: torch.Tensor,
+         lo: torch.Tensor, hi: torch.Tensor, objective: Objective, ball: Ball,
+         steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """APGD maximising ``objective(logits, labels)`` from x(0) = ``x0`` in ``ball`` around the clean
+    inputs ``center``, within their feasible box [lo, hi] (float32 or wider, x0 feasible), ``steps``
+    iterations (module docstring).
 
-    Returns two device masks over the rows: broken (some iterate was misclassified with respect to
+    Returns two device masks over the rows, broken (some iterate was misclassified with respect to
     ``y``) and flat (the objective's gradient was exactly zero at every point the row visited: a
-    sign of gradient masking). At most steps + 1 evaluations per row, fewer for rows broken early.
+    sign of gradient masking), and per row the first misclassified iterate (x(0) where none). At
+    most steps + 1 evaluations per row, fewer for rows broken early.
     """
     fooled = torch.zeros(len(y), dtype=torch.bool, device=x0.device)
-    flat = torch.zeros_like(fooled)
-    s, done, last = _start(forward, x0, y, labels, lo, hi, objective, eps), 0, 0
-    for w in checkpoints(steps):
-        s, done = _advance(forward, s, objective, done, w)
+    flat, found = torch.zeros_like(fooled), x0.clone()
+    s, done, last = _start(forward, x0, center, y, labels, lo, hi, objective, ball.eps), 0, 0
+    marks = checkpoints(steps)
+    for e in EARLY:  # capped at the first checkpoint: the same number of reads whatever the steps
+        s, done = _advance(forward, s, objective, ball, done, min(e, marks[0]))
+        s = _retire(s, fooled, flat, found)
+    for w in marks:
+        s, done = _advance(forward, s, objective, ball, done, w)
         if w > last:
             s = _revise(s, w - last)
-        s, last = _retire(s, fooled, flat), w
-    s, _ = _advance(forward, s, objective, done, steps)
-    _record(s, fooled, flat)
-    return fooled, flat
+        s, last = _retire(s, fooled, flat, found), w
+    s, _ = _advance(forward, s, objective, ball, done, steps)
+    _record(s, fooled, flat, found)
+    return fooled, flat, found

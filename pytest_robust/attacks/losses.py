@@ -12,7 +12,9 @@ that is larger where the model is closer to a mistake:
   classes z_pi4 is taken as z_pi3; with 2 classes there is no third logit to normalise by and the
   loss is the plain margin z_t - z_y (which is then exact: its gradient is the constant w_t - w_y
   on a linear model);
-- ``margin(z, y)`` = z_y - max_{j != y} z_j, the quantity the Square attack drives below 0.
+- ``margin(z, y)`` = z_y - max_{j != y} z_j, the quantity the Square attack drives below 0;
+- ``target_gap(z, (y, t))`` = z_t - z_y, positive exactly when class t beats class y: its gradient
+  ranks the target classes by the first-order model (``ensemble``).
 """
 
 from __future__ import annotations
@@ -31,14 +33,18 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def dlr_targeted(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Targeted DLR loss per row (module docstring); ``labels`` is (n, 2): true class, target class."""
-    y, t = labels[:, 0:1], labels[:, 1:2]
-    gap = (logits.gather(1, t) - logits.gather(1, y)).squeeze(1)
+    gap = target_gap(logits, labels)
     classes = logits.shape[1]
     if classes == 2:
         return gap
     top = logits.sort(dim=1, descending=True).values
     third, fourth = top[:, 2], top[:, min(3, classes - 1)]
     return gap / (top[:, 0] - 0.5 * (third + fourth) + DLR_FLOOR)
+
+
+def target_gap(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """z_t - z_y per row; ``labels`` is (n, 2): true class, target class."""
+    return (logits.gather(1, labels[:, 1:2]) - logits.gather(1, labels[:, 0:1])).squeeze(1)
 
 
 def margin(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -93,13 +93,15 @@ def p_values(successes: int, n: int, threshold: float, direction: str = ">=") ->
     return {"pass": above, "fail": below} if direction == ">=" else {"pass": below, "fail": above}
 
 
-def rate_result(run, outcomes: np.ndarray, perturbation: str, details: dict | None = None, note: str = "") -> Result:
+def rate_result(run, outcomes: np.ndarray, perturbation: str, details: dict | None = None, note: str = "",
+                gallery: dict | None = None) -> Result:
     """The whole check "share of inputs whose outcome is 1 >= threshold", over every input; with a
-    threshold, ``details["p_values"]`` holds the p-values of its two claims (``p_values``)."""
+    threshold, ``details["p_values"]`` holds the p-values of its two claims (``p_values``).
+    ``gallery`` is passed on to ``Run.result``."""
     estimate, lower, upper = rate(run, outcomes)
     details = dict(details or {})
     if run.args.threshold is not None:
         successes = int(np.asarray(outcomes, dtype=bool).sum())
         details["p_values"] = p_values(successes, len(outcomes), run.args.threshold, run.direction)
     return run.result(estimate=estimate, lower=lower, upper=upper, draws=len(outcomes), perturbation=perturbation,
-                      details=details, note=note)
+                      details=details, note=note, gallery=gallery)

@@ -1,32 +1,50 @@
-"""Adversarial accuracy: accuracy under an L-inf attack of radius eps (the figure RobustBench reports).
+"""Adversarial accuracy: accuracy under an L-inf or L2 attack of radius eps (the figures
+RobustBench reports).
 
 Per input x with label y, the attack of ``attacks.ensemble`` (clean check, then APGD on
-cross-entropy, APGD on the targeted DLR loss towards the best-scoring other classes, then the
+cross-entropy, APGD on the targeted DLR loss towards the most promising other classes, then the
 gradient-free Square search, each stage only on the inputs the earlier ones left unbroken: Croce &
-Hein 2020, Andriushchenko et al. 2020) looks for a point of the feasible box
-[max(x - eps, lo), min(x + eps, hi)] that the model misclassifies (a tie counts as misclassified).
-The outcome per input, "robust" (no stage found one), is a Bernoulli variable whose mean over the
-data is the *attack's* robust accuracy, gated against the threshold with one-sided Clopper-Pearson
-bounds over inputs at the stated confidence.
+Hein 2020, Andriushchenko et al. 2020) looks for a point of the ball of radius eps around x (L-inf
+or L2, ``norm``), clipped to the box, that the model misclassifies (a tie counts as
+misclassified). The outcome per input, "robust" (no stage found one), is a Bernoulli variable
+whose mean over the data is the *attack's* robust accuracy.
 
 What a verdict means. An attack can only show that a point is not robust, so the attack's robust
 accuracy is an *upper* estimate of the true adversarial accuracy (every misclassified point it
 found is real; robustness where it found none is not proven). A fail is conclusive (true
 adversarial accuracy <= the attack's < threshold, at the stated confidence); a pass is only as
-strong as the attack. On a linear model the attack is exact: the targeted stage reaches the worst
-corner of the box for every other class.
+strong as the attack. On a linear model the attack is exact (in L-inf; in L2 without a box): the
+targeted stage starts at the worst point of the ball for the most dangerous class.
+
+Which inputs, and when it stops. The inputs are attacked in a seeded random order (the run's seed),
+in chunks of ``CHUNK`` inputs; ``inputs=`` attacks only the first that many of that order (a seeded
+random subset). Inputs drawn i.i.d. from the data distribution, taken in an order that does not
+depend on their outcomes, are still i.i.d., so the outcomes form a Bernoulli stream whose mean is
+the attack's robust accuracy on the distribution (the random order protects against data sets
+sorted by class). Without a threshold every chosen input is attacked and the figure is bounded by
+one-sided Clopper-Pearson bounds. With a threshold the outcomes feed, chunk by chunk, the
+anytime-valid betting gate the TSRM check uses (``stats.betting.SequentialGate``, a mixture of bets
+sized for the number of inputs): it stops as soon as its bounds clear the threshold either way
+(false pass and false fail each <= alpha at any stopping time, by Ville's inequality), and the
+bounds reported are its confidence sequence; a gate that never decides ends inconclusive with the
+confidence sequence over every chosen input. Clopper-Pearson bounds are shown for reference
+(``details["cp_lower"]``, valid for a fixed number of inputs only).
 
 Gradient masking. When the Square search breaks inputs that both gradient stages left robust, or
 the gradient was exactly zero wherever the gradient stages looked, the gradients mislead and the
 figure may be far too high: the check warns (``RobustWarning``, also in ``details["warnings"]``
-and the message) once either count reaches ``MASKING_SHARE`` of the inputs and ``MASKING_MIN``
-inputs, and reports both in ``details["gradient_masking"]``.
+and the message) once either count reaches ``MASKING_SHARE`` of the inputs attacked and
+``MASKING_MIN`` inputs, and reports both in ``details["gradient_masking"]``.
 
-Budget: the attack of an input costs at most 1 + (restarts + targets) (steps + 1) + square_queries
-model evaluations (2011 at the defaults); the budget must cover that for every input, or the check
-refuses up front and says what it needs. Inputs broken early cost much less. Inputs are attacked in
-blocks of ``BLOCK`` with their own random streams, split over torch.distributed ranks
+Budget: the attack of an input costs at most ``Schedule.worst_case(classes)`` model evaluations,
+with the number of classes read from one probe of the model (one evaluation); the budget must
+cover that for every chosen input, or the check refuses up front and names what to lower
+(``inputs=`` among them). Inputs broken early cost much less. Each chunk is attacked in blocks of
+``BLOCK`` with their own random streams, split over torch.distributed ranks
 (``procedures.per_input.over_blocks``), so no number depends on the batch size or the number of ranks.
+
+Gallery: for image inputs the report shows, beside each of the worst inputs, the misclassified
+point the attack found (the clean input for inputs misclassified without an attack).
 """
 
 from __future__ import annotations
@@ -49,16 +67,25 @@ from pytest_robust.checks.adversarial.ensemble import (
     attack,
 )
 from pytest_robust.checks.library import function
+from pytest_robust.engine import collective
+from pytest_robust.engine.gallery import gallery, is_image_batch
 from pytest_robust.engine.inspect.perturbation import check_scale
 from pytest_robust.engine.run import Run
+from pytest_robust.engine.streams import stream_generator
 from pytest_robust.errors import RobustWarning
-from pytest_robust.perturbations.noise import UniformLinf
+from pytest_robust.perturbations.noise import UniformL2, UniformLinf
+from pytest_robust.procedures.bernoulli import Stream, summary
 from pytest_robust.procedures.per_input import over_blocks, rate_result
+from pytest_robust.report import per_input
 from pytest_robust.results import Result
+from pytest_robust.stats.betting import SequentialGate
 
 #: Inputs whose random numbers come from one stream (results do not depend on the batch size or on
 #: the ranks); a rank attacks as many of its blocks together as fill a batch.
 BLOCK = 16
+#: Inputs attacked between two looks of the gate (a multiple of BLOCK; fixed, so that results do
+#: not depend on the batch size).
+CHUNK = 64
 #: Gradient masking is reported when a sign of it concerns at least this share of the inputs (half
 #: a point, the strength bar) and at least MASKING_MIN inputs (one stray input is not a pattern).
 MASKING_SHARE, MASKING_MIN = 0.005, 3
@@ -97,9 +124,11 @@ def _masking(stage: np.ndarray, flat: np.ndarray) -> tuple[dict, str]:
     return info, text
 
 
-def _stage_table(stage: np.ndarray, outcome: np.ndarray, spent: dict, schedule: Schedule) -> list[dict]:
-    """Per stage: inputs it attacked (unbroken when it began), inputs it broke, evaluations it spent."""
-    open_, runs = int((outcome != MISCLASSIFIED).sum()), (schedule.restarts, schedule.targets, schedule.square_queries)
+def _stage_table(stage: np.ndarray, outcome: np.ndarray, spent: dict, schedule: Schedule, classes: int) -> list[dict]:
+    """Per stage: inputs it attacked (unbroken when it began), inputs it broke, evaluations it spent
+    (the target ranking's included in APGD-T's)."""
+    open_ = int((outcome != MISCLASSIFIED).sum())
+    runs = (schedule.restarts, schedule.used_targets(classes), schedule.square_queries)
     rows = []
     for code, (name, size) in enumerate(zip(STAGES, runs)):
         broke = int((stage == code).sum())
@@ -109,55 +138,151 @@ def _stage_table(stage: np.ndarray, outcome: np.ndarray, spent: dict, schedule: 
     return rows
 
 
-def _details(run: Run, schedule: Schedule, found: dict, masking: dict) -> dict:
+def _details(run: Run, schedule: Schedule, found: dict, masking: dict, classes: int, total: int) -> dict:
     """Everything ``details`` records besides the common fields ``Run.result`` adds."""
     outcome, stage = found["outcome"], found["stage"]
     counts = {name: int((outcome == code).sum()) for code, name in ((ROBUST, "robust"), (BROKEN, "broken"),
                                                                     (MISCLASSIFIED, "misclassified"))}
+    order = np.argsort(found["index"], kind="stable")
     return {
-        "inconclusive_reason": "every input was attacked and the bounds still straddle the threshold: "
+        "inconclusive_reason": "every chosen input was attacked and the bounds still straddle the threshold: "
                                "only more inputs can narrow them",
         "robust_inputs": counts["robust"], "broken_inputs": counts["broken"],
         "misclassified_inputs": counts["misclassified"], "fooled_inputs": len(outcome) - counts["robust"],
         "clean_accuracy": 1 - counts["misclassified"] / len(outcome),
-        "per_input": {"index": list(range(len(outcome))), "outcome": [OUTCOMES[o] for o in outcome],
-                      "stage": [STAGES[s] if s >= 0 else "" for s in stage]},
-        "stages": _stage_table(stage, outcome, run.spent(), schedule),
+        "inputs_attacked": len(outcome), "inputs_available": total,
+        "per_input": {"index": [int(i) for i in found["index"][order]],
+                      "outcome": [OUTCOMES[o] for o in outcome[order]],
+                      "stage": [STAGES[s] if s >= 0 else "" for s in stage[order]]},
+        "stages": _stage_table(stage, outcome, run.spent(), schedule, classes),
         "gradient_masking": masking, "semantics": HONESTY,
-        "bounds": "one-sided Clopper-Pearson over inputs, each at the stated confidence",
-        "attack": {"eps": schedule.eps, "norm": "linf", "box": _box(schedule.bounds), "steps": schedule.steps,
-                   "restarts": schedule.restarts, "targets": schedule.targets,
-                   "square_queries": schedule.square_queries, "worst_case_per_input": schedule.worst_case()},
+        "attack": {"eps": schedule.eps, "norm": schedule.norm, "box": _box(schedule.bounds), "steps": schedule.steps,
+                   "restarts": schedule.restarts, "targets": schedule.targets, "ranking": schedule.ranking,
+                   "square_queries": schedule.square_queries, "classes": classes,
+                   "worst_case_per_input": schedule.worst_case(classes)},
     }
 
 
-def ball(eps, bounds, **_) -> UniformLinf:
-    """The check's perturbation: the L-inf ball of radius ``eps`` in the box ``bounds`` (its inputs
-    are inspected against it; the gallery shows a random point of it)."""
-    return UniformLinf(eps=eps, bounds=bounds)
+def ball(eps, bounds, norm="linf", **_) -> UniformLinf | UniformL2:
+    """The check's perturbation: the ball of radius ``eps`` in ``norm`` within the box ``bounds``
+    (its inputs are inspected against it)."""
+    return (UniformLinf if norm == "linf" else UniformL2)(eps=eps, bounds=bounds)
 
 
-def evaluate(run: Run, eps, steps, restarts, targets, square_queries, bounds) -> Result:
-    """Attack every input (module docstring) and bound the share the attack left robust. An eps
-    of at least half the box's width gets a RobustWarning (``inspection.check_scale``; from the
-    whole width on, the ball's own inspection warns)."""
-    check_scale("adversarial accuracy", "eps", eps, run.ds.x, run.perturbation.bounds, share=0.5, below=1.0,
-                effect=", so the attack may move every input to the same point (the box's centre) and no "
-                       "classifier can stay robust")
+class _Found:
+    """The misclassified points the attack found, shown by the gallery in place of a random draw:
+    kept for image inputs only, and only for the ``per_input.WORST`` broken inputs of lowest index
+    (the ones the gallery can show: it orders broken inputs by index)."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule, self.points = schedule, {}
+
+    def keep(self, index: torch.Tensor, broken: torch.Tensor, example: torch.Tensor) -> None:
+        """Add the rows ``broken`` (a mask) of a group, ``index`` their inputs' positions: only the
+        WORST of lowest index are copied to the host."""
+        rows = broken.nonzero().squeeze(1)
+        rows = rows[index[rows].argsort()[: per_input.WORST]]
+        for i, point in zip(index[rows].tolist(), example[rows].cpu()):
+            self.points[int(i)] = point
+        self.points = dict(sorted(self.points.items())[: per_input.WORST])
+
+    def merged(self) -> "_Found":
+        """Every rank's points (the same on every rank)."""
+        for part in collective.gather_objects(self.points):
+            self.points.update(part)
+        self.points = dict(sorted(self.points.items())[: per_input.WORST])
+        return self
+
+    def draw(self, clean: torch.Tensor, generator, index: torch.Tensor, y) -> torch.Tensor:
+        """The gallery's "perturbed" picture of input ``index``: the point found (the clean input
+        where none was kept: misclassified without an attack)."""
+        point = self.points.get(int(index[0]))
+        return clean if point is None else point[None].to(clean.device, clean.dtype)
+
+    def __repr__(self) -> str:
+        return f"the attack's misclassified point ({self.schedule.norm} eps={self.schedule.eps:g})"
+
+
+def _classes(run: Run) -> int:
+    """The number of classes: the width of the logits of the first input (one model evaluation,
+    on the rank whose share of the rows holds it; every rank gets the answer)."""
+    rows = run.span(1)
+    with run.forward.phase("probe"):
+        mine = int(run.forward.logits(run.ds.x[rows].to(run.device)).shape[1]) if rows.stop > rows.start else None
+    return next(c for c in collective.gather_objects(mine) if c is not None)
+
+
+def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: SequentialGate | None,
+                   found_points: _Found | None) -> dict:
+    """Attack the inputs ``order`` (positions in the data) chunk by chunk until the gate decides
+    (module docstring); per-row host arrays in attack order, with ``index`` the input positions."""
+    parts = []
+    for c, start in enumerate(range(0, len(order), CHUNK)):
+        index = order[start : start + CHUNK]
+        labelled = torch.stack([run.ds.y[index.to(run.ds.y.device)], index.to(run.ds.y.device)], dim=1)
+
+        def block(x, y_index, streams):
+            y, where = y_index[:, 0], y_index[:, 1]
+            out = attack(run.forward, x, y, streams, schedule)
+            example = out.pop("example")
+            if found_points is not None:
+                found_points.keep(where, out["outcome"] == BROKEN, example)
+            return out
+
+        part = over_blocks(run, run.ds.x[index.to(run.ds.x.device)], labelled, BLOCK, f"adversarial-{c}", block)
+        part["index"] = index.numpy()
+        parts.append(part)
+        if gate is not None and gate.update((part["outcome"] == ROBUST).astype(np.float64)) is not None:
+            break
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_queries, inputs, bounds) -> Result:
+    """Attack the chosen inputs (module docstring) and bound the share the attack left robust. An
+    L-inf eps of at least half the box's width gets a RobustWarning (``inspection.check_scale``;
+    from the whole width on, the ball's own inspection warns)."""
+    if norm == "linf":
+        check_scale("adversarial accuracy", "eps", eps, run.ds.x, run.perturbation.bounds, share=0.5, below=1.0,
+                    effect=", so the attack may move every input to the same point (the box's centre) and no "
+                           "classifier can stay robust")
     schedule = Schedule(eps=eps, steps=steps, restarts=restarts, targets=targets, square_queries=square_queries,
-                        bounds=run.perturbation.bounds)
-    per_input, n = schedule.worst_case(), len(run.ds)
-    run.require(n * per_input, (
-        f"to attack all {n} inputs with up to {per_input} each (1 clean + ({restarts} restart(s) + {targets} "
-        f"target(s)) x ({steps} + 1) APGD steps + {square_queries} Square queries); or attack fewer inputs, or "
-        "lower targets= (at most classes - 1 are used) or square_queries="))
-    found = over_blocks(run, run.ds.x, run.ds.y, BLOCK, "adversarial",
-                        lambda x, y, streams: attack(run.forward, x, y, streams, schedule))
+                        bounds=run.perturbation.bounds, norm=norm, ranking=ranking)
+    total = len(run.ds)
+    n = total if inputs is None else min(inputs, total)
+    classes = _classes(run)
+    per_input_cost, used = schedule.worst_case(classes), schedule.used_targets(classes)
+    ranked = f" + {schedule.ranked(classes)} ranking gradient(s)" if schedule.ranked(classes) else ""
+    run.require(1 + n * per_input_cost, (
+        f"to attack {n} inputs with up to {per_input_cost} each (1 clean + ({restarts} restart(s) + {used} "
+        f"target(s) of {classes} classes) x ({steps} + 1) APGD steps{ranked} + {square_queries} Square queries), "
+        f"plus 1 to probe the number of classes; or set inputs= (a seeded random subset) below {n}, or lower "
+        "steps=, targets= or square_queries="))
+    order = torch.randperm(total, generator=stream_generator(run.seed, "adversarial-order", 0))[:n]
+    threshold = run.args.threshold
+    gate = SequentialGate(threshold, run.alpha, horizon=n) if threshold is not None and 0 < threshold < 1 else None
+    found_points = _Found(schedule) if is_image_batch(run.ds.x) else None
+    found = _attack_chunks(run, schedule, order, gate, found_points)
     masking, warning = _masking(found["stage"], found["flat"])
     if warning:
         warnings.warn(warning, RobustWarning, stacklevel=2)
-    return rate_result(run, found["outcome"] == ROBUST, f"L-inf eps={schedule.eps:g}: {schedule.describe()}",
-                       _details(run, schedule, found, masking), HONESTY + (f"; {warning}" if warning else ""))
+    details = _details(run, schedule, found, masking, classes, total)
+    pictures = None
+    if found_points is not None:
+        pictures = gallery(details["per_input"], run.direction, found_points.merged(), run.ds, run.seed)
+    if pictures is not None:
+        pictures["note"] = "the misclassified point the attack found (the clean input where the model errs without one)"
+    label = f"{schedule.ball().title} eps={schedule.eps:g}: {schedule.describe()}"
+    note = HONESTY + (f"; {warning}" if warning else "")
+    robust = found["outcome"] == ROBUST
+    if gate is None:
+        details["bounds"] = "one-sided Clopper-Pearson over the inputs attacked, each at the stated confidence"
+        return rate_result(run, robust, label, details, note, gallery=pictures)
+    stream = Stream(robust.astype(np.float64), found["index"], gate.decision, gate.p_values())
+    estimate, lower, upper, info = summary(stream, run.alpha, threshold)
+    details.update(info, bounds="anytime-valid betting confidence sequence over the inputs attacked in random order",
+                   early_decision={"decided_after": stream.used, "attacked": len(robust), "chosen": n})
+    return run.result(estimate=estimate, lower=lower, upper=upper, draws=stream.used, perturbation=label,
+                      details=details, note=note, gallery=pictures)
 
 
 adversarial_accuracy = function("adversarial_accuracy", DECLARATION)

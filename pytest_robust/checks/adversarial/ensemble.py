@@ -1,23 +1,38 @@
 """The attack of the adversarial-accuracy check: a fixed sequence of stages in the spirit of
-AutoAttack (Croce & Hein 2020), each run only on the inputs that every earlier stage left unbroken.
+AutoAttack (Croce & Hein 2020), each run only on the inputs that every earlier stage left unbroken,
+in the L-inf or the L2 ball of radius eps within the input box (``norms``).
 
 1. clean: one evaluation per input; inputs the model already gets wrong (ties included) are
    "misclassified" and are not attacked.
 2. ``apgd-ce``: APGD on the cross-entropy loss, ``restarts`` runs of ``steps`` steps, each from a
-   fresh uniform start in the feasible box.
-3. ``apgd-t``: APGD on the targeted DLR loss, one run of ``steps`` steps per target class: the
-   ``targets`` classes with the highest clean logits other than the label, best first (at most
-   classes - 1). Its scale invariance finds what cross-entropy's vanishing gradients hide, and on a
-   linear model a targeted run towards each class is exact (the worst point of the box for class t
-   against y is a corner, reached by the first signed step: see losses.py).
+   fresh random start in the feasible set.
+3. ``apgd-t``: APGD on the targeted DLR loss, one run of ``steps`` steps per target class, for the
+   ``targets`` best target classes (at most classes - 1). Its scale invariance finds what
+   cross-entropy's vanishing gradients hide. Which targets, and where each run starts, depends on
+   ``ranking``:
+
+   - ``"linear"`` (default; the target ranking of MALT, Melamed et al. NeurIPS 2024, and an
+     adaptive start in the spirit of A3's, Liu et al. CVPR 2022): of the ``POOL`` other classes
+     with the highest clean logits, each costs one gradient evaluation at the clean input x of
+     its gap g_t = z_t - z_y; the first-order model predicts the best gap reachable in the ball
+     as g_t(x) + gain(grad g_t) (``norms.Ball.gain``: in L-inf, with the box, exact for a linear
+     model), and the targets are attacked in decreasing order of it, each run starting at the
+     point where that first-order maximum is reached (``norms.Ball.best``) instead of a random
+     point. On a linear model that start is the exact worst point for the target, so the first
+     target settles the input in L-inf (and in L2 without a box) and the attack is exact;
+   - ``"logits"`` (AutoAttack's): the classes with the highest clean logits, best first, each run
+     from a random start.
 4. ``square``: the Square attack with ``square_queries`` queries, a gradient-free random search: it
    breaks what gradient masking hides from the first two stages.
 
-An input is "robust" when no stage broke it, else "broken" with the name of the stage that did.
-Worst-case cost per input: 1 + (restarts + targets) (steps + 1) + square_queries model evaluations
-(``worst_case``); inputs broken early cost far less (APGD drops them at its checkpoints, Square at
-its segments). Host reads per group of inputs: one per stage run to find the unbroken inputs, plus
-the attacks' own (eight per APGD run, at most nine per Square search), whatever the step count.
+An input is "robust" when no stage broke it, else "broken" with the name of the stage that did,
+and the first misclassified point that stage found is kept (the gallery shows it). Worst-case
+cost per input (``Schedule.worst_case``): 1 + restarts (steps + 1) + [ranked pool + t (steps + 1)
+when t = min(targets, classes - 1) > 0] + square_queries model evaluations; inputs broken early
+cost far less (APGD drops them at its checkpoints, Square at its segments). Every evaluation a
+stage makes is charged to it (the ranking's to ``apgd-t``), whether or not it breaks anything.
+Host reads per group of inputs: one per stage run to find the unbroken inputs, plus the attacks'
+own (eight per APGD run, at most nine per Square search), whatever the step count.
 """
 
 from __future__ import annotations
@@ -27,12 +42,18 @@ from dataclasses import dataclass
 import torch
 
 from pytest_robust.attacks.apgd import apgd
-from pytest_robust.attacks.losses import cross_entropy, dlr_targeted, other_classes
+from pytest_robust.attacks.losses import cross_entropy, dlr_targeted, other_classes, target_gap
+from pytest_robust.attacks.norms import Ball, ball
 from pytest_robust.attacks.square import square
 from pytest_robust.engine.forward import Forward, correct_predictions
 from pytest_robust.engine.progress import report_progress
 from pytest_robust.engine.streams import RowStreams
 from pytest_robust.perturbations.base import feasible_box
+
+#: Target orders of the targeted stage (module docstring).
+RANKINGS = ("linear", "logits")
+#: Most target classes ranked by the first-order model (those with the highest clean logits).
+POOL = 9
 
 #: Stage names, in order; a stage's position is its code in the per-input results.
 STAGES = ("apgd-ce", "apgd-t", "square")
@@ -46,7 +67,8 @@ OUTCOMES = ("robust", "broken", "misclassified")
 class Schedule:
     """The attack's settings (validated by the caller): radius ``eps`` (input units), the box
     ``bounds`` (None: none), APGD ``steps`` per run, APGD-CE ``restarts``, APGD-T ``targets`` (0:
-    no targeted stage), Square ``square_queries`` (0: no Square stage)."""
+    no targeted stage), Square ``square_queries`` (0: no Square stage), the ``norm`` ("linf" or
+    "l2") and the targets' ``ranking`` (module docstring)."""
 
     eps: float
     steps: int
@@ -54,16 +76,33 @@ class Schedule:
     targets: int
     square_queries: int
     bounds: tuple | None
+    norm: str = "linf"
+    ranking: str = "linear"
 
-    def worst_case(self) -> int:
-        """Model evaluations per input when no stage breaks it (the clean pass included)."""
-        return 1 + (self.restarts + self.targets) * (self.steps + 1) + self.square_queries
+    def used_targets(self, classes: int) -> int:
+        """Target classes attacked on a model with ``classes`` classes."""
+        return min(self.targets, classes - 1)
+
+    def ranked(self, classes: int) -> int:
+        """Gradient evaluations per input of the ranking (0 without one)."""
+        return min(POOL, classes - 1) if self.ranking == "linear" and self.used_targets(classes) else 0
+
+    def worst_case(self, classes: int) -> int:
+        """Model evaluations per input when no stage breaks it (the clean pass included), on a model
+        with ``classes`` classes."""
+        return (1 + (self.restarts + self.used_targets(classes)) * (self.steps + 1) + self.ranked(classes)
+                + self.square_queries)
+
+    def ball(self) -> Ball:
+        """The ball the stages move in (``norms``)."""
+        return ball(self.norm, self.eps)
 
     def describe(self) -> str:
         """The stages and their sizes, in words."""
         parts = [f"APGD-CE {self.steps} steps x {self.restarts} restart(s)"]
         if self.targets:
-            parts.append(f"APGD-T {self.steps} steps x {self.targets} target(s)")
+            parts.append(f"APGD-T {self.steps} steps x {self.targets} target(s) ranked by "
+                         f"{'the first-order model' if self.ranking == 'linear' else 'clean logits'}")
         if self.square_queries:
             parts.append(f"Square {self.square_queries} queries")
         return ", ".join(parts)
@@ -74,6 +113,7 @@ class _Group:
     """One group of inputs under attack: the device tensors every stage reads and updates."""
 
     forward: Forward
+    ball: Ball
     x: torch.Tensor
     y: torch.Tensor
     lo: torch.Tensor
@@ -82,39 +122,71 @@ class _Group:
     stage: torch.Tensor  # code of the stage that broke each row, -1 while unbroken
     flat: torch.Tensor  # gradient exactly zero at every point of every gradient run so far
     open: torch.Tensor  # correctly classified and not yet broken
+    example: torch.Tensor  # the misclassified point found (x while unbroken)
 
     def unbroken(self) -> torch.Tensor:
         """Positions of the rows still to attack (one host read)."""
         return self.open.nonzero().squeeze(1)
 
-    def mark(self, rows: torch.Tensor, broken: torch.Tensor, code: int) -> None:
-        """Rows ``rows`` broken (mask ``broken`` over them) by stage ``code``."""
+    def mark(self, rows: torch.Tensor, broken: torch.Tensor, found: torch.Tensor, code: int) -> None:
+        """Rows ``rows`` broken (mask ``broken`` over them, ``found`` their points) by stage ``code``."""
         self.stage[rows] = torch.where(broken, code, self.stage[rows])
+        self.example[rows] = torch.where(broken.view(-1, *[1] * (self.x.ndim - 1)), found, self.example[rows])
         self.open[rows] = ~broken
 
     def start(self, rows: torch.Tensor) -> torch.Tensor:
-        """A uniform draw in the feasible box for ``rows`` (drawn for every row of the group)."""
+        """A random start in the feasible set for ``rows`` (drawn for every row of the group)."""
         u = self.streams.rand(*self.x.shape[1:])[rows]
-        return self.lo[rows] + u * (self.hi[rows] - self.lo[rows])
+        return self.ball.random_start(self.x[rows], self.lo[rows], self.hi[rows], u)
 
 
-def _gradient_run(g: _Group, schedule: Schedule, code: int, labels: torch.Tensor, objective) -> None:
-    """One APGD run on the unbroken rows; ``labels`` are the objective's, over every row."""
+def _gradient_run(g: _Group, schedule: Schedule, code: int, labels: torch.Tensor, objective,
+                  starts: torch.Tensor | None = None) -> None:
+    """One APGD run on the unbroken rows; ``labels`` are the objective's and ``starts`` (None:
+    random) the runs' starting points, both over every row."""
     rows = g.unbroken()
     if not len(rows):
         return
-    broken, flat = apgd(g.forward, g.start(rows), g.y[rows], labels[rows], g.lo[rows], g.hi[rows], objective,
-                        schedule.eps, schedule.steps)
+    x0 = g.start(rows) if starts is None else starts[rows]
+    broken, flat, found = apgd(g.forward, x0, g.x[rows], g.y[rows], labels[rows], g.lo[rows], g.hi[rows],
+                               objective, g.ball, schedule.steps)
     g.flat[rows] &= flat
-    g.mark(rows, broken, code)
+    g.mark(rows, broken, found, code)
+
+
+def _ranked_targets(g: _Group, schedule: Schedule, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(targets (n, t), starting points (t, n, ...) or None) of the targeted runs (module
+    docstring): by the first-order model on the unbroken rows, one gradient evaluation per row
+    and pooled class; by clean logits with random starts for ``ranking="logits"``."""
+    ranked = other_classes(logits, g.y)
+    t = schedule.used_targets(logits.shape[1])
+    if schedule.ranking != "linear":
+        return ranked[:, :t], None
+    rows = g.unbroken()
+    if not len(rows):
+        return ranked[:, :t], None
+    pool = ranked[rows, : schedule.ranked(logits.shape[1])]
+    k, shape = pool.shape[1], g.x.shape[1:]
+    rep = lambda v: v[rows].repeat_interleave(k, dim=0)  # noqa: E731  (row r's copies are adjacent)
+    x, lo, hi = rep(g.x), rep(g.lo), rep(g.hi)
+    gap, grad = g.forward.grad(x, torch.stack([rep(g.y), pool.reshape(-1)], dim=1), target_gap)
+    predicted = (gap + g.ball.gain(grad, x, lo, hi)).view(-1, k)
+    order = predicted.argsort(dim=1, descending=True, stable=True)[:, :t]
+    best = g.ball.best(grad, x, lo, hi).view(-1, k, *shape)
+    targets = ranked[:, :t].clone()
+    targets[rows] = pool.gather(1, order)
+    starts = g.x[None].repeat(t, *[1] * g.x.ndim)
+    chosen = best.gather(1, order.view(*order.shape, *[1] * len(shape)).expand(-1, -1, *shape))
+    starts[:, rows] = chosen.transpose(0, 1)
+    return targets, starts
 
 
 def _square_stage(g: _Group, schedule: Schedule) -> None:
     """The Square search on the unbroken rows."""
     rows = g.unbroken()
     if len(rows):
-        broken = square(g.forward, g.x, g.y, g.lo, g.hi, rows, schedule.eps, schedule.square_queries, g.streams)
-        g.mark(rows, broken[rows], SQUARE)
+        broken, found = square(g.forward, g.x, g.y, g.lo, g.hi, rows, g.ball, schedule.square_queries, g.streams)
+        g.mark(rows, broken[rows], found[rows], SQUARE)
 
 
 def _stages(g: _Group, schedule: Schedule, logits: torch.Tensor) -> None:
@@ -122,10 +194,12 @@ def _stages(g: _Group, schedule: Schedule, logits: torch.Tensor) -> None:
     with g.forward.phase("apgd-ce"):
         for _ in range(schedule.restarts):
             _gradient_run(g, schedule, APGD_CE, g.y, cross_entropy)
-    with g.forward.phase("apgd-t"):
-        ranked = other_classes(logits, g.y)
-        for k in range(min(schedule.targets, ranked.shape[1])):
-            _gradient_run(g, schedule, APGD_T, torch.stack([g.y, ranked[:, k]], dim=1), dlr_targeted)
+    if schedule.used_targets(logits.shape[1]):
+        with g.forward.phase("apgd-t"):
+            targets, starts = _ranked_targets(g, schedule, logits)
+            for k in range(targets.shape[1]):
+                _gradient_run(g, schedule, APGD_T, torch.stack([g.y, targets[:, k]], dim=1), dlr_targeted,
+                              None if starts is None else starts[k])
     if schedule.square_queries:
         with g.forward.phase("square"):
             _square_stage(g, schedule)
@@ -134,15 +208,17 @@ def _stages(g: _Group, schedule: Schedule, logits: torch.Tensor) -> None:
 def attack(forward: Forward, x: torch.Tensor, y: torch.Tensor, streams: RowStreams, schedule: Schedule) -> dict:
     """Every stage on the rows of (x, y) (module docstring). Returns per-row device tensors:
     ``outcome`` (ROBUST / BROKEN / MISCLASSIFIED), ``stage`` (the breaking stage's index in STAGES,
-    -1 for none) and ``flat`` (no gradient stage broke it, and every gradient run it took part in
-    saw an exactly zero gradient at every point: a sign of gradient masking)."""
+    -1 for none), ``flat`` (no gradient stage broke it, and every gradient run it took part in
+    saw an exactly zero gradient at every point: a sign of gradient masking) and ``example`` (x's
+    shape: the misclassified point the breaking stage found, x itself for the other rows)."""
     lo, hi = feasible_box(x, schedule.eps, schedule.bounds)
     with forward.phase("clean"):
         logits = forward.logits(x)
     correct = correct_predictions(logits, y)
-    g = _Group(forward, x, y, lo, hi, streams, torch.full_like(y, -1), correct.clone(), correct.clone())
+    g = _Group(forward, schedule.ball(), x, y, lo, hi, streams, torch.full_like(y, -1), correct.clone(),
+               correct.clone(), x.clone())
     _stages(g, schedule, logits)
     report_progress(metric="adversarial accuracy", stage="attack", forward_passes=forward.passes)
     outcome = torch.where(correct, torch.where(g.stage >= 0, BROKEN, ROBUST), MISCLASSIFIED)
     survived_gradients = correct & ((g.stage < 0) | (g.stage == SQUARE))
-    return {"outcome": outcome, "stage": g.stage, "flat": g.flat & survived_gradients}
+    return {"outcome": outcome, "stage": g.stage, "flat": g.flat & survived_gradients, "example": g.example}
