@@ -9,8 +9,10 @@ The gate "p >= threshold" is the anytime-valid betting test of ``stats.Sequentia
 alpha = 1 - confidence: it stops as soon as pass or fail is proven, and a stream that reaches the
 budget undecided is inconclusive. The bounds reported are the anytime-valid confidence sequence,
 which agrees with the gate's decision exactly, and so do the p-values of its two claims
-(``details["p_values"]``: 1 / the largest capital of each side's betting test). One draw costs one model evaluation; the batch in
-which the decision falls is evaluated whole, so evaluations can exceed draws by less than one batch.
+(``details["p_values"]``: 1 / the largest capital of each side's betting test); a stream that goes
+on past its decision (``at_least``) reports bounds over every draw (``summary``), and the bounds
+always hold the estimate. One draw costs one model evaluation; the batch in which the decision
+falls is evaluated whole, so evaluations can exceed draws by less than one batch.
 
 ``accuracy(run, perturbation)`` is a whole check: TSRM, corruption accuracy and any metric declared
 as "a perturbation + a declaration" end their body with it. ``bernoulli_stream`` is the loop
@@ -134,7 +136,7 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     model is correct, until the sequential gate at ``threshold`` decides or ``draws`` draws are made.
     With ``at_least`` the stream goes on to that many draws (rounded up to whole blocks of
     ``BLOCK``, within ``draws``) after a decision, and every one of them counts in the estimate and
-    bounds (the anytime-valid bounds hold at any time; the verdict is the gate's).
+    bounds (the anytime-valid bounds hold at any time; ``summary`` explains the verdict).
 
     The random streams are the run's "<name>-index" and "<name>-noise" (``Run.stream``), with
     ``name`` the check's stream namespace by default. ``label`` names the
@@ -169,19 +171,28 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
 
 
 def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[float, float, float, dict]:
-    """(estimate, lower, upper, details) of a stream: the anytime-valid confidence sequence (agreeing
-    with the gate's decision exactly), for reference fixed-sample Clopper-Pearson bounds, and with
-    a threshold the gate's anytime-valid p-values of its two claims (``details["p_values"]``)."""
+    """(estimate, lower, upper, details) of a stream: the anytime-valid confidence sequence, for
+    reference fixed-sample Clopper-Pearson bounds, and with a threshold the gate's anytime-valid
+    p-values of its two claims (``details["p_values"]``). Always lower <= estimate <= upper.
+
+    When the numbers rest on the gate's own draws (``used`` is the decision's draw), the bounds
+    start from the gate's threshold on its decided side, so they agree with its decision exactly.
+    When the stream went on past its decision (``at_least``: NPPR), estimate and bounds rest on
+    every draw, and so does the verdict (``results.decide`` on these bounds): the sequence over all
+    draws is valid at that stopping time on its own, while joining it to the gate's earlier claim
+    could give bounds that exclude the estimate, or even cross, when the later draws contradict it.
+    A betting sequence can exclude the sample mean (rejections are kept from earlier looks); the
+    shown bounds are widened to hold it (conservative: a wider interval keeps its coverage)."""
     used, decision = stream.used, stream.decision
     outcomes = stream.outcomes[:used]
     correct = int(outcomes.sum())
+    own = decision is not None and used <= decision.at  # the numbers rest on the gate's draws only
     lower, upper = confidence_sequence(
         outcomes, alpha,
-        lower_at_least=threshold if decision and decision.verdict == "pass" else 0.0,
-        upper_at_most=threshold if decision and decision.verdict == "fail" else 1.0,
+        lower_at_least=threshold if own and decision.verdict == "pass" else 0.0,
+        upper_at_most=threshold if own and decision.verdict == "fail" else 1.0,
     )
-    if decision is None:  # a betting sequence can exclude the sample mean; shown bounds hold it (conservative)
-        lower, upper = min(lower, correct / used), max(upper, correct / used)
+    lower, upper = min(lower, correct / used), max(upper, correct / used)
     gated = {"p_values": stream.p_values} if threshold is not None and stream.p_values is not None else {}
     return correct / used, lower, upper, {
         **gated,

@@ -22,8 +22,9 @@ the input box) and searches it for the most damaging member:
    and one perturbation from the frozen mixture per draw, and its anytime-valid betting test decides
    "PR >= threshold" at the stated confidence. The stream goes on to ``draws_per_input`` draws per
    evaluation input on average whatever the gate decided, and the headline estimate and its
-   anytime-valid bounds rest on all of them (the verdict is the gate's): no draw the check paid for
-   is left out of the number it reports.
+   anytime-valid bounds rest on all of them, and so does the verdict (``results.decide`` on those
+   bounds, valid at that stopping time; ``bernoulli.summary``): no draw the check paid for is left
+   out of the number it reports, and the bounds always hold the estimate.
 
 **What a verdict means.** The learned distribution's PR is an *upper estimate* of the true NPPR
 infimum (a better fit can only find a lower PR, and the family is not every distribution in the
