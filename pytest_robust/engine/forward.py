@@ -17,7 +17,6 @@ from pytest_robust.errors import (
     BudgetError,
     NotDifferentiable,
     RobustDataError,
-    RobustError,
     RobustModelError,
 )
 
@@ -50,9 +49,10 @@ class Forward:
     Precision: inputs arrive in the check's working dtype (float32, or float64 for a float64
     model) and are cast to ``input_dtype`` (the model's own dtype) at the model's input; the
     model runs under ``torch.autocast(autocast)`` when that is set (and gets 4-D inputs in
-    channels-last layout with ``channels_last``); logits come back in the working dtype. So perturbation iterates, gradients with respect to the input and every
-    statistic stay in float32 or wider, whatever precision the model computes in. ``ties``
-    counts rows whose two largest logits are equal (a device tensor, read once at the end).
+    channels-last layout with ``channels_last``); logits come back in the working dtype. So
+    perturbation iterates, gradients with respect to the input and every statistic stay in
+    float32 or wider, whatever precision the model computes in. ``ties`` counts rows whose two
+    largest logits are equal (a device tensor, read once at the end).
     """
 
     model: torch.nn.Module
@@ -67,6 +67,7 @@ class Forward:
     selector: object = None
     deferred: bool = False
     finite: torch.Tensor | bool = True
+    clean: torch.Tensor | None = None  # the check's clean inputs: scanned to explain non-finite logits
     passes: int = 0
     backward_passes: int = 0
     halvings: int = 0
@@ -227,24 +228,18 @@ class Forward:
         if self.deferred:  # read later, with the caller's own host read (``finite_flag``)
             self.finite = torch.isfinite(z).all() & self.finite
         elif not torch.isfinite(z).all():
-            self.raise_nonfinite(x)
+            self.raise_nonfinite(x, z)
         top = z.detach().topk(2, dim=1).values
         self.ties = self.ties + (top[:, 0] == top[:, 1]).sum()
         return z
 
-    def raise_nonfinite(self, x: torch.Tensor | None = None):
-        """The error for non-finite logits: the check's fault when its inputs ``x`` were not
-        finite, else the model's."""
-        if x is not None and not torch.isfinite(x).all():
-            raise RobustError(
-                "the check fed the model non-finite inputs (a perturbation or fit that diverged): "
-                "lower the fit's learning rate (fit_lr=) or the perturbation's size, and report it "
-                "if the settings are the defaults"
-            )
-        raise RobustModelError(
-            "the model returned NaN or infinite logits; check the model on perturbed inputs "
-            "(e.g. inputs outside its training range) and its numerical stability"
-        )
+    def raise_nonfinite(self, x: torch.Tensor | None = None, z: torch.Tensor | None = None):
+        """The error for non-finite logits ``z`` of inputs ``x`` (``inspect.nonfinite``): the
+        check's fault when ``x`` was not finite; the model's or the data's, with the count and
+        indices, when the clean inputs (``clean``) give them too; else the model's on perturbed inputs."""
+        from pytest_robust.engine.inspect.nonfinite import nonfinite_error
+
+        raise nonfinite_error(self, x, z)
 
     @contextlib.contextmanager
     def deferring(self):

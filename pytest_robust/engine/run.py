@@ -171,7 +171,7 @@ class Run:
                                autocast=autocast, channels_last=self.execution.channels_last,
                                normalize=None if normalize is None else model_io.Normalizer(
                                    normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
-                               selector=self.interface.logits)
+                               selector=self.interface.logits, clean=self.ds.x)
         if certificate and self.precision not in ("float32", "float64"):
             self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
             warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)
