@@ -115,20 +115,26 @@ class Forward:
             try:
                 out.append(run(start, stop))
             except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
-                if not is_oom(err):
-                    raise
-                if self.batch_size == 1:
-                    raise RobustModelError(
-                        "out of memory even with batch size 1: use a smaller model or another device"
-                    ) from err
-                self.batch_size = max(1, self.batch_size // 2)
-                self.halvings += 1
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                self.back_off(err)
                 continue
             self.charge(stop - start)
             start = stop
         return out
+
+    def back_off(self, err: BaseException) -> None:
+        """Halve the batch after the out-of-memory error ``err`` (of the model, or of generating
+        perturbed inputs: ``procedures.bernoulli.step``), so the caller retries the same rows;
+        ``err`` itself when it is another error, RobustModelError when the batch is already 1."""
+        if not is_oom(err):
+            raise err
+        if self.batch_size == 1:
+            raise RobustModelError(
+                "out of memory even with batch size 1: use a smaller model or another device"
+            ) from err
+        self.batch_size = max(1, self.batch_size // 2)
+        self.halvings += 1
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _empty(self, x: torch.Tensor) -> torch.Tensor:
         """The logits of no rows: a rank whose share is empty still returns a (0, classes) tensor."""

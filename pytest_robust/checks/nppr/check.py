@@ -58,7 +58,7 @@ from pytest_robust.engine.inspect.perturbation import check_scale
 from pytest_robust.engine.run import Run
 from pytest_robust.errors import SettingError
 from pytest_robust.perturbations.noise import UniformLinf
-from pytest_robust.procedures.bernoulli import BLOCK, bernoulli_stream, summary
+from pytest_robust.procedures.bernoulli import bernoulli_stream, block_size, summary
 from pytest_robust.results import Result
 
 #: Per-input PR levels reported: the fraction of inputs with PR >= 1 - gamma.
@@ -175,14 +175,14 @@ def _evaluate(run: Run, frozen: "FrozenGMM", eval_ds: TensorData, options: dict,
     reserve: ``CONTEXT_MIN_DRAWS`` draws each, or half of what is left if that is less); each
     context noise then gets as many draws as the gate used (at least ``CONTEXT_MIN_DRAWS``).
     """
-    n = len(eval_ds)
+    n, block = len(eval_ds), block_size(eval_ds.x)
     fixed = n * (options["pgd_steps"] + 1) if options["pgd"] else 0
     left = run.remaining() - fixed
     gate_draws = left - min(2 * CONTEXT_MIN_DRAWS, left // 2)
-    if gate_draws < BLOCK:
+    if gate_draws < block:
         spent = run.args.budget - run.remaining()
-        need = spent + fixed + 2 * BLOCK
-        run.refuse(need, f"({spent} spent on the clean pass and the fit, {fixed} for the PGD floor, and {BLOCK} "
+        need = spent + fixed + 2 * block
+        run.refuse(need, f"({spent} spent on the clean pass and the fit, {fixed} for the PGD floor, and {block} "
                          "each for the gate and the context noises); raise budget= (or lower fit_steps=)")
     with run.forward.phase("context"):
         floor = (nppr_context.pgd_floor(run, eval_ds, options["eps"], options["pgd_steps"], bounds) if options["pgd"]
