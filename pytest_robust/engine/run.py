@@ -60,6 +60,7 @@ import torch
 from pytest_robust.engine import collective
 from pytest_robust.engine import interface as model_io
 from pytest_robust.engine import precision as model_execution
+from pytest_robust.engine.clock import Clock
 from pytest_robust.engine.data import TensorData, load_data, place
 from pytest_robust.engine.device import resolve_device
 from pytest_robust.engine.forward import Forward, correct_predictions
@@ -100,6 +101,7 @@ RESERVED_DETAILS = {
     "heatmaps": "{name: {title, rows, columns, values, counts}}: one PNG each",
     "tables": "[{title, text, header, rows}]: tables in summary.md",
     "inconclusive_reason": "why an inconclusive check is undecided and what to change",
+    "time_limit": "{seconds, elapsed, stopped}: the time limit (time_limit=) that stopped the check",
     "error": "the message of a check that could not run",
     "p_values": "{fail, pass}: the p-value of each claim from the check's own test (family-wise adjustment)",
     "familywise": "the family-wise adjustment of the session (--robust-familywise) as it applied to this check",
@@ -176,6 +178,7 @@ class Run:
             self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
             warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)
         self.started = time.perf_counter()
+        self.clock = Clock()  # the time_limit in force (engine.clock): procedures stop when it passes
         self._stack = contextlib.ExitStack()
         self.info: dict = {}
         self._clean: float | None = None
@@ -337,6 +340,7 @@ class Run:
         threshold = self.args.threshold
         verdict = decide(threshold, lower, upper, self.direction, healthy)
         details = dict(details or {})
+        note = "; ".join(filter(None, (note, self.clock.annotate(verdict, details))))
         self._clean_context(verdict, float(upper), details)
         table = details.get("per_input")
         if table is not None:

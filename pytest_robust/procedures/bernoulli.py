@@ -176,7 +176,10 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     at_least = -(-at_least // blk) * blk
     gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
     outcomes, indices, drawn, block = [], [], 0, 0
-    while drawn < draws and (gate is None or gate.decision is None or drawn < at_least):
+    # the time limit (``Run.clock``) stops the stream between steps, after the first: the bounds
+    # are anytime-valid, so they hold wherever it stops
+    while drawn < draws and (gate is None or gate.decision is None or drawn < at_least) and not (
+            outcomes and run.clock.expired()):
         # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
         # so a gate that decides early never pays for a huge batch
         most = max(1, block) if gate is not None else block + draws
@@ -190,6 +193,7 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
         drawn += len(hits)
         if gate is not None and gate.decision is None:
             gate.update(hits)
+        run.clock.pace(label or run.title, drawn, draws, "draws")
         report_progress(
             metric=label or run.title, draws=drawn, budget=draws, forward_passes=run.forward.passes,
             bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha),
