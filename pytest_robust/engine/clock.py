@@ -39,11 +39,11 @@ def time_limit(seconds: float | None):
 
 
 class Clock:
-    """A check's elapsed time against its limit (``limit`` seconds, None: none), from ``started``
-    (``time.perf_counter``)."""
+    """A check's elapsed time against its limit (``limit`` seconds, the ``time_limit`` in force;
+    None: none), from ``started`` (``time.perf_counter``)."""
 
-    def __init__(self, limit: float | None = None):
-        self.limit = _LIMIT.get() if limit is None else limit
+    def __init__(self):
+        self.limit: float | None = _LIMIT.get()
         self.started = time.perf_counter()
         self.stopped = False  # the limit stopped the check
         self._first: tuple[float, int] | None = None  # (time, work done) at the first pace point
@@ -70,7 +70,7 @@ class Clock:
             projected = elapsed + (total - done) / rate,   rate = (done - done_0) / (t - t_0).
         """
         now = time.perf_counter()
-        if self._first is None:
+        if self._first is None or done < self._first[1]:  # a check's next stream starts its count again
             self._first = (now, done)
             return
         t0, d0 = self._first
