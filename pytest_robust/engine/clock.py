@@ -82,7 +82,7 @@ class Clock:
         if projected <= bound:
             return
         self._warned = True
-        advice = ("the time limit will stop it, inconclusive unless it decides earlier" if self.limit is not None
+        advice = ("the time limit will stop it first" if self.limit is not None
                   else "set time_limit= (--robust-time-limit) to stop it with the evidence gathered, or lower budget=")
         warnings.warn(
             f"{title}: its budget of {total:,} {unit} would take about {projected:,.0f} s at the measured "
@@ -90,8 +90,9 @@ class Clock:
             RobustWarning, stacklevel=3)
 
     def annotate(self, verdict: str, details: dict) -> str:
-        """The note of a check the limit stopped ("" otherwise), with ``details["time_limit"]`` and,
-        when it ended inconclusive, ``details["inconclusive_reason"]``."""
+        """For a check the limit stopped: ``details["time_limit"]``, and when it ended inconclusive
+        ``details["inconclusive_reason"]`` (which its message states); else the note it returns
+        says so ("" for a check the limit did not stop)."""
         if not self.stopped:
             return ""
         details["time_limit"] = {"seconds": self.limit, "elapsed": round(self.elapsed(), 3), "stopped": True}
@@ -100,4 +101,5 @@ class Clock:
             details["inconclusive_reason"] = (
                 f"{said}, before the evidence decided: the estimate and bounds are those of the evaluations made; "
                 "raise time_limit= (--robust-time-limit), or use a faster device or a larger batch_size")
+            return ""
         return said
