@@ -57,6 +57,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet --no-deps torchattacks==3.5.1
 	$(BIN)/python benchmarks/bench_adversarial.py --threads 2 | tee benchmarks/results/adversarial_cpu.txt
 	$(BIN)/python benchmarks/bench_paired.py --threads 1 --seeds 5 | tee benchmarks/results/paired_cpu.txt
+	$(BIN)/python benchmarks/bench_memory.py --threads 1 | tee benchmarks/results/memory_cpu.txt
 
 ## train: retrain the digits checkpoints shipped in examples/digits/checkpoints (seeded)
 train: $(BIN)/.installed

@@ -112,6 +112,7 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     ``model_name``. If it raises, an "error" result with the message is recorded instead: a
     ``RobustError`` (model, data or argument problem) fails the test with its message, not a
     traceback from inside the engine; anything else is a bug and is re-raised with its traceback."""
+    from pytest_robust.engine.clock import time_limit
     from pytest_robust.engine.inspect.warnings import warning_site
     from pytest_robust.engine.interface import model_interface
     from pytest_robust.engine.items import data_keys
@@ -123,7 +124,7 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
     try:
         with progress_sink(_progress(item)), execution(how.precision, how.channels_last, how.compile,
                                                        how.deterministic), model_interface(how.normalize, how.logits), \
-                data_keys(how.data_keys), warning_site(item.path, item.location[1] + 1):
+                data_keys(how.data_keys), warning_site(item.path, item.location[1] + 1), time_limit(how.time_limit):
             result = call()
     except RobustError as err:
         not_run(item, spec, "error", str(err), model_name, settings)
@@ -171,11 +172,12 @@ def _paste(item: pytest.Item, spec: CheckSpec, metric, spelling: str) -> tuple[s
 
 
 def _progress(item: pytest.Item):
-    """A throttled progress printer when pytest shows output (-s), else None."""
+    """A throttled progress printer through pytest's terminal reporter (None without one, as
+    under pytest-xdist's workers); it writes past output capturing, so it shows without -s."""
     terminal = item.config.pluginmanager.get_plugin("terminalreporter")
-    if terminal is None or item.config.getoption("capture") != "no":
+    if terminal is None:
         return None
-    return Progress(terminal, item.nodeid.rsplit("/", 1)[-1])
+    return Progress(terminal, item.nodeid.rsplit("/", 1)[-1], item.config.pluginmanager.get_plugin("capturemanager"))
 
 
 def enforce(runs: list[tuple[Settings, Result]], errors: tuple[str, ...] = ()) -> None:

@@ -249,6 +249,7 @@ RESERVED_DETAILS = {
     "heatmaps": "{name: {title, rows, columns, values, counts}}: one PNG each",
     "tables": "[{title, text, header, rows}]: tables in summary.md",
     "inconclusive_reason": "why an inconclusive check is undecided and what to change",
+    "time_limit": "{seconds, elapsed, stopped}: the time limit (time_limit=) that stopped the check",
     "error": "the message of a check that could not run",
     "p_values": "{fail, pass}: the p-value of each claim from the check's own test (family-wise adjustment)",
     "familywise": "the family-wise adjustment of the session (--robust-familywise) as it applied to this check",

@@ -349,7 +349,19 @@ def test_cache_miss_then_hit_skips_the_fit_with_identical_results(tmp_path, monk
     second = nppr(WeakLinear(), weak_data(), threshold=0.5, eps=0.3, cache_dir=str(tmp_path), **TINY)
     assert second.details["cache"] == "hit" and "cache: hit" in second.message()
     assert same_numbers(first, second)
-    assert second.forward_passes == first.forward_passes - first.details["fit"]["forward_passes"]
+    assert second.forward_passes == first.forward_passes  # the cached fit is charged as a fresh one
+    assert second.details["evaluations"] == first.details["evaluations"]
+
+
+def test_a_cached_fit_buys_no_extra_draws(tmp_path):
+    """Without a threshold the stream spends what the budget leaves: a cached fit that were not
+    charged would leave more, and the hit would report other numbers than the miss."""
+    miss = nppr(WeakLinear(), weak_data(), eps=0.3, cache_dir=str(tmp_path), **TINY)
+    hit = nppr(WeakLinear(), weak_data(), eps=0.3, cache_dir=str(tmp_path), **TINY)
+    off = nppr(WeakLinear(), weak_data(), eps=0.3, **TINY)
+    assert (miss.details["cache"], hit.details["cache"], off.details["cache"]) == ("miss", "hit", "off")
+    for other in (hit, off):
+        assert same_numbers(miss, other) and other.forward_passes == miss.forward_passes
 
 
 def test_cache_key_covers_weights_and_settings(tmp_path):
@@ -363,7 +375,8 @@ def test_cache_key_covers_weights_and_settings(tmp_path):
         assert r.details["cache"] == "miss", setting
     assert len(list(tmp_path.glob("nppr-*.pt"))) == 6
     # settings that only affect the evaluation reuse the fit
-    r = nppr(WeakLinear(), weak_data(), eps=0.3, cache_dir=str(tmp_path), **{**TINY, "draws_per_input": 4, "budget": 999})
+    r = nppr(WeakLinear(), weak_data(), eps=0.3, cache_dir=str(tmp_path),
+             **{**TINY, "draws_per_input": 4, "budget": 9999})
     assert r.details["cache"] == "hit"
 
 

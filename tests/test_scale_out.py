@@ -144,11 +144,14 @@ def test_progress_lines_when_output_is_not_captured(pytester, fast_progress):
     pytester.makepyfile(PASSING)
     result = pytester.runpytest("-s", "--robust-batch-size", "256")
     result.stdout.fnmatch_lines(["robust progress test_progress_lines_when_output_is_not_captured.py::test_passes: "
-                                 "TSRM 256/100000 draws, 256 forward passes, bounds [[]0.*, *]*"])
+                                 "TSRM 256/100000 draws, ~* s left if it spends the budget, 256 forward passes, "
+                                 "bounds [[]0.*, *]*"])
 
 
-def test_no_progress_when_output_is_captured(pytester, fast_progress):
+def test_progress_lines_without_s_through_the_terminal_reporter(pytester, fast_progress):
+    """Output captured (no -s): the lines still reach the terminal, with the time left."""
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(PASSING)
     result = pytester.runpytest("--robust-batch-size", "256")
-    assert "robust progress" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["robust progress *::test_passes: TSRM 256/100000 draws, "
+                                 "~* s left if it spends the budget, 256 forward passes, bounds [[]0.*, *]*"])

@@ -17,7 +17,6 @@ from pytest_robust.errors import (
     BudgetError,
     NotDifferentiable,
     RobustDataError,
-    RobustError,
     RobustModelError,
 )
 
@@ -50,9 +49,10 @@ class Forward:
     Precision: inputs arrive in the check's working dtype (float32, or float64 for a float64
     model) and are cast to ``input_dtype`` (the model's own dtype) at the model's input; the
     model runs under ``torch.autocast(autocast)`` when that is set (and gets 4-D inputs in
-    channels-last layout with ``channels_last``); logits come back in the working dtype. So perturbation iterates, gradients with respect to the input and every
-    statistic stay in float32 or wider, whatever precision the model computes in. ``ties``
-    counts rows whose two largest logits are equal (a device tensor, read once at the end).
+    channels-last layout with ``channels_last``); logits come back in the working dtype. So
+    perturbation iterates, gradients with respect to the input and every statistic stay in
+    float32 or wider, whatever precision the model computes in. ``ties`` counts rows whose two
+    largest logits are equal (a device tensor, read once at the end).
     """
 
     model: torch.nn.Module
@@ -67,6 +67,7 @@ class Forward:
     selector: object = None
     deferred: bool = False
     finite: torch.Tensor | bool = True
+    clean: torch.Tensor | None = None  # the check's clean inputs: scanned to explain non-finite logits
     passes: int = 0
     backward_passes: int = 0
     halvings: int = 0
@@ -114,20 +115,26 @@ class Forward:
             try:
                 out.append(run(start, stop))
             except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
-                if not is_oom(err):
-                    raise
-                if self.batch_size == 1:
-                    raise RobustModelError(
-                        "out of memory even with batch size 1: use a smaller model or another device"
-                    ) from err
-                self.batch_size = max(1, self.batch_size // 2)
-                self.halvings += 1
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                self.back_off(err)
                 continue
             self.charge(stop - start)
             start = stop
         return out
+
+    def back_off(self, err: BaseException) -> None:
+        """Halve the batch after the out-of-memory error ``err`` (of the model, or of generating
+        perturbed inputs: ``procedures.bernoulli.step``), so the caller retries the same rows;
+        ``err`` itself when it is another error, RobustModelError when the batch is already 1."""
+        if not is_oom(err):
+            raise err
+        if self.batch_size == 1:
+            raise RobustModelError(
+                "out of memory even with batch size 1: use a smaller model or another device"
+            ) from err
+        self.batch_size = max(1, self.batch_size // 2)
+        self.halvings += 1
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _empty(self, x: torch.Tensor) -> torch.Tensor:
         """The logits of no rows: a rank whose share is empty still returns a (0, classes) tensor."""
@@ -236,24 +243,18 @@ class Forward:
         if self.deferred:  # read later, with the caller's own host read (``finite_flag``)
             self.finite = torch.isfinite(z).all() & self.finite
         elif not torch.isfinite(z).all():
-            self.raise_nonfinite(x)
+            self.raise_nonfinite(x, z)
         top = z.detach().topk(2, dim=1).values
         self.ties = self.ties + (top[:, 0] == top[:, 1]).sum()
         return z
 
-    def raise_nonfinite(self, x: torch.Tensor | None = None):
-        """The error for non-finite logits: the check's fault when its inputs ``x`` were not
-        finite, else the model's."""
-        if x is not None and not torch.isfinite(x).all():
-            raise RobustError(
-                "the check fed the model non-finite inputs (a perturbation or fit that diverged): "
-                "lower the fit's learning rate (fit_lr=) or the perturbation's size, and report it "
-                "if the settings are the defaults"
-            )
-        raise RobustModelError(
-            "the model returned NaN or infinite logits; check the model on perturbed inputs "
-            "(e.g. inputs outside its training range) and its numerical stability"
-        )
+    def raise_nonfinite(self, x: torch.Tensor | None = None, z: torch.Tensor | None = None):
+        """The error for non-finite logits ``z`` of inputs ``x`` (``inspect.nonfinite``): the
+        check's fault when ``x`` was not finite; the model's or the data's, with the count and
+        indices, when the clean inputs (``clean``) give them too; else the model's on perturbed inputs."""
+        from pytest_robust.engine.inspect.nonfinite import nonfinite_error
+
+        raise nonfinite_error(self, x, z)
 
     @contextlib.contextmanager
     def deferring(self):

@@ -60,6 +60,7 @@ import torch
 from pytest_robust.engine import collective
 from pytest_robust.engine import interface as model_io
 from pytest_robust.engine import precision as model_execution
+from pytest_robust.engine.clock import Clock
 from pytest_robust.engine.data import TensorData, load_data, place
 from pytest_robust.engine.device import resolve_device
 from pytest_robust.engine.forward import Forward, correct_predictions
@@ -135,11 +136,12 @@ class Run:
                                autocast=autocast, channels_last=self.execution.channels_last,
                                normalize=None if normalize is None else model_io.Normalizer(
                                    normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
-                               selector=self.interface.logits)
+                               selector=self.interface.logits, clean=self.ds.x)
         if certificate and self.precision not in ("float32", "float64"):
             self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
             warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)
         self.started = time.perf_counter()
+        self.clock = Clock()  # the time_limit in force (engine.clock): procedures stop when it passes
         self._stack = contextlib.ExitStack()
         self.info: dict = {}
         self._clean: float | None = None
@@ -318,6 +320,7 @@ class Run:
         threshold = self.args.threshold
         verdict = decide(threshold, lower, upper, self.direction, healthy)
         details = dict(details or {})
+        note = "; ".join(filter(None, (note, self.clock.annotate(verdict, details))))
         self._clean_context(verdict, float(upper), details)
         table = details.get("per_input")
         if table is not None:

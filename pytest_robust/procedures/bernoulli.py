@@ -9,8 +9,10 @@ The gate "p >= threshold" is the anytime-valid betting test of ``stats.Sequentia
 alpha = 1 - confidence: it stops as soon as pass or fail is proven, and a stream that reaches the
 budget undecided is inconclusive. The bounds reported are the anytime-valid confidence sequence,
 which agrees with the gate's decision exactly, and so do the p-values of its two claims
-(``details["p_values"]``: 1 / the largest capital of each side's betting test). One draw costs one model evaluation; the batch in
-which the decision falls is evaluated whole, so evaluations can exceed draws by less than one batch.
+(``details["p_values"]``: 1 / the largest capital of each side's betting test); a stream that goes
+on past its decision (``at_least``) reports bounds over every draw (``summary``), and the bounds
+always hold the estimate. One draw costs one model evaluation; the batch in which the decision
+falls is evaluated whole, so evaluations can exceed draws by less than one batch.
 
 ``accuracy(run, perturbation)`` is a whole check: TSRM, corruption accuracy and any metric declared
 as "a perturbation + a declaration" end their body with it. ``bernoulli_stream`` is the loop
@@ -20,6 +22,7 @@ itself (NPPR gates its learned distribution with it).
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,8 +37,22 @@ from pytest_robust.perturbations.base import Perturbation
 from pytest_robust.results import Result
 from pytest_robust.stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
 
-#: Draws generated from one random stream; a fixed size, so results do not depend on batch size.
+#: Draws generated from one random stream (a *block*) for inputs of up to BLOCK_BYTES / BLOCK
+#: bytes; a size fixed by the inputs' shape, so results do not depend on batch size.
 BLOCK = 256
+#: The most bytes of perturbed inputs one block holds (``block_size``).
+BLOCK_BYTES = 16 * 2**20
+
+
+def block_size(x: torch.Tensor) -> int:
+    """Draws per block for inputs like the rows of ``x``: ``BLOCK``, or for inputs larger than
+    BLOCK_BYTES / BLOCK bytes the largest power of two b with b * (bytes of one input) <=
+    ``BLOCK_BYTES`` (at least 1). A step holds its blocks' perturbed inputs (and the perturbation's
+    temporaries of the same size), so host and device memory stay bounded by the batch size and a
+    few MiB whatever the image size: 3 x 512 x 512 float32 inputs (3 MiB each) get blocks of 4.
+    The size depends on the inputs' shape and dtype only, never on the batch size or the device."""
+    row = max(1, x[0].numel() * x.element_size()) if len(x) else 1
+    return max(1, min(BLOCK, 2 ** int(math.floor(math.log2(max(1, BLOCK_BYTES // row))))))
 
 
 @dataclass
@@ -60,10 +77,10 @@ class Stream:
         return min(len(self.outcomes), max(self.decision.at, self.at_least))
 
 
-def _indices(n_inputs: int, run: Run, name: str, index: int) -> torch.Tensor:
-    """Input indices of block ``index`` of the draw stream (uniform, with replacement), drawn on
-    the run's device (on the CPU they are the same numbers on any host)."""
-    return torch.randint(n_inputs, (BLOCK,), generator=run.stream("index", index, namespace=name), device=run.device)
+def _indices(n_inputs: int, run: Run, name: str, index: int, block: int) -> torch.Tensor:
+    """Input indices of block ``index`` (of ``block`` draws) of the draw stream (uniform, with
+    replacement), drawn on the run's device (on the CPU they are the same numbers on any host)."""
+    return torch.randint(n_inputs, (block,), generator=run.stream("index", index, namespace=name), device=run.device)
 
 
 def noise_generator(run: Run, name: str, block: int) -> torch.Generator:
@@ -79,43 +96,56 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
     paired procedure's reference), each evaluated on the same perturbed draws (in its own working
     dtype).
 
-    A step is ``ceil(batch_size / BLOCK)`` blocks per process, fewer when the remaining draws
-    (``limit``) need fewer or when ``most`` (blocks in all) is smaller; under torch.distributed rank r
-    evaluates blocks first + r, first + r + W, ... and the outcomes are gathered in block order,
-    so every rank sees the same stream as a single process would. Only the first ``limit`` draws
-    of the step are evaluated, by a single process or across the ranks; a rank whose blocks all
-    lie past the limit evaluates nothing and still joins the gather. The batch size is the ranks'
-    smallest: each rank sends its batch size with its outcomes, so an out-of-memory error on one
-    rank shrinks every rank's next step alike. One collective and one host read per step: the
-    outcomes, the finiteness of the logits (``Forward.deferring``), the batch sizes and the input
-    indices come back together.
+    A step is ``ceil(batch_size / b)`` blocks of b = ``block_size(ds.x)`` draws per process, fewer
+    when the remaining draws (``limit``) need fewer or when ``most`` (blocks in all) is smaller;
+    under torch.distributed rank r evaluates blocks first + r, first + r + W, ... and the outcomes
+    are gathered in block order, so every rank sees the same stream as a single process would.
+    Only the first ``limit`` draws of the step are evaluated, by a single process or across the
+    ranks; a rank whose blocks all lie past the limit evaluates nothing and still joins the
+    gather. The batch size is the ranks' smallest: each rank sends its batch size with its
+    outcomes, so an out-of-memory error on one rank shrinks every rank's next step alike; in a
+    single process an out-of-memory error while perturbing halves the batch too and draws fewer
+    blocks (``Forward.back_off``). One collective and one host read per step: the outcomes, the
+    finiteness of the logits (``Forward.deferring``), the batch sizes and the input indices come
+    back together.
     """
     rank, size = collective.world()
+    blk = block_size(ds.x)
     runs = (run, *references)
     models = tuple(r.forward for r in runs)
-    batch = min(f.batch_size for f in models)
-    per_rank = max(1, min(-(-batch // BLOCK), -(-limit // (BLOCK * size)), -(-most // size)))
-    mine = range(first + rank, first + per_rank * size, size)
     dev = run.device
-    needed = [min(max(limit - (b - first) * BLOCK, 0), BLOCK) for b in mine]  # rows of each block within the limit
-    idx = [_indices(len(ds), run, name, b) for b in mine]
-    x = torch.cat([
-        perturbation.draw(ds.x[i].to(dev), noise_generator(run, name, b), i, ds.y[i])[:k]
-        for b, i, k in zip(mine, idx, needed)
-    ])
+    while True:  # an out-of-memory error while perturbing halves the batch, as in the model call
+        batch = min(f.batch_size for f in models)
+        per_rank = max(1, min(-(-batch // blk), -(-limit // (blk * size)), -(-most // size)))
+        mine = range(first + rank, first + per_rank * size, size)
+        needed = [min(max(limit - (b - first) * blk, 0), blk) for b in mine]  # rows of each block within the limit
+        idx = [_indices(len(ds), run, name, b, blk) for b in mine]
+        try:
+            x = torch.cat([
+                perturbation.draw(ds.x[i].to(dev), noise_generator(run, name, b), i, ds.y[i])[:k]
+                for b, i, k in zip(mine, idx, needed)
+            ])
+            break
+        except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
+            if size > 1:  # ranks must draw the same blocks: one rank backing off alone would break the gather
+                raise
+            run.forward.batch_size = batch
+            run.forward.back_off(err)
+            for forward in models:
+                forward.batch_size = run.forward.batch_size
     y = ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])]
-    width = len(models) * BLOCK
+    width = len(models) * blk
     # per block: each model's outcomes, then this rank's finiteness flag of each model and batch size
     local = torch.zeros((per_rank, width + len(models) + 1), dtype=torch.long, device=dev)
     with contextlib.ExitStack() as deferred:
         for m, (forward, each) in enumerate(zip(models, runs)):
             deferred.enter_context(forward.deferring())
             for j, part in enumerate(correct_predictions(forward.logits(x.to(each.dtype)), y).split(needed)):
-                local[j, m * BLOCK: m * BLOCK + len(part)] = part
+                local[j, m * blk: m * blk + len(part)] = part
         local[:, width: width + len(models)] = torch.cat([f.finite_flag(dev) for f in models])
         local[:, -1] = min(f.batch_size for f in models)
     blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
-    indices = torch.cat([_indices(len(ds), run, name, b) if (b - first) % size != rank
+    indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
                          else idx[(b - first) // size] for b in blocks])
     gathered = collective.gather_blocks(local)
     host = torch.cat([gathered.reshape(-1), indices]).cpu().numpy()
@@ -123,7 +153,7 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
     for m, forward in enumerate(models):
         forward.check_flag(int(table[:, width + m].min()))
         forward.batch_size = int(table[:, -1].min())
-    outcomes = table[:, :width].reshape(-1, len(models), BLOCK).transpose(1, 0, 2).reshape(len(models), -1)
+    outcomes = table[:, :width].reshape(-1, len(models), blk).transpose(1, 0, 2).reshape(len(models), -1)
     return outcomes[:, :limit].astype(bool), indices[:limit], per_rank * size
 
 
@@ -132,9 +162,9 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
                      at_least: int = 0) -> Stream:
     """Draw (input, perturbation) pairs of ``ds`` (default: the run's data) and record whether the
     model is correct, until the sequential gate at ``threshold`` decides or ``draws`` draws are made.
-    With ``at_least`` the stream goes on to that many draws (rounded up to whole blocks of
-    ``BLOCK``, within ``draws``) after a decision, and every one of them counts in the estimate and
-    bounds (the anytime-valid bounds hold at any time; the verdict is the gate's).
+    With ``at_least`` the stream goes on to that many draws (rounded up to whole blocks,
+    ``block_size``, within ``draws``) after a decision, and every one of them counts in the estimate and
+    bounds (the anytime-valid bounds hold at any time; ``summary`` explains the verdict).
 
     The random streams are the run's "<name>-index" and "<name>-noise" (``Run.stream``), with
     ``name`` the check's stream namespace by default. ``label`` names the
@@ -142,10 +172,14 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     current phase.
     """
     ds, name = run.ds if ds is None else ds, name or run.streams
-    at_least = -(-at_least // BLOCK) * BLOCK
+    blk = block_size(ds.x)
+    at_least = -(-at_least // blk) * blk
     gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
     outcomes, indices, drawn, block = [], [], 0, 0
-    while drawn < draws and (gate is None or gate.decision is None or drawn < at_least):
+    # the time limit (``Run.clock``) stops the stream between steps, after the first: the bounds
+    # are anytime-valid, so they hold wherever it stops
+    while drawn < draws and (gate is None or gate.decision is None or drawn < at_least) and not (
+            outcomes and run.clock.expired()):
         # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
         # so a gate that decides early never pays for a huge batch
         most = max(1, block) if gate is not None else block + draws
@@ -159,6 +193,7 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
         drawn += len(hits)
         if gate is not None and gate.decision is None:
             gate.update(hits)
+        run.clock.pace(label or run.title, drawn, draws, "draws")
         report_progress(
             metric=label or run.title, draws=drawn, budget=draws, forward_passes=run.forward.passes,
             bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha),
@@ -169,19 +204,28 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
 
 
 def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[float, float, float, dict]:
-    """(estimate, lower, upper, details) of a stream: the anytime-valid confidence sequence (agreeing
-    with the gate's decision exactly), for reference fixed-sample Clopper-Pearson bounds, and with
-    a threshold the gate's anytime-valid p-values of its two claims (``details["p_values"]``)."""
+    """(estimate, lower, upper, details) of a stream: the anytime-valid confidence sequence, for
+    reference fixed-sample Clopper-Pearson bounds, and with a threshold the gate's anytime-valid
+    p-values of its two claims (``details["p_values"]``). Always lower <= estimate <= upper.
+
+    When the numbers rest on the gate's own draws (``used`` is the decision's draw), the bounds
+    start from the gate's threshold on its decided side, so they agree with its decision exactly.
+    When the stream went on past its decision (``at_least``: NPPR), estimate and bounds rest on
+    every draw, and so does the verdict (``results.decide`` on these bounds): the sequence over all
+    draws is valid at that stopping time on its own, while joining it to the gate's earlier claim
+    could give bounds that exclude the estimate, or even cross, when the later draws contradict it.
+    A betting sequence can exclude the sample mean (rejections are kept from earlier looks); the
+    shown bounds are widened to hold it (conservative: a wider interval keeps its coverage)."""
     used, decision = stream.used, stream.decision
     outcomes = stream.outcomes[:used]
     correct = int(outcomes.sum())
+    own = decision is not None and used <= decision.at  # the numbers rest on the gate's draws only
     lower, upper = confidence_sequence(
         outcomes, alpha,
-        lower_at_least=threshold if decision and decision.verdict == "pass" else 0.0,
-        upper_at_most=threshold if decision and decision.verdict == "fail" else 1.0,
+        lower_at_least=threshold if own and decision.verdict == "pass" else 0.0,
+        upper_at_most=threshold if own and decision.verdict == "fail" else 1.0,
     )
-    if decision is None:  # a betting sequence can exclude the sample mean; shown bounds hold it (conservative)
-        lower, upper = min(lower, correct / used), max(upper, correct / used)
+    lower, upper = min(lower, correct / used), max(upper, correct / used)
     gated = {"p_values": stream.p_values} if threshold is not None and stream.p_values is not None else {}
     return correct / used, lower, upper, {
         **gated,

@@ -1,25 +1,33 @@
 """Progress of long checks on the terminal, throttled so CI logs are not flooded.
 
-Shown only when pytest does not capture output (``-s``): after FIRST_AFTER seconds of a check,
-at most one line every INTERVAL_TTY seconds on a terminal (rewritten in place) or every
-INTERVAL_PLAIN seconds in a log (new lines). Bounds are computed only when a line is shown.
+Written through pytest's terminal reporter with output capturing suspended for the line, so it
+shows without ``-s``: after FIRST_AFTER seconds of a check, at most one line every INTERVAL_TTY
+seconds on a terminal (rewritten in place) or every INTERVAL_PLAIN seconds in a log (new lines),
+with the draws, the bounds and the time left at the pace so far if the whole budget is spent,
+
+    left = elapsed * (budget - draws) / draws     (seconds; a gate may decide sooner).
+
+Bounds are computed only when a line is shown.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
-FIRST_AFTER = 5.0
+FIRST_AFTER = 10.0
 INTERVAL_TTY = 1.0
 INTERVAL_PLAIN = 30.0
 
 
 class Progress:
-    """A progress sink for ``engine.progress_sink``: fields -> an occasional status line."""
+    """A progress sink for ``engine.progress_sink``: fields -> an occasional status line, written
+    with ``capture`` (pytest's capture manager, None: not capturing) suspended."""
 
-    def __init__(self, terminal, label: str):
+    def __init__(self, terminal, label: str, capture=None):
         self.terminal = terminal
         self.label = label
+        self.capture = capture
         self.tty = bool(terminal.isatty)  # pytest exposes a callable bool
         self.started = time.monotonic()
         self.shown_at: float | None = None
@@ -34,7 +42,10 @@ class Progress:
         metric = values.pop("metric", "check")
         parts = []
         if "draws" in values:
-            parts.append(f"{values.pop('draws')}/{values.pop('budget', '?')} draws")
+            draws, budget = values.pop("draws"), values.pop("budget", None)
+            parts.append(f"{draws}/{budget if budget is not None else '?'} draws")
+            if budget and draws:
+                parts.append(f"~{(now - self.started) * (budget - draws) / draws:.0f} s left if it spends the budget")
         if "inputs_done" in values:
             parts.append(f"{values.pop('inputs_done')}/{values.pop('inputs', '?')} inputs")
         if "forward_passes" in values:
@@ -44,7 +55,9 @@ class Progress:
             parts.append(f"bounds [{lower:.4f}, {upper:.4f}]")
         parts += [f"{k} {v}" for k, v in values.items()]
         line = f"robust progress {self.label}: {metric} " + ", ".join(parts) + f" ({now - self.started:.0f} s)"
-        if self.tty:
-            self.terminal.rewrite(line, erase=True)
-        else:
-            self.terminal.write_line(line)
+        suspended = self.capture.global_and_fixture_disabled() if self.capture else contextlib.nullcontext()
+        with suspended:
+            if self.tty:
+                self.terminal.rewrite(line, erase=True)
+            else:
+                self.terminal.write_line(line)

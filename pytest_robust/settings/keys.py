@@ -26,6 +26,7 @@ class Settings:
     confidence: float = 0.95
     batch_size: int = 1024
     budget: int | None = None  # None: each metric's own default (declarations.Metric.budget)
+    time_limit: float | None = None  # seconds per check; None: no limit
     inconclusive: str = "fail"
     model: str = "robust_model"
     data: str = "robust_data"
@@ -90,6 +91,10 @@ KEYS = (
         "cap on model evaluations per check (one input through the model, with or without a "
         "backward pass); a check undecided at the cap is inconclusive; default: each metric's own "
         "(docs/settings.md, 'Budgets')"),
+    Key("time_limit", validation.positive_float,
+        "seconds each check may run; when they pass, the check stops between steps and ends inconclusive "
+        "with the evidence it gathered (estimate, bounds, evaluations) unless that already decides; "
+        "default: no limit"),
     Key("inconclusive", validation.choice("fail", "skip"),
         "what an inconclusive check does to its test: fail or skip"),
     Key("model", validation.identifier, "name of the fixture that returns the model"),

@@ -112,9 +112,10 @@ def early_upper(est: Estimate, n_total: int, confidence: float, ceiling: float) 
 
 
 def sequential(looks: list[int], estimate_at, n_total: int, threshold: float | None, alpha: float,
-               ceiling: float | None = None):
+               ceiling: float | None = None, stop=lambda: False):
     """Evaluate look after look; stop early for a fail of "mean <= threshold", and with a
-    ``ceiling`` on every unit's value for a pass too (module docstring).
+    ``ceiling`` on every unit's value for a pass too (module docstring), or when ``stop()`` says
+    so after a look (a time limit: the bounds of that look hold as they do at any early stop).
 
     ``estimate_at(n)`` gives the ``Estimate`` of the first n units of the random order. A look
     before the last stops when ``early_lower`` at level alpha_k exceeds the threshold with healthy
@@ -141,7 +142,7 @@ def sequential(looks: list[int], estimate_at, n_total: int, threshold: float | N
         verdict = decide(threshold, bound[1], bound[2], "<=", not est.problems)
         if threshold is not None:
             record[-1].update(_look_p_values(est, n_total, threshold, last, a / alpha, alpha, verdict, ceiling))
-        if not last and (verdict == "fail" or (verdict == "pass" and ceiling is not None)):
+        if not last and (verdict == "fail" or (verdict == "pass" and ceiling is not None) or stop()):
             break
     return est, bound, record
 

@@ -24,16 +24,16 @@ from pytest_robust.checks.corruption_accuracy import DECLARATION
 from pytest_robust.checks.library import function
 from pytest_robust.engine.run import Run
 from pytest_robust.perturbations.corruptions import CorruptionGrid
-from pytest_robust.procedures.bernoulli import BLOCK, bernoulli_stream, noise_generator, summary
+from pytest_robust.procedures.bernoulli import bernoulli_stream, block_size, noise_generator, summary
 from pytest_robust.results import Result
 from pytest_robust.stats import clopper_pearson_lower, clopper_pearson_upper
 
 
 def _cells(grid: CorruptionGrid, draws: int, run: Run) -> np.ndarray:
     """The grid cell of each of the first ``draws`` draws, recomputed from their blocks' generators."""
-    blocks = -(-draws // BLOCK)
-    return torch.cat([grid.cells(BLOCK, noise_generator(run, run.streams, b)).cpu()
-                      for b in range(blocks)])[:draws].numpy()
+    block = block_size(run.ds.x)
+    return torch.cat([grid.cells(block, noise_generator(run, run.streams, b)).cpu()
+                      for b in range(-(-draws // block))])[:draws].numpy()
 
 
 def _summary(hits: np.ndarray, alpha: float) -> dict:

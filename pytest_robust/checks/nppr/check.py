@@ -22,8 +22,9 @@ the input box) and searches it for the most damaging member:
    and one perturbation from the frozen mixture per draw, and its anytime-valid betting test decides
    "PR >= threshold" at the stated confidence. The stream goes on to ``draws_per_input`` draws per
    evaluation input on average whatever the gate decided, and the headline estimate and its
-   anytime-valid bounds rest on all of them (the verdict is the gate's): no draw the check paid for
-   is left out of the number it reports.
+   anytime-valid bounds rest on all of them, and so does the verdict (``results.decide`` on those
+   bounds, valid at that stopping time; ``bernoulli.summary``): no draw the check paid for is left
+   out of the number it reports, and the bounds always hold the estimate.
 
 **What a verdict means.** The learned distribution's PR is an *upper estimate* of the true NPPR
 infimum (a better fit can only find a lower PR, and the family is not every distribution in the
@@ -57,7 +58,7 @@ from pytest_robust.engine.inspect.perturbation import check_scale
 from pytest_robust.engine.run import Run
 from pytest_robust.errors import SettingError
 from pytest_robust.perturbations.noise import UniformLinf
-from pytest_robust.procedures.bernoulli import BLOCK, bernoulli_stream, summary
+from pytest_robust.procedures.bernoulli import bernoulli_stream, block_size, summary
 from pytest_robust.results import Result
 
 #: Per-input PR levels reported: the fraction of inputs with PR >= 1 - gamma.
@@ -174,14 +175,14 @@ def _evaluate(run: Run, frozen: "FrozenGMM", eval_ds: TensorData, options: dict,
     reserve: ``CONTEXT_MIN_DRAWS`` draws each, or half of what is left if that is less); each
     context noise then gets as many draws as the gate used (at least ``CONTEXT_MIN_DRAWS``).
     """
-    n = len(eval_ds)
+    n, block = len(eval_ds), block_size(eval_ds.x)
     fixed = n * (options["pgd_steps"] + 1) if options["pgd"] else 0
     left = run.remaining() - fixed
     gate_draws = left - min(2 * CONTEXT_MIN_DRAWS, left // 2)
-    if gate_draws < BLOCK:
+    if gate_draws < block:
         spent = run.args.budget - run.remaining()
-        need = spent + fixed + 2 * BLOCK
-        run.refuse(need, f"({spent} spent on the clean pass and the fit, {fixed} for the PGD floor, and {BLOCK} "
+        need = spent + fixed + 2 * block
+        run.refuse(need, f"({spent} spent on the clean pass and the fit, {fixed} for the PGD floor, and {block} "
                          "each for the gate and the context noises); raise budget= (or lower fit_steps=)")
     with run.forward.phase("context"):
         floor = (nppr_context.pgd_floor(run, eval_ds, options["eps"], options["pgd_steps"], bounds) if options["pgd"]

@@ -19,7 +19,7 @@ from pytest_robust.engine.run import Run
 from pytest_robust.perturbations.base import Perturbation
 from pytest_robust.perturbations.noise import UniformL2, UniformLinf
 from pytest_robust.perturbations.projected import ProjectedGaussian
-from pytest_robust.procedures.bernoulli import BLOCK, summary
+from pytest_robust.procedures.bernoulli import block_size, summary
 from pytest_robust.procedures.per_input import over_blocks
 
 
@@ -35,12 +35,12 @@ def per_input_pr(outcomes: np.ndarray, indices: np.ndarray, n: int) -> tuple[np.
 
 def pgd_floor(run: Run, ds: TensorData, eps: float, steps: int, bounds) -> float:
     """PGD robust accuracy (L-inf, cross-entropy, one random start; an input counts as broken when
-    any iterate is misclassified) on the evaluation inputs, blocks of ``BLOCK`` shared over ranks."""
+    any iterate is misclassified) on the evaluation inputs, blocks of ``block_size`` inputs shared over ranks."""
 
     def attack(x: torch.Tensor, y: torch.Tensor, streams) -> dict:
         return {"fooled": pgd(run.forward, x, y, eps, steps=steps, bounds=bounds, generator=streams).fooled}
 
-    fooled = over_blocks(run, ds.x, ds.y, BLOCK, "nppr-pgd", attack)["fooled"]
+    fooled = over_blocks(run, ds.x, ds.y, block_size(ds.x), "nppr-pgd", attack)["fooled"]
     return int((~fooled).sum()) / len(ds)
 
 

@@ -28,8 +28,9 @@ mixture. The cache makes CI reruns reuse one fit exactly.
 
 **Caching.** The fitted mixture is stored in ``cache_dir`` under a key over the model's weights and
 every setting that affects the fit (see ``fit_key``), so a CI run on an unchanged model skips
-fitting; ``refit=True`` fits again; an unreadable or mismatched entry is refitted with a
-``RobustWarning``, never trusted.
+fitting (the time, not the budget: a cached fit is charged the evaluations a fresh one spends,
+``charge_cached_fit``, so the numbers do not depend on the cache); ``refit=True`` fits again;
+an unreadable or mismatched entry is refitted with a ``RobustWarning``, never trusted.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ def fitted(run: Run, cfg, fit, fit_ds, fit_features, bounds, key, options) -> Fi
     if path is not None and not refit:
         gmm, record, state = _from_cache(path, key, cfg, run)
         if gmm is not None:
+            charge_cached_fit(run, fit)
             return Fitted(gmm, record, "hit", str(path), fitted_now=False)
         if state != "miss":
             warnings.warn(
@@ -158,6 +160,25 @@ def fitted(run: Run, cfg, fit, fit_ds, fit_features, bounds, key, options) -> Fi
     if path is not None:
         cache.store(path, key, {"state": {k: v.cpu() for k, v in gmm.state_dict().items()}, "record": record})
     return Fitted(gmm, record, state, None if path is None else str(path), fitted_now=True)
+
+
+def fit_cost(run: Run, fit: FitSettings) -> int:
+    """Model evaluations (each with a backward pass) a fresh fit spends on this rank: ``fit.steps``
+    Adam steps of ``fit.batch_size * fit.draws`` relaxed draws, of which each rank evaluates its
+    ``Run.span``; so steps * B * S evaluations in all, summed over ranks."""
+    rows = run.span(fit.batch_size * fit.draws)
+    return fit.steps * (rows.stop - rows.start)
+
+
+def charge_cached_fit(run: Run, fit: FitSettings) -> None:
+    """Charge a mixture read from the cache exactly what fitting it would have cost
+    (``fit_cost``, phase "fit"): the budget left for the gate and the context, and so every number
+    of the check, is then the same whether the fit was cached or not, and whichever of two checks
+    sharing an entry ran first. A budget too small for the fit fails as a fresh fit would."""
+    cost = fit_cost(run, fit)
+    with run.forward.phase("fit"):
+        run.forward.charge(cost)
+    run.forward.backward_passes += cost
 
 
 def _from_cache(path, key: str, cfg: GMMConfig, run: Run):
@@ -208,7 +229,8 @@ def fit_mixture(run: Run, gmm: GMMPerturbation, fit: FitSettings, fit_ds, fit_fe
     }
 
 
-def _fit_step(run: Run, gmm, fit: FitSettings, step: int, x_all, y_all, fit_features, bounds, pick, noise) -> torch.Tensor:
+def _fit_step(run: Run, gmm, fit: FitSettings, step: int, x_all, y_all, fit_features, bounds, pick,
+              noise) -> torch.Tensor:
     """One batch of fit inputs with ``fit.draws`` relaxed draws each: accumulates the gradient of
     the mean margin loss in the mixture's parameters and returns the loss (a device scalar: no
     host read per step; the forward wrapper's finiteness check stops a diverging fit).

@@ -71,9 +71,9 @@ def evaluate(run: Run, q, perturbation, loss, inputs, loss_bound=None, **sampler
     details["per_input"] = _per_input(plan, est, q_inf, threshold)
     result = run.result(estimate=mean, lower=lower, upper=upper, draws=est.draws, n_inputs=len(est.per_input),
                         perturbation=repr(plan.perturbation), healthy=not est.problems, details=details)
-    if result.verdict == "inconclusive":
+    if result.verdict == "inconclusive" and not run.clock.stopped:  # the time limit's reason is the run's
         result.details["inconclusive_reason"] = _inconclusive_reason(est, threshold, lower, upper)
-    result.note = _note(plan, est, float(q_inf.mean()), q_inf_name, looks)
+    result.note = "; ".join(filter(None, (_note(plan, est, float(q_inf.mean()), q_inf_name, looks), result.note)))
     if result.verdict == "pass" and len(planned) > 1 and loss_bound is None:
         result.note += (f"; passed at the last look, after all {len(est.per_input)} inputs: without a bound on the "
                         "loss an input not yet evaluated could have any loss, so no earlier look can pass; set "
@@ -154,7 +154,8 @@ def _note(plan: Plan, est: Estimate, q_inf: float, q_inf_name: str, looks: list)
         )
     n, planned = len(est.per_input), len(plan.index)
     if n < planned:
-        parts.append(f"stopped after {n} of {planned} inputs: look {len(looks)} decided")
+        why = "the time limit" if plan.run.clock.stopped else f"look {len(looks)} decided"
+        parts.append(f"stopped after {n} of {planned} inputs: {why}")
     if planned < plan.n_total:
         parts.append(f"on a random subset of {planned} of {plan.n_total} inputs (budget {plan.run.args.budget} evaluations)")
     return "; ".join(parts)

@@ -177,7 +177,7 @@ def gate(plan: Plan, q: float, looks: list[int], threshold: float | None,
         return est
 
     est, bound, record = sequential(looks, estimate_at, plan.n_total, threshold, 1.0 - plan.run.args.confidence,
-                                    ceiling=loss_bound)
+                                    ceiling=loss_bound, stop=plan.run.clock.expired)
     if threshold is not None:
         plan.run.details["p_values"] = p_values(record)
     return est, bound, record

@@ -184,6 +184,7 @@ def run_round(run: Run, plan: GatePlan, state: GateState, tests: LocalTests, sha
                 state.verdict[i] = CERTIFIED if decision.verdict == "pass" else REFUTED
             elif state.drawn[i] < allowance[i]:
                 active.append(i)
+        run.clock.pace("certified accuracy", int(state.evaluated.sum()), plan.budget)
         report_progress(metric="certified accuracy", draws=int(state.drawn.sum()), budget=plan.budget,
                         inputs_done=lambda: int((state.verdict != OPEN).sum()), inputs=len(state.verdict),
                         forward_passes=run.forward.passes)
@@ -215,7 +216,7 @@ def run_gates(run: Run, plan: GatePlan) -> GateState:
     while True:
         open_inputs = [i for i in range(n) if state.verdict[i] == OPEN and state.drawn[i] < plan.max_draws]
         share = (plan.budget - int(state.evaluated.sum())) // len(open_inputs) if open_inputs else 0
-        if share == 0:
+        if share == 0 or (state.rounds and run.clock.expired()):  # the time limit: undecided inputs count against
             return _with_p_values(run, plan, state)
         state.rounds += 1
         allowance = np.minimum(state.evaluated + share, plan.max_draws)

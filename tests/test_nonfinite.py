@@ -1,0 +1,72 @@
+"""NaN and inf logits name the inputs: how many, which (the first few), and whether the clean
+inputs already produce them; then the model or the data is blamed, not the perturbation."""
+
+import pytest
+import torch
+
+import pytest_robust as pr
+from pytest_robust.errors import RobustModelError
+
+N = 48
+POISONED = (3, 17, 30, 41)
+
+
+class NanWhere(torch.nn.Module):
+    """Two logits (s, -s), s = mean of x - 1/2; NaN on rows whose first coordinate exceeds ``above``."""
+
+    def __init__(self, above: float):
+        super().__init__()
+        self.above = above
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        s = self.w * (x.flatten(1).mean(dim=1) - 0.5)
+        z = torch.stack([s, -s], dim=1)
+        return torch.where((x.flatten(1)[:, 0] > self.above)[:, None], torch.full_like(z, float("nan")), z)
+
+
+def data(poisoned=POISONED, value=0.95):
+    """Inputs in [0.2, 0.8] except the first coordinate of the ``poisoned`` rows, which is ``value``."""
+    g = torch.Generator().manual_seed(0)
+    x = 0.2 + 0.6 * torch.rand(N, 8, generator=g)
+    x[list(poisoned), 0] = value
+    return x, (x.mean(dim=1) < 0.5).long()
+
+
+CHECKS = {
+    "tsrm": lambda m, d: pr.tsrm(m, d, perturbation=pr.UniformLinf(eps=0.1), threshold=0.5, budget=2000),
+    "q": lambda m, d: pr.intermediate_q(m, d, perturbation=pr.UniformLinf(eps=0.1), q=1, estimator="mc",
+                                        max_loss=2.0, chains=4, steps=4, inputs=48, budget=5000),
+    "certified_accuracy": lambda m, d: pr.certified_accuracy(m, d, threshold=0.5, radius=0.05, sigma=0.1,
+                                                             max_draws=300, budget=20_000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_nan_on_clean_inputs_names_count_and_indices_and_blames_the_model_or_data(name):
+    with pytest.raises(RobustModelError) as info:
+        CHECKS[name](NanWhere(above=0.9), data())
+    text = str(info.value)
+    assert f"on 4 of {N} clean inputs (indices 3, 17, 30, 41)" in text
+    assert "the model or the data is at fault, not the perturbation" in text
+
+
+def test_the_first_few_indices_are_listed_when_many_clean_inputs_fail():
+    with pytest.raises(RobustModelError, match=rf"on 10 of {N} clean inputs \(indices 0, 4, 8, 12, 16, \.\.\.\)"):
+        CHECKS["tsrm"](NanWhere(above=0.9), data(poisoned=range(0, 40, 4)))
+
+
+def test_nan_on_perturbed_inputs_only_says_the_clean_ones_are_finite():
+    """Clean rows never exceed 0.85; eps=0.1 around 0.84 crosses it on most draws."""
+    with pytest.raises(RobustModelError) as info:
+        CHECKS["tsrm"](NanWhere(above=0.85), data(value=0.84))
+    text = str(info.value)
+    assert "NaN or infinite logits on perturbed inputs; its logits on every clean input are finite" in text
+    assert "clean inputs (indices" not in text
+
+
+def test_a_batch_with_nan_logits_names_how_many_rows_and_which():
+    """Outside a stream (the gradient path of the q check) the failing batch itself is named."""
+    with pytest.raises(RobustModelError, match=r"NaN or infinite logits on \d+ of \d+ inputs of a batch \(rows \d+"):
+        pr.intermediate_q(NanWhere(above=0.85), data(value=0.84), perturbation=pr.UniformLinf(eps=0.1), q=10,
+                          max_loss=2.0, chains=4, steps=6, warmup=2, inputs=48, budget=20_000)

@@ -1,0 +1,90 @@
+"""Time you can see and bound: the ``time_limit`` setting stops every check between steps with the
+evidence it gathered (inconclusive unless it already decides, and saying why), and a check whose
+budget would take too long at its measured pace warns before it runs on. No timed assertions: a
+limit far below one step stops every check right after its first step, on any machine."""
+
+import pytest
+import torch
+from test_plugin import CONFTEST
+from toy_models import SmallNet, image_data
+
+import pytest_robust as pr
+from pytest_robust.engine import clock
+from pytest_robust.errors import RobustWarning
+
+BOX = pr.UniformLinf(eps=0.3)
+TINY = 1e-9  # seconds: past after the first step of any check
+
+#: Checks with budgets far beyond what one step spends, and thresholds they cannot decide at once.
+CHECKS = {
+    "tsrm": lambda m, d: pr.tsrm(m, d, perturbation=BOX, threshold=0.35, budget=1_000_000),
+    "corruption_accuracy": lambda m, d: pr.corruption_accuracy(
+        m, d, threshold=0.35, corruptions=["gaussian_noise"], severities=[3], budget=1_000_000),
+    "certified_accuracy": lambda m, d: pr.certified_accuracy(
+        m, d, threshold=0.2, radius=0.05, sigma=0.25, max_draws=100_000, budget=10_000_000),
+    "nppr": lambda m, d: pr.nppr(m, d, threshold=0.35, eps=0.2, latent_dim=4, components=2, fit_steps=2,
+                                 fit_batch_size=8, fit_draws=2, draws_per_input=10_000, budget=1_000_000),
+    "intermediate_q": lambda m, d: pr.intermediate_q(
+        m, d, perturbation=BOX, q=1, estimator="mc", max_loss=1.2, chains=4, steps=8, budget=1_000_000),
+}
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest_robust.errors.RobustWarning")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_the_time_limit_stops_every_check_with_its_evidence(name):
+    x, y = image_data(n=64)
+    full = CHECKS[name](SmallNet().eval(), (x, y)) if name == "intermediate_q" else None
+    with clock.time_limit(TINY):
+        r = CHECKS[name](SmallNet().eval(), (x, y))
+    assert r.details["time_limit"]["stopped"] and r.details["time_limit"]["seconds"] == TINY
+    assert "time limit of 1e-09 s stopped it" in r.message()
+    assert r.lower <= r.estimate <= r.upper and r.forward_passes > 0
+    assert r.forward_passes < r.budget
+    if r.verdict == "inconclusive":
+        assert "time limit" in r.details["inconclusive_reason"]
+    if full is not None:  # the q check stops at its first look instead of evaluating every input
+        assert len(r.details["looks"]) < len(full.details["looks"])
+
+
+def test_without_a_limit_nothing_is_said():
+    r = pr.tsrm(SmallNet().eval(), image_data(n=16), perturbation=BOX, threshold=0.35, budget=2000)
+    assert "time_limit" not in r.details and "time limit" not in r.message()
+
+
+def test_a_budget_that_would_take_too_long_warns_after_the_first_steps(monkeypatch):
+    monkeypatch.setattr(clock, "SLOW_CHECK", 1e-9)
+    with pytest.warns(RobustWarning, match=r"TSRM: its budget of 4,096 draws would take about .* s at the measured "
+                                           r".* per second \(longer than 1e-09 s\) .*set time_limit="):
+        pr.tsrm(SmallNet().eval(), image_data(n=16), perturbation=BOX, budget=4096, batch_size=256)
+
+
+def test_the_marker_setting_stops_the_check_and_the_test_says_why(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile("""
+        import pytest
+        from pytest_robust import UniformLinf
+
+        @pytest.mark.robust(tsrm=0.8, perturbation=UniformLinf(eps=0.5), budget=10_000_000, time_limit=1e-9)
+        def test_slow():
+            pass
+    """)
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*inconclusive*time limit of 1e-09 s stopped it*"])
+
+
+@pytest.mark.parametrize("args", [["--robust-time-limit", "0"], ["--robust-time-limit", "soon"]])
+def test_a_bad_time_limit_is_a_usage_error_naming_the_key(pytester, args):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*time_limit*a finite number > 0*"])
