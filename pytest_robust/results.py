@@ -94,8 +94,9 @@ class Result:
     numbers are None and ``details["error"]`` says why), "skipped" (its test was skipped before
     the check ran) or "interrupted" (the run was cancelled, by SIGTERM or Ctrl-C, while the check or
     its test ran; ``details["error"]`` says by what). ``outcome`` is pytest's word for the test
-    ("passed", "failed", "skipped", "xfailed", "xpassed", "interrupted"; empty outside pytest). ``direction`` is ">=" when the requirement is
-    estimate >= threshold (accuracies) and "<=" when it is estimate <= threshold (losses).
+    ("passed", "failed", "skipped", "xfailed", "xpassed", "interrupted"; empty outside pytest).
+    ``direction`` is ">=" when the requirement is estimate >= threshold (accuracies) and "<=" when
+    it is estimate <= threshold (losses).
     ``draws`` counts the random perturbations the verdict rests on; ``forward_passes`` counts every
     input the model evaluated. ``note`` is appended to the message (e.g. diagnostics, caveats).
     ``model`` names the model (its fixture name in pytest) and ``test_id`` the test that ran it.

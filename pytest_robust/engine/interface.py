@@ -204,7 +204,8 @@ def _unrecognised(output, rows: int) -> str:
     import torch
 
     def looks(v) -> bool:
-        return isinstance(v, torch.Tensor) and v.is_floating_point() and v.ndim == 2 and v.shape[0] == rows and v.shape[1] >= 2
+        return (isinstance(v, torch.Tensor) and v.is_floating_point() and v.ndim == 2 and v.shape[0] == rows
+                and v.shape[1] >= 2)
 
     if isinstance(output, (tuple, list)):
         hits = [i for i, v in enumerate(output) if looks(v)]
