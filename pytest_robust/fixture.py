@@ -120,7 +120,7 @@ class RobustFixture:
                         CheckSpec(name, None, dict(params), {}), settings)
 
     def q_curve(self, model, data, **kwargs) -> Result:
-        """The q-curve (path sampling, Monte Carlo, q = infinity; ``analyses.q_curve``), with the
+        """The q-curve (path sampling, Monte Carlo, q = infinity; ``checks.q.curve``), with the
         same keywords (``perturbation=``, ``qs=``, ...); a PNG in the report directory."""
         from pytest_robust.checks.q.curve import q_curve
 

@@ -38,7 +38,7 @@ PROPERTY_FIELDS = (
     "direction",  # ">=": estimate >= threshold is required; "<=": estimate <= threshold (losses, drops)
 )
 
-#: Marks a perturbation identity that could not be derived (``perturbations.stable_identity``): a
+#: Marks a perturbation identity that could not be derived (``perturbations.base.stable_identity``): a
 #: baseline key holding it is reported as unmatchable, never matched with another object.
 NO_IDENTITY = "<no stable identity"
 

@@ -169,7 +169,7 @@ def _shown(r: Result | None) -> str:
     return f"{r.estimate:.4f} [{r.lower:.4f}, {r.upper:.4f}]"
 
 
-#: The status of a check whose perturbation has no stable identity (``perturbations.stable_identity``).
+#: The status of a check whose perturbation has no stable identity (``perturbations.base.stable_identity``).
 UNMATCHABLE = "not matched (its perturbation has no stable identity: give its class a __repr__)"
 
 
