@@ -63,7 +63,8 @@ def table(seeds: int) -> str:
             mean_apart = np.mean([a[0] for a in apart])
             rows.append([repr(perturbation), name, f"{drop:+.3f}",
                          "/".join(sorted({p.verdict for p in paired})), f"{mean_paired:,.0f}",
-                         "/".join(sorted({a[1] for a in apart})), f"{mean_apart:,.0f}", f"{mean_apart / mean_paired:.1f}x"])
+                         "/".join(sorted({a[1] for a in apart})), f"{mean_apart:,.0f}",
+                         f"{mean_apart / mean_paired:.1f}x"])
     columns = ["perturbation", "candidate", "true drop (50k draws each)", "paired verdicts", "paired evaluations",
                "separate verdicts", "separate evaluations", "factor"]
     return (common.header(torch.device("cpu"), f"alpha={ALPHA}", f"max_drop={MARGIN}", f"seeds=0..{seeds - 1}",

@@ -60,8 +60,9 @@ def run(model, data, perturbation, q, inputs, device, **kw):
     """One ``intermediate_q`` call (seed 0, PATH_STEPS temperatures unless ``kw`` says otherwise):
     (result, wall seconds)."""
     kw = {"steps": PATH_STEPS, **kw}
-    return timed(lambda: intermediate_q(model, data, perturbation=perturbation, q=q, inputs=inputs, budget=10**9, seed=SEED,
-                                        chains=CHAINS, device=device, pgd_steps=PGD_STEPS, full_context=True, **kw))
+    return timed(lambda: intermediate_q(model, data, perturbation=perturbation, q=q, inputs=inputs, budget=10**9,
+                                        seed=SEED, chains=CHAINS, device=device, pgd_steps=PGD_STEPS, full_context=True,
+                                        **kw))
 
 
 def table(title, models, perturbation, qs, inputs, device, data, protocol_mc: bool) -> str:
@@ -123,13 +124,14 @@ def defaults_table(device, data, qs) -> str:
                   title="(C) Defaults: where the q-loss budget goes")
     rows, bar = [], {}
     for q in qs:
-        truth, _ = timed(lambda: intermediate_q(model, (x, y), perturbation=UniformLinf(eps=EPS), q=q, budget=10**9, seed=1,
-                                                device=device))
+        truth, _ = timed(lambda: intermediate_q(model, (x, y), perturbation=UniformLinf(eps=EPS), q=q, budget=10**9,
+                                                seed=1, device=device))
         for full, budget in ((True, BAR_BUDGET), (False, BAR_BUDGET), (False, None)):
             cap = {} if budget is None else {"budget": budget}
             for gap in BAR_GAPS:
-                r, _ = timed(lambda: intermediate_q(model, (x, y), perturbation=UniformLinf(eps=EPS), q=q, max_loss=truth.estimate * (1 + gap),
-                                                    seed=SEED, device=device, full_context=full, **cap))
+                r, _ = timed(lambda: intermediate_q(model, (x, y), perturbation=UniformLinf(eps=EPS), q=q,
+                                                    max_loss=truth.estimate * (1 + gap), seed=SEED, device=device,
+                                                    full_context=full, **cap))
                 cost = r.details["evaluations_per_input"]
                 context = "full_context=True (before)" if full else "default context (after)"
                 rows.append([f"{q:g}", f"{context}, budget {r.budget:,}", f"{sum(cost.values()):,}",
@@ -142,7 +144,8 @@ def defaults_table(device, data, qs) -> str:
             "inputs evaluated/planned/total", "evaluations spent", "verdict [lower, upper]"]
     counts = "; ".join(f"{k}: {sum(v)}/{len(v)}" for k, v in bar.items())
     return (line + "\n" + markdown_table(cols, rows, "llrrrrrl")
-            + f"\n\nDecided on the bar (q in {{{', '.join(f'{q:g}' for q in qs)}}}, threshold 10% either side): {counts}")
+            + f"\n\nDecided on the bar (q in {{{', '.join(f'{q:g}' for q in qs)}}}, "
+              f"threshold 10% either side): {counts}")
 
 
 def main(argv=None) -> None:

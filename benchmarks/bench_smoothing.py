@@ -108,9 +108,9 @@ def comparison_table(model, data, device, cfg) -> str:
     ]
     notes = []
     for cap in cfg["caps"]:
-        gate, gate_s = timed(lambda: certified_accuracy(model, data, threshold=None, radius=RADIUS, sigma=SIGMA, alpha=ALPHA, max_draws=cap,
-                                                        budget=inputs * cap, seed=SEED, batch_size=BATCH,
-                                                        device=device), device)
+        gate, gate_s = timed(lambda: certified_accuracy(model, data, threshold=None, radius=RADIUS, sigma=SIGMA,
+                                                        alpha=ALPHA, max_draws=cap, budget=inputs * cap, seed=SEED,
+                                                        batch_size=BATCH, device=device), device)
         by_gate = np.array([d == "certified" for d in gate.details["decisions"]])
         draws = np.array(gate.details["draws_per_input"])
         rows.append([
@@ -201,13 +201,13 @@ def rs_conf_seq_table(model, data, device, cfg, first: int = 0) -> str:
     outcomes = Outcomes(model, data, device)
     cap = rs_conf_seq.HORIZON
     line = header(device, f"seed={SEED}", f"sigma={SIGMA}", f"alpha={ALPHA} per side (both methods)",
-                  f"inputs={inputs} (test digits {first} to {first + inputs - 1} of 359)", f"max draws per input={cap:,}",
-                  "RS_conf_seq batch=100", f"gate batch size={BATCH}",
+                  f"inputs={inputs} (test digits {first} to {first + inputs - 1} of 359)",
+                  f"max draws per input={cap:,}", "RS_conf_seq batch=100", f"gate batch size={BATCH}",
                   title="(c) Sequential gate vs RS_conf_seq (model evaluations per radius)")
     rows, notes = [], []
     for radius in RS_RADII:
-        gate = certified_accuracy(model, data, threshold=None, radius=radius, sigma=SIGMA, alpha=ALPHA, max_draws=cap, budget=inputs * cap,
-                                  seed=SEED, batch_size=BATCH, device=device)
+        gate = certified_accuracy(model, data, threshold=None, radius=radius, sigma=SIGMA, alpha=ALPHA, max_draws=cap,
+                                  budget=inputs * cap, seed=SEED, batch_size=BATCH, device=device)
         theirs, their_draws = rs_conf_seq_run(outcomes, radius)
         their_evals = rs_conf_seq.evaluations(their_draws)
         ours = gate.details["decisions"]
@@ -240,8 +240,8 @@ def settle_table(model, data, device, cfg, first: int = 0) -> str:
     inputs, data = _digits_from(data, first, cfg["rs_inputs"])
     cap = rs_conf_seq.HORIZON
     line = header(device, f"seed={SEED}", f"sigma={SIGMA}", f"alpha={ALPHA}", "confidence=0.95",
-                  f"inputs={inputs} (test digits {first} to {first + inputs - 1} of 359)", f"max draws per input={cap:,}",
-                  f"budget={inputs * cap:,}", f"batch size={BATCH}",
+                  f"inputs={inputs} (test digits {first} to {first + inputs - 1} of 359)",
+                  f"max draws per input={cap:,}", f"budget={inputs * cap:,}", f"batch size={BATCH}",
                   title="(e) Gate with a threshold (stops once the bounds over inputs decide) vs every input decided")
     rows = []
     kw = dict(sigma=SIGMA, alpha=ALPHA, max_draws=cap, budget=inputs * cap, seed=SEED, batch_size=BATCH, device=device)
@@ -257,7 +257,8 @@ def settle_table(model, data, device, cfg, first: int = 0) -> str:
                          f"{gate.estimate:.2f}", f"{gate.details['undecided']}", f"{gate.forward_passes:,}",
                          f"{gate.forward_passes / full.forward_passes:.3f}"])
     columns = ["radius", "threshold", "every input decided: estimate [lower, upper]", "its evaluations",
-               "gate: verdict [lower, upper]", "gate estimate", "left undecided", "gate evaluations", "gate / every input"]
+               "gate: verdict [lower, upper]", "gate estimate", "left undecided", "gate evaluations",
+               "gate / every input"]
     return line + "\n" + markdown_table(columns, rows, "rrlrlrrrr")
 
 
@@ -304,8 +305,9 @@ def throughput_table(model, data, device, cfg) -> str:
             x[:k], lambda m: certify(m, (x[:k], y[:k]), SIGMA, n0=N0, n=n, alpha=ALPHA, seed=SEED,
                                      batch_size=BATCH, device=device)),
         f"gate ({g} inputs, max_draws={n:,})": (
-            x[:g], lambda m: certified_accuracy(m, (x[:g], y[:g]), threshold=None, radius=RADIUS, sigma=SIGMA, alpha=ALPHA, max_draws=n,
-                                                budget=g * n, seed=SEED, batch_size=BATCH, device=device)),
+            x[:g], lambda m: certified_accuracy(m, (x[:g], y[:g]), threshold=None, radius=RADIUS, sigma=SIGMA,
+                                                alpha=ALPHA, max_draws=n, budget=g * n, seed=SEED, batch_size=BATCH,
+                                                device=device)),
     }
     line = header(device, *facts(k, n),
                   title="(b) Throughput: smoothing engine vs bare forward loop (forward passes per second)")
@@ -394,10 +396,11 @@ def reference_table(model, data, device, cfg) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(__doc__, quick="20 inputs, n = 10 000 (a minute or two on 2 CPU cores)", argv=argv,
-                      extra={"--sections": dict(default="abcde", help="which sections to run, e.g. 'c' (default: abcde)"),
+                      extra={"--sections": dict(default="abcde",
+                                                help="which sections to run, e.g. 'c' (default: abcde)"),
                              "--first": dict(type=int, default=0,
-                                             help="sections (c) and (e): first test digit (default 0; 100 gives inputs the "
-                                                  "gate's mixture weight was not tuned on)")})
+                                             help="sections (c) and (e): first test digit (default 0; "
+                                                  "100 gives inputs the gate's mixture weight was not tuned on)")})
     cfg = QUICK if args.quick else FULL
     model = load("gaussian_0.25", args.device)
     x, y = digits()[1]

@@ -47,8 +47,10 @@ def loops(data):
     box = UniformLinf(eps=0.1)
     few = (x[:32], y[:32])
     return [
-        ("TSRM stream", lambda m, k: tsrm(m, data, perturbation=box, threshold=None, budget=2048 * k, batch_size=BATCH)),
-        ("corruption grid", lambda m, k: corruption_accuracy(m, data, threshold=None, budget=2048 * k, batch_size=BATCH, **GRID)),
+        ("TSRM stream", lambda m, k: tsrm(m, data, perturbation=box, threshold=None, budget=2048 * k,
+                                          batch_size=BATCH)),
+        ("corruption grid", lambda m, k: corruption_accuracy(m, data, threshold=None, budget=2048 * k,
+                                                             batch_size=BATCH, **GRID)),
         ("NPPR stream", lambda m, k: nppr(m, data, eps=0.1, latent_dim=8, components=2, fit_steps=4, fit_batch_size=32,
                                           fit_draws=2, draws_per_input=4, budget=20_000 * k, batch_size=BATCH)),
         ("NPPR fit step", lambda m, k: nppr(m, data, eps=0.1, latent_dim=8, components=2, fit_steps=8 * k,
@@ -61,13 +63,14 @@ def loops(data):
         ("PREDICT", lambda m, k: predict(m, few, 0.25, n=512 * k, batch_size=BATCH)),
         ("PGD step", lambda m, k: adversarial_accuracy(m, data, threshold=None, eps=0.1, steps=10 * k, restarts=1,
                                                        batch_size=BATCH)),
-        ("HMC transition", lambda m, k: intermediate_q(m, few, perturbation=box, q=10, estimator="hmc", chains=4, steps=8 * k,
-                                                       warmup=2, pgd_steps=2, budget=400_000, batch_size=BATCH)),
-        ("MH transition", lambda m, k: intermediate_q(m, few, perturbation=Spatial(rotation=10), q=10, estimator="mh", chains=4,
-                                                      steps=8 * k, warmup=2, pgd_steps=2, budget=400_000,
+        ("HMC transition", lambda m, k: intermediate_q(m, few, perturbation=box, q=10, estimator="hmc", chains=4,
+                                                       steps=8 * k, warmup=2, pgd_steps=2, budget=400_000,
+                                                       batch_size=BATCH)),
+        ("MH transition", lambda m, k: intermediate_q(m, few, perturbation=Spatial(rotation=10), q=10, estimator="mh",
+                                                      chains=4, steps=8 * k, warmup=2, pgd_steps=2, budget=400_000,
                                                       batch_size=BATCH)),
-        ("Monte Carlo block", lambda m, k: intermediate_q(m, few, perturbation=box, q=1, estimator="mc", chains=4, steps=32 * k,
-                                                          pgd_steps=2, budget=400_000, batch_size=BATCH)),
+        ("Monte Carlo block", lambda m, k: intermediate_q(m, few, perturbation=box, q=1, estimator="mc", chains=4,
+                                                          steps=32 * k, pgd_steps=2, budget=400_000, batch_size=BATCH)),
     ]
 
 

@@ -173,14 +173,16 @@ def fixed_design_n(p: float, tau: float, alpha: float = ALPHA, power: float = PO
         assert beta.ppf(alpha, k, best - k + 1) >= tau and (k == 1 or beta.ppf(alpha, k - 1, best - k + 2) < tau)
     else:
         k = int(j[i])
-        assert beta.ppf(1 - alpha, k + 1, best - k) < tau and (k + 1 >= best or beta.ppf(1 - alpha, k + 2, best - k - 1) >= tau)
+        assert (beta.ppf(1 - alpha, k + 1, best - k) < tau
+                and (k + 1 >= best or beta.ppf(1 - alpha, k + 2, best - k - 1) >= tau))
     return best
 
 
 def estimate_p(model, data, device, cfg) -> tuple[float, int, int]:
     """The standard model's TSRM at UniformLinf(eps=GATE_EPS) from one large estimate-only run: (p, k, n)."""
     result = tsrm(
-        model, data, perturbation=UniformLinf(eps=GATE_EPS), budget=cfg["p_draws"], seed=P_SEED, batch_size=P_BATCH, device=device
+        model, data, perturbation=UniformLinf(eps=GATE_EPS), budget=cfg["p_draws"], seed=P_SEED, batch_size=P_BATCH,
+        device=device,
     )
     k, n = result.details["correct"], result.draws
     return k / n, k, n

@@ -58,8 +58,8 @@ def checks(quick: bool) -> dict:
         "corruption_accuracy": lambda m, d: corruption_accuracy(
             m, d, threshold=None, corruptions=["gaussian_noise", "defocus_blur", "contrast", "jpeg_compression"],
             severities=[1, 3, 5], budget=2048 * k),
-        "q (hmc)": lambda m, d: intermediate_q(m, (d[0][:32], d[1][:32]), perturbation=BOX, q=10, chains=4, steps=8 * k, warmup=4,
-                                               pgd_steps=10, budget=100_000),
+        "q (hmc)": lambda m, d: intermediate_q(m, (d[0][:32], d[1][:32]), perturbation=BOX, q=10, chains=4,
+                                               steps=8 * k, warmup=4, pgd_steps=10, budget=100_000),
         "certified_accuracy": lambda m, d: certified_accuracy(m, (d[0][:32], d[1][:32]), threshold=None, radius=0.1,
                                                               sigma=0.25, max_draws=1024 * k, budget=200_000),
         "nppr": lambda m, d: nppr(m, d, eps=0.1, latent_dim=8, components=2, fit_steps=10 * k, fit_batch_size=32,
@@ -160,8 +160,10 @@ def throughput_table(device, quick) -> str:
                 options = dict(precision=precision, channels_last=layout == "channels_last",
                                compile=layout == "compile")
                 with execution(**options):
-                    tsrm(model, (x, y), perturbation=BOX, threshold=None, budget=batch, batch_size=batch)  # warm-up (and compile)
-                    _, engine_s = timed(lambda: tsrm(model, (x, y), perturbation=BOX, threshold=None, budget=draws, batch_size=batch),
+                    # warm-up (and compile)
+                    tsrm(model, (x, y), perturbation=BOX, threshold=None, budget=batch, batch_size=batch)
+                    _, engine_s = timed(lambda: tsrm(model, (x, y), perturbation=BOX, threshold=None, budget=draws,
+                                                     batch_size=batch),
                                         device)
                 bare_model = torch.compile(model, dynamic=True) if options["compile"] else model
                 if options["channels_last"]:

@@ -8,7 +8,8 @@ Runs ``tsrm(standard digits model, test digits, UniformLinf(eps=0.3), budget=dra
 small line tracer, then the bare loop ``with torch.inference_mode(): model(x)`` over the same number
 of pre-built noisy inputs, and prints the lines of pytest_robust that took the most wall time
 (milliseconds, and percent of the whole traced call). A line's time includes everything it calls
-outside pytest_robust (torch, numpy) but not the pytest_robust functions it calls (they have lines of their own), so the model's forward passes land on the line in
+outside pytest_robust (torch, numpy) but not the pytest_robust functions it calls (they have lines
+of their own), so the model's forward passes land on the line in
 engine.py that calls the model. Pure-Python numeric helpers in stats.py (betainc and friends)
 are not traced line by line: their time lands on the line that calls them. The tracer itself
 adds about a microsecond per traced line, which inflates Python-heavy lines a little.

@@ -1,7 +1,7 @@
 """The family-wise error of a session's checks (``--robust-familywise holm``): the policy that
-``session.ResultCollector`` applies (the step-down itself is ``stats.familywise``). Each check's verdict has error probability at
-most alpha = 1 - confidence on its own, so k checks can give up to k alpha false fails (or false
-passes). With holm the family is the session's checks with a threshold:
+``session.ResultCollector`` applies (the step-down itself is ``stats.familywise``). Each check's
+verdict has error probability at most alpha = 1 - confidence on its own, so k checks can give up
+to k alpha false fails (or false passes). With holm the family is the session's checks with a threshold:
 
 1. after collection, its size k is counted (``family_size``: every declared check with a threshold,
    markers and YAML suite checks, of tests not marked skip), and every check is gated, while its

@@ -54,7 +54,8 @@ class RobustFixture:
                         f"{', '.join(registered)}", pytrace=False)
         gate = kwargs.pop("enforce", True)
         try:
-            spec, problem = registered[metric].accept(metric, kwargs, spelling="call", where=f"robust.{metric}(...)"), ""
+            spec, problem = registered[metric].accept(metric, kwargs, spelling="call",
+                                                      where=f"robust.{metric}(...)"), ""
         except RobustError as err:
             spec, problem = None, f"{err} (and enforce=)" if "valid keywords" in str(err) else str(err)
         if problem:  # failed outside the except block, so pytest shows the message once
@@ -115,11 +116,11 @@ class RobustFixture:
         def call():
             return fn(model, *args, device=resolve_device(settings.device), **common, **params)
 
-        return evaluate(self._request.node, call, self._model_name(model, settings), CheckSpec(name, None, dict(params), {}),
-                        settings)
+        return evaluate(self._request.node, call, self._model_name(model, settings),
+                        CheckSpec(name, None, dict(params), {}), settings)
 
     def q_curve(self, model, data, **kwargs) -> Result:
-        """The q-curve (path sampling, Monte Carlo, q = infinity; ``analyses.q_curve``), with the
+        """The q-curve (path sampling, Monte Carlo, q = infinity; ``checks.q.curve``), with the
         same keywords (``perturbation=``, ``qs=``, ...); a PNG in the report directory."""
         from pytest_robust.checks.q.curve import q_curve
 
@@ -158,8 +159,8 @@ class RobustFixture:
             where = f"{role}= on the marker" + (f" or robust_{role} in ini" if role in KEY_NAMES else "")
             close = suggest(name, self._visible())
             pytest.fail(
-                f"robust check needs the {role}: define a fixture named {name!r} (e.g. in conftest.py), or name another "
-                f"one with {where}" + (f"; this test sees no fixture {name!r}{close}" if close else ""),
+                f"robust check needs the {role}: define a fixture named {name!r} (e.g. in conftest.py), "
+                f"or name another one with {where}" + (f"; this test sees no fixture {name!r}{close}" if close else ""),
                 pytrace=False,
             )
 

@@ -38,7 +38,7 @@ PROPERTY_FIELDS = (
     "direction",  # ">=": estimate >= threshold is required; "<=": estimate <= threshold (losses, drops)
 )
 
-#: Marks a perturbation identity that could not be derived (``perturbations.stable_identity``): a
+#: Marks a perturbation identity that could not be derived (``perturbations.base.stable_identity``): a
 #: baseline key holding it is reported as unmatchable, never matched with another object.
 NO_IDENTITY = "<no stable identity"
 
@@ -94,8 +94,9 @@ class Result:
     numbers are None and ``details["error"]`` says why), "skipped" (its test was skipped before
     the check ran) or "interrupted" (the run was cancelled, by SIGTERM or Ctrl-C, while the check or
     its test ran; ``details["error"]`` says by what). ``outcome`` is pytest's word for the test
-    ("passed", "failed", "skipped", "xfailed", "xpassed", "interrupted"; empty outside pytest). ``direction`` is ">=" when the requirement is
-    estimate >= threshold (accuracies) and "<=" when it is estimate <= threshold (losses).
+    ("passed", "failed", "skipped", "xfailed", "xpassed", "interrupted"; empty outside pytest).
+    ``direction`` is ">=" when the requirement is estimate >= threshold (accuracies) and "<=" when
+    it is estimate <= threshold (losses).
     ``draws`` counts the random perturbations the verdict rests on; ``forward_passes`` counts every
     input the model evaluated. ``note`` is appended to the message (e.g. diagnostics, caveats).
     ``model`` names the model (its fixture name in pytest) and ``test_id`` the test that ran it.

@@ -139,7 +139,8 @@ class ResultCollector:
         reports = []
         if self.running is not None:  # a test without robust checks is left to pytest
             item = self.running
-            record_unrun(item, "interrupted", f"the run was interrupted by {what} during its test, before this check ran")
+            record_unrun(item, "interrupted",
+                         f"the run was interrupted by {what} during its test, before this check ran")
             report = pytest.TestReport(nodeid=item.nodeid, location=item.location, keywords={}, outcome="failed",
                                        longrepr=message, when="call", sections=[], user_properties=item.user_properties)
             attach(item, report, "interrupted")
@@ -225,7 +226,8 @@ class ResultCollector:
                               "partial results would replace a whole baseline")
         writers = [
             ("report", settings.report, lambda: self._write_report(Path(settings.report), env)),
-            ("metric-level JUnit", options.robust_junitxml, lambda: self._write_junit(Path(options.robust_junitxml), env)),
+            ("metric-level JUnit", options.robust_junitxml,
+             lambda: self._write_junit(Path(options.robust_junitxml), env)),
             ("baseline", options.robust_save and not interrupted, lambda: self._save_baseline(env)),
         ]
         for what, wanted, write in writers:  # each on its own: one that fails does not stop the others
@@ -267,7 +269,8 @@ class ResultCollector:
         if regressed and options.robust_compare_fail:
             self.lines.append(
                 "  --robust-compare-fail: failing the run (bounds of the two runs do not overlap; "
-                "see docs/reports-and-baselines.md, 'Baselines'); each regression is a failed testcase in pytest's reports"
+                "see docs/reports-and-baselines.md, 'Baselines'); "
+                "each regression is a failed testcase in pytest's reports"
             )
             self._log_failures(self._regression_reports(regressed))
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -152,8 +152,8 @@ def shrink(x, generator):  # deterministic: ignores its generator but repeats ex
 
 
 def run_tsrm(model=None, data=None, perturbation=NOISE, **kw):
-    return lambda: tsrm(net() if model is None else model, images() if data is None else data, perturbation=perturbation,
-                        **{**FAST, **kw})
+    return lambda: tsrm(net() if model is None else model, images() if data is None else data,
+                        perturbation=perturbation, **{**FAST, **kw})
 
 
 # (id, action, kind, fragment): kind is the exception type, RobustWarning, or "ok".
@@ -196,10 +196,12 @@ CASES = [
     ("model-training-mode", run_tsrm(model=SmallNet()), RobustWarning, "training mode"),
     ("eps-in-grey-levels", run_tsrm(perturbation=UniformLinf(eps=8)), RobustWarning, "eps=8 is at least the width"),
     ("sigma-in-grey-levels", run_tsrm(perturbation=GaussianNoise(sigma=25)), RobustWarning, "8/255, not 8"),
-    ("model-returns-tuple", run_tsrm(model=Pair(net())), RobustModelError, "it returned a tuple of 2 elements: element 0"),
+    ("model-returns-tuple", run_tsrm(model=Pair(net())), RobustModelError,
+     "it returned a tuple of 2 elements: element 0"),
     ("model-one-class", run_tsrm(model=Pair(net(), keep=1)), RobustDataError,
      "a model with one logit per input is read as a binary classifier (classes 0 and 1)"),
-    ("q-model-probabilities", lambda: intermediate_q(Softmaxed(net()), images(), perturbation=NOISE, q=1, estimator="mc", steps=8),
+    ("q-model-probabilities", lambda: intermediate_q(Softmaxed(net()), images(), perturbation=NOISE, q=1,
+                                                     estimator="mc", steps=8),
      RobustWarning, "look like probabilities"),
     ("model-on-meta", run_tsrm(model=SmallNet().to("meta")), RobustModelError, "meta device"),
     # perturbation
@@ -225,11 +227,13 @@ CASES = [
     ("batch-size-0", run_tsrm(batch_size=0), SettingError, "batch_size=0 is invalid"),
     ("device-typo", run_tsrm(device="gpu"), SettingError, "auto, cpu, cuda"),
     ("q-zero", lambda: intermediate_q(net(), images(), perturbation=NOISE, q=0), SettingError, "q=0 is invalid"),
-    ("q-data-outside-box", lambda: intermediate_q(net(), ((images()[0] - 0.5) * 4, images()[1]), perturbation=NOISE, q=1),
+    ("q-data-outside-box", lambda: intermediate_q(net(), ((images()[0] - 0.5) * 4, images()[1]),
+                                                  perturbation=NOISE, q=1),
      RobustDataError, "outside the perturbation's box"),
     ("nppr-data-outside-box", lambda: nppr(net(), (images()[0] * 255, images()[1]), eps=0.1),
      RobustDataError, "looks like 0..255 images"),
-    ("smoothing-nan-data", lambda: certified_accuracy(net(), with_nan(float("nan")), threshold=0.5, radius=0.1, sigma=0.25),
+    ("smoothing-nan-data", lambda: certified_accuracy(net(), with_nan(float("nan")), threshold=0.5, radius=0.1,
+                                                      sigma=0.25),
      RobustDataError, "NaN"),
 ]
 
@@ -426,7 +430,8 @@ def test_broken_checks_reach_every_report_next_to_the_good_ones(suite, monkeypat
     }
     reasons = " | ".join(r["details"].get("error", "") for rs in by_test.values() for r in rs)
     for fragment in ("OSError: data file missing", "define a fixture named 'nowhere'",
-                     "RuntimeError: bug inside the model", "AssertionError: body before the check ran", "its test was skipped: not today"):
+                     "RuntimeError: bug inside the model", "AssertionError: body before the check ran",
+                     "its test was skipped: not today"):
         assert fragment in reasons
     assert by_test["test_expected_failure"][0]["outcome"] == "xfailed"
     result.stdout.fnmatch_lines(["*robust.check() runs the test's @pytest.mark.robust(...) checks*no robust marker*"])

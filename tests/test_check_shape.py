@@ -44,19 +44,20 @@ CHECKS = {
     "q_paired": lambda m, d, **k: intermediate_q(m, d, perturbation=BOX, q=1, estimator="mc", chains=4, steps=8,
                                                  pgd_steps=3, reference=SmallNet(seed=1).eval(), max_increase=1.0,
                                                  budget=20_000, **k),
-    "q_mc": lambda m, d, **k: intermediate_q(m, d, perturbation=BOX, q=1, estimator="mc", chains=4, steps=8, pgd_steps=3,
-                                             budget=20_000, **k),
-    "certified_accuracy": lambda m, d, **k: certified_accuracy(m, d, threshold=None, radius=0.05, sigma=0.25, max_draws=3000,
-                                                               budget=40_000, **k),
+    "q_mc": lambda m, d, **k: intermediate_q(m, d, perturbation=BOX, q=1, estimator="mc", chains=4, steps=8,
+                                             pgd_steps=3, budget=20_000, **k),
+    "certified_accuracy": lambda m, d, **k: certified_accuracy(m, d, threshold=None, radius=0.05, sigma=0.25,
+                                                               max_draws=3000, budget=40_000, **k),
     "certify": lambda m, d, **k: certify(m, d, 0.25, n0=10, n=200, **k),
     "predict": lambda m, d, **k: predict(m, d, 0.25, n=200, **k),
     "pa_report": lambda m, d, **k: pa_report(m, d, 0.25, n=200, **k),
     "nppr": lambda m, d, **k: nppr(m, d, eps=0.1, latent_dim=4, components=2, fit_steps=4, fit_batch_size=8,
                                    fit_draws=2, draws_per_input=4, pgd=True, pgd_steps=3, budget=30_000, **k),
-    "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, threshold=0.3, eps=0.1, steps=4, restarts=2, targets=1,
-                                                                   square_queries=20, **k),
+    "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, threshold=0.3, eps=0.1, steps=4, restarts=2,
+                                                                   targets=1, square_queries=20, **k),
     "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
-        m, d, threshold=0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=3000, **k),
+        m, d, threshold=0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5],
+        budget=3000, **k),
 }
 
 
@@ -180,13 +181,13 @@ def zero_one(logits, y):
 
 def test_a_non_differentiable_loss_works_with_monte_carlo_and_skips_the_pgd_context():
     x, y = image_data(n=40)
-    r = intermediate_q(SmallNet().eval(), (x, y), perturbation=BOX, q=1, estimator="mc", loss=zero_one, chains=4, steps=8,
-                       budget=20_000)
+    r = intermediate_q(SmallNet().eval(), (x, y), perturbation=BOX, q=1, estimator="mc", loss=zero_one, chains=4,
+                       steps=8, budget=20_000)
     assert r.details["q_infinity_method"] == "largest loss visited"
     assert 0.0 <= r.estimate <= 1.0  # the 0-1 loss at q = 1 is the error rate under the noise
     with pytest.raises(RobustModelError, match="not differentiable in the input"):
-        intermediate_q(SmallNet().eval(), (x, y), perturbation=BOX, q=1, estimator="hmc", loss=zero_one, chains=4, steps=8,
-                       budget=20_000)
+        intermediate_q(SmallNet().eval(), (x, y), perturbation=BOX, q=1, estimator="hmc", loss=zero_one, chains=4,
+                       steps=8, budget=20_000)
 
 
 # -- sharding over torch.distributed ranks -----------------------------------------------------------
@@ -428,7 +429,8 @@ def test_a_broken_custom_metric_is_an_error_in_every_report_not_a_traceback_or_a
         "*metric returns_float returned float, not a pytest_robust Result: end its body with return run.result(...)*",
         "*metric inverted_bounds returned estimate 0.5 with bounds [[]0.9, 0.1]: the bounds must be finite*",
         "*metric too_few_keywords: its body 'too_few_keywords' cannot be called as body(run)*",
-        "*unknown keyword(s) treshold (did you mean threshold?) on robust.inverted_bounds(...); valid keywords of robust.inverted_bounds(...)*",
+        "*unknown keyword(s) treshold (did you mean threshold?) on robust.inverted_bounds(...); "
+        "valid keywords of robust.inverted_bounds(...)*",
         "*the robust fixture has no attribute 'inverted_bound' (did you mean inverted_bounds?)*",
     ])
     errors = {r["test_id"].rsplit("::", 1)[-1]: r for r in

@@ -200,7 +200,8 @@ def test_marker_fixture_yaml_and_report(pytester: pytest.Pytester):
     result = pytester.runpytest("-rf", "--robust-report", "out", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=5, failed=1)
     result.stdout.fnmatch_lines(["corruption accuracy 0.* < required 0.8 under CorruptionGrid(corruptions="
-                                 "[[]brightness, contrast], severities=[[]1, 2, 3, 4, 5]), * draws on 16 inputs, seed 0, * of 4000 model evaluations*"])
+                                 "[[]brightness, contrast], severities=[[]1, 2, 3, 4, 5]), * draws on 16 inputs, "
+                                 "seed 0, * of 4000 model evaluations*"])
     summary = (pytester.path / "out" / "summary.md").read_text()
     assert "### Corruption accuracy of test_grid.py::test_marker_passes" in summary
     assert "| brightness | 1.000 | 1.000 | 0.000 | 0.000 | 0.000 |" in summary

@@ -121,7 +121,8 @@ def test_batch_size_does_not_change_a_check():
     y = (x.mean((1, 2, 3)) > 0.5).long()
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 2))
     torch.nn.init.normal_(model[1].weight, std=0.01, generator=gen(0))
-    runs = [tsrm(model, (x, y), perturbation=Corruption("snow", 2), budget=600, batch_size=b, seed=3) for b in (64, 512)]
+    runs = [tsrm(model, (x, y), perturbation=Corruption("snow", 2), budget=600, batch_size=b, seed=3)
+            for b in (64, 512)]
     assert runs[0].estimate == runs[1].estimate and runs[0].details["correct"] == runs[1].details["correct"]
 
 

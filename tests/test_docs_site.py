@@ -24,7 +24,8 @@ HISTORY = re.compile(r"\bissue[- ]?#?\d+|\bthis session\b|project's sessions|\br
 def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]' (or make docs)")
     pytest.importorskip("material", reason="mkdocs-material is not installed: pip install -e '.[docs]'")
-    pytest.importorskip("mkdocstrings_handlers.python", reason="mkdocstrings[python] is not installed: pip install -e '.[docs]'")
+    pytest.importorskip("mkdocstrings_handlers.python",
+                        reason="mkdocstrings[python] is not installed: pip install -e '.[docs]'")
     site = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                            "-d", str(site)], cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -82,7 +82,8 @@ def data():
                         + "\n\n".join(_marker(m) + "\n\n" + _fixture(m) for m in CASES))
     pytester.path.joinpath("robust_doors.yaml").write_text(
         "model: factories:model\ndata: factories:data\nchecks:\n" + "".join(_yaml(m) for m in CASES))
-    run = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out", "--robust-eps", "0.3", "--robust-refit")
+    run = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out", "--robust-eps", "0.3",
+                             "--robust-refit")
     assert (pytester.path / "out" / "results.json").exists(), run.stdout.str() + run.stderr.str()
     results = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
     by_door = {}

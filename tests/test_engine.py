@@ -124,7 +124,8 @@ def test_stream_generator_is_stable_and_keyed():
     a = torch.rand(5, generator=stream_generator(7, "tsrm-noise", 3))
     b = torch.rand(5, generator=stream_generator(7, "tsrm-noise", 3))
     assert torch.equal(a, b)
-    for other in (stream_generator(8, "tsrm-noise", 3), stream_generator(7, "tsrm-noise", 4), stream_generator(7, "tsrm-index", 3)):
+    for other in (stream_generator(8, "tsrm-noise", 3), stream_generator(7, "tsrm-noise", 4),
+                  stream_generator(7, "tsrm-index", 3)):
         assert not torch.equal(a, torch.rand(5, generator=other))
 
 
@@ -461,12 +462,17 @@ def test_small_integer_labels_are_accepted():
     [
         ((torch.rand(10, 2), torch.arange(10) - 1), "labels must be >= 0, got minimum -1"),
         ((torch.rand(10, 2), torch.zeros(10)), "labels must be integer class indices, got dtype torch.float32"),
-        ((torch.rand(10, 2), torch.zeros(10, dtype=torch.bool)), "labels must be integer class indices, got dtype torch.bool"),
-        ((torch.zeros(10, 2, dtype=torch.uint8), torch.zeros(10, dtype=torch.long)), r"inputs must be floating point \(got torch.uint8\)"),
-        ((torch.zeros(10, 2, dtype=torch.long), torch.zeros(10, dtype=torch.long)), r"inputs must be floating point \(got torch.int64\)"),
+        ((torch.rand(10, 2), torch.zeros(10, dtype=torch.bool)),
+         "labels must be integer class indices, got dtype torch.bool"),
+        ((torch.zeros(10, 2, dtype=torch.uint8), torch.zeros(10, dtype=torch.long)),
+         r"inputs must be floating point \(got torch.uint8\)"),
+        ((torch.zeros(10, 2, dtype=torch.long), torch.zeros(10, dtype=torch.long)),
+         r"inputs must be floating point \(got torch.int64\)"),
         ((torch.rand(0, 2), torch.zeros(0, dtype=torch.long)), "the data is empty: x has no rows"),
-        (TensorDataset(torch.rand(0, 2), torch.zeros(0, dtype=torch.long)), "the data is empty: the dataset or loader yielded no items"),
-        ((torch.rand(10, 2), torch.zeros(9, dtype=torch.long)), r"labels must have shape \(n,\) with n = len\(x\) = 10, got \(9,\)"),
+        (TensorDataset(torch.rand(0, 2), torch.zeros(0, dtype=torch.long)),
+         "the data is empty: the dataset or loader yielded no items"),
+        ((torch.rand(10, 2), torch.zeros(9, dtype=torch.long)),
+         r"labels must have shape \(n,\) with n = len\(x\) = 10, got \(9,\)"),
         ((torch.rand(10, 2), torch.zeros(10, 1, dtype=torch.long)), r"got \(10, 1\)"),
         (TensorDataset(torch.rand(5, 2)), "each data item must be an \\(input, label\\) pair or a mapping, got tuple"),
         ({"x": torch.rand(3, 1), "y": torch.zeros(3)}, "data must be an \\(x, y\\) tensor pair.*got dict"),

@@ -280,7 +280,8 @@ def test_holm_confirms_what_the_tests_acted_on_and_reports_what_it_would_also_al
     assert [r["verdict"] for r in results] == ["fail", "pass", "inconclusive", "error", "skipped"]
     allowed = results[2]["details"]["familywise"]
     # fails: 0.004 <= 0.05/4, then 0.015 <= 0.05/3: Holm allows c's fail, which its gate at 0.0125 could not make
-    assert allowed["holm"] == "fail" and allowed["holm_step_fail"] == 2 and "reported, not enforced" in allowed["allowed"]
+    assert (allowed["holm"] == "fail" and allowed["holm_step_fail"] == 2
+            and "reported, not enforced" in allowed["allowed"])
     assert family["allowed"] == [{"test_id": "t::c", "metric": "tsrm", "claim": "fail", "p": 0.015}]
     assert results[3]["details"]["familywise"]["p_fail"] == 1.0  # a check that could not run claims nothing
     assert results[4]["details"]["familywise"]["member"] is False

@@ -157,8 +157,8 @@ def test_estimators_agree_at_q_equal_1_on_a_network():
     x, y = image_data(n=16, size=4)
     model = SmallNet(size=4).eval()
     results = {
-        e: intermediate_q(model, (x, y), perturbation=UniformLinf(eps=0.2), q=1, estimator=e, seed=6, steps=40, warmup=10,
-                          pgd_steps=20)
+        e: intermediate_q(model, (x, y), perturbation=UniformLinf(eps=0.2), q=1, estimator=e, seed=6, steps=40,
+                          warmup=10, pgd_steps=20)
         for e in ("hmc", "mh", "mc")
     }
     mc = results["mc"]
@@ -229,8 +229,8 @@ def test_verdicts_follow_the_bounds_and_the_note_says_estimate_not_guarantee():
 
 def test_unhealthy_diagnostics_make_the_gate_inconclusive_with_a_fix():
     """Steps frozen at a tiny size: acceptance is fine but chains do not move, so R-hat explodes."""
-    r = intermediate_q(ExpModel(A), centre_data(), perturbation=UniformLinf(EPS), q=100, max_loss=100.0, loss=first_logit,
-                       seed=10, warmup=0, path_len=1e-4, leapfrog=1)
+    r = intermediate_q(ExpModel(A), centre_data(), perturbation=UniformLinf(EPS), q=100, max_loss=100.0,
+                       loss=first_logit, seed=10, warmup=0, path_len=1e-4, leapfrog=1)
     assert r.verdict == "inconclusive"
     assert not r.details["healthy"]
     assert "R-hat" in r.message() and "raise steps=" in r.message()
@@ -249,7 +249,8 @@ def test_budget_caps_evaluations_and_subsets_inputs_when_needed():
     assert r.forward_passes <= 60_000
     assert r.details["inputs_total"] == 40 and len(r.details["per_input"]["index"]) == r.n_inputs
     assert f"random subset of {r.n_inputs} of 40 inputs" in r.note
-    full = intermediate_q(ExpModel(A), data, perturbation=UniformLinf(EPS), q=10, loss=first_logit, budget=10**6, steps=20)
+    full = intermediate_q(ExpModel(A), data, perturbation=UniformLinf(EPS), q=10, loss=first_logit, budget=10**6,
+                          steps=20)
     assert full.n_inputs == 40 and full.forward_passes == 40 * sum(full.details["evaluations_per_input"].values())
     assert full.draws == 40 * 4 * 20
 
@@ -433,10 +434,11 @@ def test_monte_carlo_context_is_cheap_unless_full_context_is_asked_for():
 def test_budget_too_small_says_what_is_needed():
     needs = r"budget=1000 is invalid: expected at least \d+ model evaluations: 10 inputs"
     with pytest.raises(SettingError, match=needs):
-        intermediate_q(ExpModel(A), centre_data(n=40), perturbation=UniformLinf(EPS), q=10, loss=first_logit, budget=1000)
+        intermediate_q(ExpModel(A), centre_data(n=40), perturbation=UniformLinf(EPS), q=10, loss=first_logit,
+                       budget=1000)
     with pytest.raises(SettingError, match="30 inputs at"):
-        intermediate_q(ExpModel(A), centre_data(n=40), perturbation=UniformLinf(EPS), q=10, loss=first_logit, budget=60_000,
-                       inputs=30)
+        intermediate_q(ExpModel(A), centre_data(n=40), perturbation=UniformLinf(EPS), q=10, loss=first_logit,
+                       budget=60_000, inputs=30)
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers_batch_size_irrelevant():
@@ -804,8 +806,8 @@ def test_chain_and_attack_steps_read_nothing_back_to_the_host(estimator):
         short, long = 4, 12
     else:
         def run(model, steps):
-            intermediate_q(model, data, perturbation=box, q=10, estimator=estimator, loss=first_logit, steps=steps, warmup=2,
-                           pgd_steps=2)
+            intermediate_q(model, data, perturbation=box, q=10, estimator=estimator, loss=first_logit, steps=steps,
+                           warmup=2, pgd_steps=2)
         short, long = (8, 16) if estimator != "mc" else (64, 640)
     per_call, lines = _growing_reads(run, short, long)
     assert per_call <= 1.0

@@ -47,7 +47,8 @@ def test_every_check_runs_on_real_hugging_face_and_timm_models(family, check):
     assert 0.0 <= result.lower <= result.estimate <= result.upper <= (1.0 if result.direction == ">=" else 1e9)
     assert result.forward_passes > 0 and "normalised inside the model" in result.message()
     if "per_input" in result.details:
-        assert result.gallery is not None and len(result.gallery["index"]) == min(10, len(result.details["per_input"]["index"]))
+        assert (result.gallery is not None
+                and len(result.gallery["index"]) == min(10, len(result.details["per_input"]["index"])))
 
 
 def test_hugging_face_output_is_an_object_with_logits():

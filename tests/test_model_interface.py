@@ -48,8 +48,8 @@ SIX = {
     "tsrm": lambda m, d, **k: tsrm(m, d, perturbation=UniformLinf(eps=8 / 255), budget=512, **k),
     "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
         m, d, corruptions=["gaussian_noise", "contrast"], severities=[1, 3], budget=300, **k),
-    "q": lambda m, d, **k: intermediate_q(m, d, perturbation=UniformLinf(eps=8 / 255), q=10, inputs=4, chains=4, steps=4, warmup=2,
-                                          leapfrog=2, pgd_steps=2, **k),
+    "q": lambda m, d, **k: intermediate_q(m, d, perturbation=UniformLinf(eps=8 / 255), q=10, inputs=4, chains=4,
+                                          steps=4, warmup=2, leapfrog=2, pgd_steps=2, **k),
     "certified_accuracy": lambda m, d, **k: certified_accuracy(m, d, threshold=None, radius=0.1, sigma=0.25, alpha=0.01,
                                                                max_draws=64, budget=1024, **k),
     "nppr": lambda m, d, **k: nppr(m, d, eps=8 / 255, latent_dim=4, components=2, fit_steps=2, fit_batch_size=4,
@@ -161,8 +161,8 @@ def test_normalize_in_the_data_and_on_the_check_is_refused_as_twice():
 
 def test_randomized_smoothing_on_normalising_data_is_refused():
     with pytest.raises(RobustDataError, match="Normalize"):
-        certified_accuracy(small_net(), Images(Normalize(MEAN, STD)), threshold=None, radius=0.1, sigma=0.25, max_draws=64,
-                           budget=2048)
+        certified_accuracy(small_net(), Images(Normalize(MEAN, STD)), threshold=None, radius=0.1, sigma=0.25,
+                           max_draws=64, budget=2048)
 
 
 def test_normalize_in_the_data_with_a_box_of_its_own_warns():

@@ -89,7 +89,8 @@ def test_the_digits_cnn_against_itself_is_never_flagged(digits):
     model, data = digits
     for seed in range(3):
         r = tsrm(model, data, perturbation=BALL, reference=model, max_drop=0.01, seed=seed)
-        assert r.verdict == "pass" and r.details["paired"]["reference_only"] == r.details["paired"]["candidate_only"] == 0
+        assert (r.verdict == "pass"
+                and r.details["paired"]["reference_only"] == r.details["paired"]["candidate_only"] == 0)
 
 
 def test_a_better_candidate_passes_and_a_degraded_copy_fails(digits):
@@ -102,7 +103,8 @@ def test_a_better_candidate_passes_and_a_degraded_copy_fails(digits):
     assert better.verdict == "pass" and better.estimate < 0
     assert degraded.verdict == "fail" and degraded.lower >= 0.01, degraded.message()
     p = degraded.details["paired"]
-    assert p["reference_only"] > p["candidate_only"] and "candidate 0." in degraded.note and "reference 0." in degraded.note
+    assert (p["reference_only"] > p["candidate_only"] and "candidate 0." in degraded.note
+            and "reference 0." in degraded.note)
     assert degraded.forward_passes == sum(sum(v.values()) for v in degraded.details["evaluations"].values())
     page = (DIGITS.parents[1] / "docs" / "paired.md").read_text()
     shown = re.search(r"```text\n(TSRM drop vs reference .*?)```", page, re.S)
@@ -295,4 +297,5 @@ def test_a_half_given_paired_fixture_call_fails_with_its_message_once(pytester):
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED and "During handling" not in out and "Traceback" not in out
     failures = out.split("short test summary")[0]
-    assert failures.count("robust.tsrm(...): the paired form needs both reference= (the reference model) and max_drop=") == 1
+    assert failures.count(
+        "robust.tsrm(...): the paired form needs both reference= (the reference model) and max_drop=") == 1

@@ -30,13 +30,15 @@ def test_worst_inputs_rank_outcomes_then_estimates_in_the_metrics_direction():
 
 def test_a_malformed_table_is_the_metrics_bug_named():
     with Run("mine", small_net(), images()) as run:
-        with pytest.raises(ArgumentError, match='metric mine: details\\["per_input"\\] columns must have equal lengths'):
+        with pytest.raises(ArgumentError,
+                           match='metric mine: details\\["per_input"\\] columns must have equal lengths'):
             run.result(estimate=0.5, lower=0.4, upper=0.6, draws=1, perturbation="-",
                        details={"per_input": {"index": [0, 1], "outcome": ["robust"]}})
 
 
 def test_certified_accuracy_lists_every_input_and_shows_the_worst():
-    r = certified_accuracy(small_net(), images(), threshold=None, radius=0.1, sigma=0.25, alpha=0.01, max_draws=64, budget=1024)
+    r = certified_accuracy(small_net(), images(), threshold=None, radius=0.1, sigma=0.25, alpha=0.01, max_draws=64,
+                           budget=1024)
     table = r.details["per_input"]
     assert table["index"] == list(range(16)) and len(table["outcome"]) == 16
     assert all((o == "certified") == (rad == 0.1) for o, rad in zip(table["outcome"], table["radius"]))
@@ -122,7 +124,8 @@ def test_report_directory_gets_tables_csv_worst_inputs_and_galleries(suite):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--robust-per-input", "csv"], "*--robust-per-input='csv' is invalid: expected a report directory*--robust-report*"),
+    (["--robust-per-input", "csv"],
+     "*--robust-per-input='csv' is invalid: expected a report directory*--robust-report*"),
     (["--robust-per-input", "xml", "--robust-report", "r"], "*--robust-per-input='xml' is invalid: expected csv*"),
 ])
 def test_per_input_needs_a_report_directory_and_a_known_format(suite, args, message):

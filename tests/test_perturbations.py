@@ -102,7 +102,8 @@ def test_uniform_linf_stays_within_eps():
     assert torch.equal(UniformLinf(eps=0.0)(x, gen(6)), x)
 
 
-@pytest.mark.parametrize("x0,eps,lo,hi", [(0.5, 0.1, 0.4, 0.6), (0.05, 0.2, 0.0, 0.25), (0.9, 0.3, 0.6, 1.0), (0.5, 0.5, 0.0, 1.0), (0.3, 2.0, 0.0, 1.0)])
+@pytest.mark.parametrize("x0,eps,lo,hi", [(0.5, 0.1, 0.4, 0.6), (0.05, 0.2, 0.0, 0.25), (0.9, 0.3, 0.6, 1.0),
+                                          (0.5, 0.5, 0.0, 1.0), (0.3, 2.0, 0.0, 1.0)])
 def test_uniform_linf_is_uniform_on_the_intersection(x0, eps, lo, hi):
     """x' ~ U[max(x - eps, 0), min(x + eps, 1)]: KS test, mean and variance, no atom on the edge."""
     x = torch.full((20_000, 1), x0, dtype=torch.float64)

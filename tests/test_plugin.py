@@ -143,7 +143,8 @@ def test_report_header_states_device_seed_confidence(suite):
         ("tsrm=0.9, perturbation=UniformLinf(eps=0.1), epsilon=3", "unknown keyword(s) epsilon (did you mean eps?)"),
         ("perturbation=UniformLinf(eps=0.1)", "exactly one metric"),
         ("tsrm=0.9", "needs perturbation="),
-        ("tsrm=1.5, perturbation=UniformLinf(eps=0.1)", "tsrm=1.5 is invalid: expected a number strictly between 0 and 1"),
+        ("tsrm=1.5, perturbation=UniformLinf(eps=0.1)",
+         "tsrm=1.5 is invalid: expected a number strictly between 0 and 1"),
         ("tsrm=0.9, perturbation=0.1", "perturbation must be"),
         ("tsrm=0.9, perturbation=UniformLinf(eps=0.1), seed=-1", "seed (on the robust marker)=-1"),
         ("tsrm=0.9, perturbation=UniformLinf(eps=0.1), model='not a name'", "a fixture name"),
@@ -225,7 +226,8 @@ def test_ini_config_path_is_relative_to_the_ini_file(suite):
     suite.makeini("[pytest]\nrobust_config = robust.yaml\n")
     suite.makepyfile(PASSING)
     result = suite.runpytest("--junitxml=out.xml")
-    result.stdout.fnmatch_lines(["robust: device=auto, seed=0, confidence=0.9, batch_size=1024, budget=300 model evaluations*"])
+    result.stdout.fnmatch_lines(
+        ["robust: device=auto, seed=0, confidence=0.9, batch_size=1024, budget=300 model evaluations*"])
 
 
 def test_yaml_errors_name_the_file_and_key(suite):
@@ -288,7 +290,8 @@ def test_inconclusive_fails_by_default_or_skips_when_configured(suite):
     suite.makepyfile(PASSING.replace("tsrm=0.7", "tsrm=0.8").replace("eps=0.5))", "eps=0.5), budget=50)"))
     result = suite.runpytest()
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*is inconclusive against >= 0.8*the budget of 50 model evaluations ran out*raise it (--robust-budget*"])
+    result.stdout.fnmatch_lines(
+        ["*is inconclusive against >= 0.8*the budget of 50 model evaluations ran out*raise it (--robust-budget*"])
     result = suite.runpytest("--robust-inconclusive", "skip", "-rs")
     result.assert_outcomes(skipped=1)
 

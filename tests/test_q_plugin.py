@@ -70,7 +70,8 @@ def test_beyond():
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.re_match_lines([
         r".*q-loss \d\.\d{3} \(95% lower bound \d\.\d{3}, upper bound \d\.\d{3}\) > allowed 1\.5 under "
-        r"UniformLinf\(eps=0\.5\), 1440 draws on 12 inputs, seed 0, \d+ of 1000000 model evaluations; q=10, path sampling \(HMC\).*"
+        r"UniformLinf\(eps=0\.5\), 1440 draws on 12 inputs, seed 0, \d+ of 1000000 model evaluations; "
+        r"q=10, path sampling \(HMC\).*"
         r"not a guarantee.*Monte Carlo \d\.\d+, PGD adversarial loss 2\.7\d* \(q=inf\).*"
     ])
     within, beyond = properties(suite.path / "out.xml")

@@ -54,7 +54,8 @@ def test_report_directory_has_results_summary_and_plots(suite):
     assert [r["verdict"] for r in payload["results"]] == ["pass", "pass", "fail"]
     assert all(r["model"] == "robust_model" for r in payload["results"])
     summary = (out / "summary.md").read_text()
-    assert "| check | metric | perturbation | estimate | deciding bound | threshold | verdict | evaluations/budget | time |" in summary
+    assert ("| check | metric | perturbation | estimate | deciding bound | threshold | verdict "
+            "| evaluations/budget | time |") in summary
     assert "test_suite.py::test_too_strict" in summary and "❌ fail" in summary
     assert "< required 0.95 under UniformLinf(eps=0.5)" in summary
     plots = sorted(p.name for p in out.glob("*.png"))
@@ -123,7 +124,8 @@ def test_baseline_then_degraded_model_fails_compare(suite):
 
 def test_compare_without_a_baseline_says_how_to_make_one(suite):
     result = suite.runpytest("--robust-compare")
-    result.stdout.fnmatch_lines(["robust baseline comparison skipped: no baseline saved for this machine*--robust-save NAME*"])
+    result.stdout.fnmatch_lines(
+        ["robust baseline comparison skipped: no baseline saved for this machine*--robust-save NAME*"])
 
 
 def _result(**kw) -> dict:
@@ -156,7 +158,8 @@ def test_baselines_are_keyed_by_what_changes_results_not_by_the_host():
     from pytest_robust.report.environment import baseline_key
 
     env = {"hostname": "runner-7f3a", "machine": "x86_64", "torch": "2.14.1", "gpus": ["NVIDIA H100 80GB HBM3"]}
-    assert baseline_key(env) == baseline_key({**env, "hostname": "runner-0c11"}) == "x86_64-torch2.14.1-NVIDIA_H100_80GB_HBM3"
+    assert (baseline_key(env) == baseline_key({**env, "hostname": "runner-0c11"})
+            == "x86_64-torch2.14.1-NVIDIA_H100_80GB_HBM3")
     assert baseline_key({**env, "torch": "2.15.0"}) != baseline_key(env)
     bf16 = _result(precision="autocast bfloat16")
     assert [r["status"] for r in store.compare([_result()], [bf16])] == ["missing", "new"]
@@ -225,7 +228,8 @@ def test_terminal_table_at_80_columns_keeps_ids_whole_and_the_metric():
 def test_wrap_breaks_at_separators_and_loses_nothing():
     pieces = wrap("test_nppr_digits.py::test_standard_model_under_learned_worst_case_noise", 30)
     assert all(len(p) <= 30 for p in pieces) and pieces[0] == "test_nppr_digits.py::"
-    assert "".join(p.strip() for p in pieces) == "test_nppr_digits.py::test_standard_model_under_learned_worst_case_noise"
+    assert ("".join(p.strip() for p in pieces)
+            == "test_nppr_digits.py::test_standard_model_under_learned_worst_case_noise")
 
 
 def test_summary_markdown_escapes_pipes_and_lists_environment():

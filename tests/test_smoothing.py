@@ -257,7 +257,8 @@ def test_gate_decisions_on_known_probabilities():
     """Inputs far above and far below Phi(r/sigma) = 0.977 are decided correctly and early."""
     sigma, radius = 0.25, 0.5
     pa = [0.999] * 6 + [0.3, 0.6, 0.9, 0.95]
-    r = certified_accuracy(HALF_SPACE, inputs_with_pa(pa, sigma), threshold=None, radius=radius, sigma=sigma, budget=10**6)
+    r = certified_accuracy(HALF_SPACE, inputs_with_pa(pa, sigma), threshold=None, radius=radius, sigma=sigma,
+                           budget=10**6)
     assert r.details["per_input"]["outcome"] == ["certified"] * 6 + ["not certifiable"] * 4
     assert r.estimate == 0.6 and r.verdict == "estimate"
     assert r.draws == sum(r.details["per_input"]["draws"]) <= r.forward_passes
@@ -297,7 +298,8 @@ def test_gate_stops_once_the_bounds_over_inputs_decide_and_stays_within_the_full
         assert r.forward_passes < full.forward_passes / 4
         assert r.lower <= full.lower and r.upper >= full.upper
         decided = [d for d in r.details["per_input"]["outcome"] if d != "undecided"]
-        assert decided == [d for d, mine in zip(full.details["per_input"]["outcome"], r.details["per_input"]["outcome"]) if mine != "undecided"]
+        assert decided == [d for d, mine in zip(full.details["per_input"]["outcome"],
+                                                r.details["per_input"]["outcome"]) if mine != "undecided"]
         assert "left open once the bounds over inputs decided the check" in r.note
     assert full.details["undecided_at_max_draws"] == 4 and not full.details["settled_early"]
 

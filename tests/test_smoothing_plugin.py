@@ -80,7 +80,8 @@ def test_failing_marker_message_says_what_was_certified(suite):
     result.assert_outcomes(failed=1)
     result.stdout.re_match_lines([
         r".*certified accuracy 0\.800 \(95% lower bound 0\.\d{3}, upper bound 0\.\d{3}\) < required 0\.9 under "
-        r"Gaussian smoothing sigma=0\.25, L2 radius 0\.5, alpha=0\.001, \d+ draws on 50 inputs, seed 0, \d+ of 2000000 model evaluations; "
+        r"Gaussian smoothing sigma=0\.25, L2 radius 0\.5, alpha=0\.001, \d+ draws on 50 inputs, seed 0, "
+        r"\d+ of 2000000 model evaluations; "
         r"40 of 50 inputs certified, 10 proven not certifiable"
     ])
     assert "Traceback" not in result.stdout.str()

@@ -212,7 +212,8 @@ def test_advance_matches_reference_formula_across_blocks():
     x = rng.random(300)  # values in [0, 1], not only Bernoulli
     for m in (0.2, 0.5, 0.9):
         state = betting._Running()
-        parts = [betting._advance(x[:1], m, state), betting._advance(x[1:100], m, state), betting._advance(x[100:], m, state)]
+        parts = [betting._advance(x[:1], m, state), betting._advance(x[1:100], m, state),
+                 betting._advance(x[100:], m, state)]
         got = np.concatenate(parts)
         np.testing.assert_allclose(got, _reference_log_capital(x, m), rtol=0, atol=1e-10)
         assert state.t == 300 and state.total == pytest.approx(x.sum())
@@ -313,7 +314,8 @@ def test_gate_undecided_stream_counts_everything():
 
 @pytest.mark.parametrize(
     "threshold,alpha,word",
-    [(0.0, 0.05, "threshold"), (1.0, 0.05, "threshold"), (1.2, 0.05, "threshold"), (0.9, 0.0, "alpha"), (0.9, 1.0, "alpha"), (0.9, -1, "alpha")],
+    [(0.0, 0.05, "threshold"), (1.0, 0.05, "threshold"), (1.2, 0.05, "threshold"), (0.9, 0.0, "alpha"),
+     (0.9, 1.0, "alpha"), (0.9, -1, "alpha")],
 )
 def test_gate_bad_arguments(threshold, alpha, word):
     with pytest.raises(ValueError, match=word):

@@ -348,7 +348,8 @@ SCHEMA_ERRORS = [  # (suite text, "line: key: message" expected in the error)
      "5: checks[0].tsr: unknown key (did you mean tsrm?); metrics: tsrm:, q: with max_loss:"),
     (HEAD + "checks:\n  - name: a\n    tsrm: 0.9\n    nppr: 0.8\n",
      "4: checks[0]: a check names exactly one metric with its threshold (tsrm:, q: with max_loss:, "
-     "certified_accuracy:, nppr:, adversarial_accuracy:, corruption_accuracy:); found several (tsrm, nppr): write one check per metric"),
+     "certified_accuracy:, nppr:, adversarial_accuracy:, corruption_accuracy:); "
+     "found several (tsrm, nppr): write one check per metric"),
     (HEAD + CHECK + "    epsilon: 0.1\n",
      "7: checks[0].epsilon: unknown key (did you mean eps?); a tsrm check takes: tsrm, perturbation, reference, "
      "max_drop, name,"),

@@ -90,7 +90,8 @@ def test_a_user_perturbation_is_named_by_its_class_and_parameters():
 
     p = _Shift(0.1, table=torch.arange(3.0))
     text = repr(p)
-    assert " at 0x" not in text and text.startswith("_Shift(amount=0.1, bounds=(0.0, 1.0), table=tensor(float32, (3,), ")
+    assert " at 0x" not in text and text.startswith(
+        "_Shift(amount=0.1, bounds=(0.0, 1.0), table=tensor(float32, (3,), ")
     assert repr(_Shift(0.1, table=torch.arange(3.0))) == text != repr(_Shift(0.2, table=torch.arange(3.0)))
 
 
@@ -159,7 +160,8 @@ def test_a_mapping_without_known_keys_names_what_it_found():
     from pytest_robust import RobustDataError, UniformLinf, tsrm
 
     with pytest.raises(RobustDataError, match=r"a mapping with keys \['id', 'img', 'klass'\].*pixel_values.*label"):
-        tsrm(SmallNet().eval(), _Mapped(("img", "klass")), perturbation=UniformLinf(eps=0.1), threshold=None, budget=512)
+        tsrm(SmallNet().eval(), _Mapped(("img", "klass")), perturbation=UniformLinf(eps=0.1), threshold=None,
+             budget=512)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -199,7 +201,8 @@ def test_an_unreadable_baseline_is_named_and_every_report_is_still_written(pytes
     result = pytester.runpytest("-p", "no:cacheprovider", "--robust-compare", "base", "--robust-report", "out",
                                 "--robust-junitxml", "metric.xml")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["*robust baseline comparison skipped: baseline *base.json*delete it or save a new one*"])
+    result.stdout.fnmatch_lines(
+        ["*robust baseline comparison skipped: baseline *base.json*delete it or save a new one*"])
     assert (pytester.path / "out" / "results.json").is_file() and (pytester.path / "metric.xml").is_file()
     failing = pytester.runpytest("-p", "no:cacheprovider", "--robust-compare-fail", "--robust-compare", "base",
                                  "--robust-report", "out2")
@@ -231,7 +234,8 @@ PER_CHANNEL = [
 
 
 @pytest.mark.parametrize("bounds", PER_CHANNEL, ids=["tuples", "lists", "tensors", "tensor-and-number", "mixed"])
-@pytest.mark.parametrize("make", [lambda b: UniformLinf(eps=0.1, bounds=b), lambda b: GaussianNoise(sigma=0.1, bounds=b)],
+@pytest.mark.parametrize("make", [lambda b: UniformLinf(eps=0.1, bounds=b),
+                                  lambda b: GaussianNoise(sigma=0.1, bounds=b)],
                          ids=["linf", "gaussian"])
 def test_per_channel_bounds_of_length_c_give_the_numbers_of_c_1_1(bounds, make):
     x, y = image_data(n=40)
@@ -298,8 +302,9 @@ def test_the_default_grid_runs_the_corruptions_that_apply_and_names_those_left_o
     x, y = image_data(n=40, size=size, channels=channels)
     model = SmallNet(size=size, channels=channels).eval()
     with pytest.warns(RobustWarning, match=rf"leaves out 4 corruption\(s\) that cannot apply to {size}x{size} "
-                                           r".*glass_blur, motion_blur, snow, frost: each needs images of at least 32x32 "
-                                           r"px.*name corruptions=\[\.\.\.\] to choose them yourself"):
+                                           r".*glass_blur, motion_blur, snow, frost: "
+                                           r"each needs images of at least 32x32 px.*"
+                                           r"name corruptions=\[\.\.\.\] to choose them yourself"):
         r = corruption_accuracy(model, (x, y), budget=400)
     assert set(r.details["left_out"]) == {"glass_blur", "motion_blur", "snow", "frost"}
     assert "snow" not in r.perturbation and "fog" in r.perturbation and len(r.details["per_corruption"]) == 11
@@ -400,7 +405,8 @@ def test_a_single_input_with_one_label_says_to_add_the_batch_dimension(make, sha
 
 
 def test_a_batch_of_one_with_a_0d_label_says_to_view_it():
-    with pytest.raises(RobustDataError, match=r"labels must have shape \(n,\) .* got \(\) \(a 0-d label: y.view\(1\)\)"):
+    with pytest.raises(RobustDataError,
+                       match=r"labels must have shape \(n,\) .* got \(\) \(a 0-d label: y.view\(1\)\)"):
         tsrm(SmallNet(size=8).eval(), (torch.rand(1, 3, 8, 8), torch.tensor(1)), perturbation=UniformLinf(eps=0.1),
              threshold=None, budget=300)
 
@@ -546,8 +552,10 @@ def test_data_keys_that_an_item_lacks_are_named_with_the_fix(keys, missing):
 
 
 def test_a_mapping_without_known_keys_points_at_data_keys():
-    with pytest.raises(RobustDataError, match=r"name yours with data_keys=\(input_key, label_key\).*--robust-data-keys"):
-        tsrm(SmallNet().eval(), _Mapped(("img", "klass")), perturbation=UniformLinf(eps=0.1), threshold=None, budget=512)
+    with pytest.raises(RobustDataError,
+                       match=r"name yours with data_keys=\(input_key, label_key\).*--robust-data-keys"):
+        tsrm(SmallNet().eval(), _Mapped(("img", "klass")), perturbation=UniformLinf(eps=0.1), threshold=None,
+             budget=512)
 
 
 @pytest.mark.parametrize("value", ["img", "img,klass,id", ("img",), ("img", "img"), ("", "y"), (" ", "y"), 3,
@@ -659,7 +667,8 @@ def test_a_model_fed_pixels_while_it_expects_normalised_inputs_is_told_so():
     assert "normalize=(mean, std)" in message
     fixed = tsrm(_ExpectsNormalised(), _halves(), perturbation=UniformLinf(eps=0.01), threshold=0.9,
                  normalize=(0.5, 0.25))
-    assert fixed.verdict == "pass" and "clean_accuracy" not in fixed.details and "clean" not in fixed.details["evaluations"]
+    assert (fixed.verdict == "pass" and "clean_accuracy" not in fixed.details
+            and "clean" not in fixed.details["evaluations"])
 
 
 def test_a_failed_accuracy_states_its_clean_accuracy_without_advice_when_the_model_is_fine():

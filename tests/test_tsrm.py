@@ -164,7 +164,8 @@ def test_estimate_mode_uses_exactly_the_budget(budget, batch_size):
 
 
 def test_result_fields():
-    r = tsrm(ThresholdModel(0.5), threshold_data(12), perturbation=FULL_BOX, threshold=0.25, confidence=0.9, budget=5000, seed=7, batch_size=64)
+    r = tsrm(ThresholdModel(0.5), threshold_data(12), perturbation=FULL_BOX, threshold=0.25, confidence=0.9,
+             budget=5000, seed=7, batch_size=64)
     assert r.metric == "tsrm" and r.name == "TSRM"
     assert r.threshold == 0.25 and r.confidence == 0.9 and r.budget == 5000 and r.seed == 7
     assert r.n_inputs == 12 and r.device == "cpu"

@@ -36,7 +36,8 @@ def test_noise_trained_model_under_severe_noise():
     """Two requirements on one test: both must hold."""
 
 
-@pytest.mark.xfail(reason="the standard model is not trained for noise of radius 0.5: this gate shows a failure", strict=True)
+@pytest.mark.xfail(reason="the standard model is not trained for noise of radius 0.5: this gate shows a failure",
+                   strict=True)
 @pytest.mark.robust(tsrm=0.90, perturbation=UniformLinf(eps=0.5))
 def test_standard_model_fails_under_severe_noise():
     """Expected to fail: TSRM of the standard model at eps=0.5 is about 0.73, far below 0.90."""

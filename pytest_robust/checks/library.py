@@ -161,7 +161,8 @@ def checked_result(name: str, result) -> Result:
             "return run.result(...) (docs: extending)"
         )
     numbers = (result.estimate, result.lower, result.upper)
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers) or result.lower > result.upper + 1e-12:
+    if (not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers)
+            or result.lower > result.upper + 1e-12):
         raise ArgumentError(
             f"metric {name} returned estimate {result.estimate!r} with bounds [{result.lower!r}, {result.upper!r}]: "
             "the bounds must be finite numbers with lower <= upper"

@@ -271,7 +271,8 @@ class Metric:
     def help(self, name: str) -> str:
         """One line per keyword: the threshold, then every parameter with its default and doc."""
         lines = [f"{name} ({self.title or name}): {self.doc}",
-                 f"  {self.threshold_key or name}=  the threshold ({'at most' if self.direction == '<=' else 'at least'})"]
+                 f"  {self.threshold_key or name}=  the threshold "
+                 f"({'at most' if self.direction == '<=' else 'at least'})"]
         lines += [f"  {p.name}=  {p.doc} (default: {p.default!r})" for p in self.params]
         return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """Robustness requirements as data: the registry of declared checks and ``CheckSpec``.
 
-A check is declared once, as a ``declarations.Metric``. Built-in and third-party checks register
+A check is declared once, as a ``registry.Metric``. Built-in and third-party checks register
 the same way, through the ``pytest_robust_metrics`` hook (``hookspec.py``); ``parse_marker``
 validates a marker (or a YAML check) against its declaration at collection, and ``run`` evaluates
 a spec through the same path as a library call (``library.evaluate``).
@@ -8,7 +8,7 @@ a spec through the same path as a library call (``library.evaluate``).
 A marker names exactly one metric with its threshold (``tsrm=0.9``; for the q-loss metric the
 metric keyword carries q and the threshold has its own keyword: ``q=100, max_loss=0.5``), the
 metric's own parameters (``perturbation=UniformLinf(eps=0.1)``) and optionally per-check settings
-(``seed=``, ``budget=``, ``model=``, ...; see ``settings.KEYS``). Pure Python; torch is imported
+(``seed=``, ``budget=``, ``model=``, ...; see ``settings.keys.KEYS``). Pure Python; torch is imported
 only when a check runs.
 """
 

@@ -36,7 +36,7 @@ def load_data(data) -> TensorData:
     index order (a shuffling loader is re-read with a sequential sampler) under a fixed global RNG
     that is restored afterwards, so the data, and every number computed from it, depend only on
     the check's seed. Inputs with NaN or infinite values are refused, naming the first such input
-    (``inspection.check_finite``).
+    (``inspect.data.check_finite``).
     """
     if isinstance(data, TensorData):
         return data

@@ -20,7 +20,8 @@ def _fingerprints(tensors) -> list[torch.Tensor]:
     """Per tensor (sum, sum of squares, version): any in-place change, via .data too, moves one."""
     with torch.no_grad():
         return [
-            torch.stack([t.double().sum(), t.double().pow(2).sum(), torch.tensor(float(t._version), device=t.device, dtype=torch.float64)])
+            torch.stack([t.double().sum(), t.double().pow(2).sum(),
+                         torch.tensor(float(t._version), device=t.device, dtype=torch.float64)])
             for _, t in tensors
         ]
 

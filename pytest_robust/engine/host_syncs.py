@@ -105,8 +105,8 @@ class _HostReads(TorchFunctionMode):
     ``run.device``; the literal string ``"cpu"`` spells out the host), moved with ``.to(device)``
     (the data, placed once per check), returned by the model, or computed from any tensor on the
     device; anything else (a CPU generator's draws, a ``.cpu()`` copy, the optimiser's step
-    counters) is a host tensor, and reading it waits for nothing. A read of a device tensor (``.item()``, ``bool()``, ``.cpu()``, ``nonzero``, a mask
-    index, ...) is a synchronisation.
+    counters) is a host tensor, and reading it waits for nothing. A read of a device tensor
+    (``.item()``, ``bool()``, ``.cpu()``, ``nonzero``, a mask index, ...) is a synchronisation.
     """
 
     def __init__(self, count: SyncCount):

@@ -1,7 +1,7 @@
 """What the model takes and what it returns: normalisation inside the model call, and which output
 holds the logits.
 
-Like the execution settings (``model_execution``), these describe the model, not the requirement,
+Like the execution settings (``engine.precision``), these describe the model, not the requirement,
 so every check, built-in or third party, picks them up from the current ``ModelInterface``, set
 with ``normalize=`` / ``logits=`` on a built-in metric function, with
 
@@ -13,7 +13,7 @@ or, under pytest, from the settings ``normalize`` and ``logits`` (``--robust-nor
 fixture call).
 
 - ``normalize=(mean, std)``: the data stays in pixel units (a box of (0, 1) by default), and so do
-  every perturbation, eps, sigma, radius and box; the forward wrapper (``engine.Forward``) computes
+  every perturbation, eps, sigma, radius and box; the forward wrapper (``engine.forward.Forward``) computes
   (x - mean) / std per channel (dimension 1; a scalar applies to every channel) on the check's
   float32 input just before the model, with the operations of torchvision's ``Normalize`` (subtract,
   then divide). The numbers are those of ``torch.nn.Sequential(Normalize(mean, std), model)`` bit for
@@ -204,7 +204,8 @@ def _unrecognised(output, rows: int) -> str:
     import torch
 
     def looks(v) -> bool:
-        return isinstance(v, torch.Tensor) and v.is_floating_point() and v.ndim == 2 and v.shape[0] == rows and v.shape[1] >= 2
+        return (isinstance(v, torch.Tensor) and v.is_floating_point() and v.ndim == 2 and v.shape[0] == rows
+                and v.shape[1] >= 2)
 
     if isinstance(output, (tuple, list)):
         hits = [i for i, v in enumerate(output) if looks(v)]

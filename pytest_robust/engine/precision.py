@@ -13,7 +13,7 @@ YAML file, ``precision="bf16"`` on a marker).
 - ``precision``: ``fp32`` (default) runs the model in its own dtype; ``bf16`` / ``fp16`` run it
   under ``torch.autocast`` with that dtype; ``auto`` is bf16 on CUDA devices that support it and
   fp32 elsewhere. Inputs, perturbations, gradients and statistics stay in float32 or wider either
-  way (``engine.Forward``).
+  way (``engine.forward.Forward``).
 - ``channels_last``: 4-D image inputs and the model's 4-D weights in NHWC layout for the check
   (restored afterwards); faster convolutions on tensor-core GPUs.
 - ``compile``: the model is wrapped with ``torch.compile`` (dynamic batch sizes) for the check.

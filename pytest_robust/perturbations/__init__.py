@@ -11,7 +11,7 @@ by 1/std yourself.
 ``bounds=(lo, hi)`` is the input box (default [0, 1]); each of lo and hi a number, a per-channel
 sequence of length C (one per channel of (N, C, ...) inputs, like mean/std lists), or a tensor that
 broadcasts to one input (e.g. shape (C, 1, 1)); ``None`` switches the box off. Bounds of another
-shape are an ArgumentError naming both shapes when they meet the inputs (``inspection.box_for``).
+shape are an ArgumentError naming both shapes when they meet the inputs (``inspect.perturbation.box_for``).
 
 Modules: ``base`` (the protocol, boxes, identities), ``noise`` (uniform, Gaussian, Cauchy noise),
 ``spatial`` (flip/rotate/scale/crop), ``spaces`` (the parameter spaces samplers move in),

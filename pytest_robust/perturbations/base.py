@@ -63,7 +63,7 @@ def _check_bounds(bounds):
 
 def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, torch.Tensor]:
     """Coordinate-wise [max(x - eps, lo), min(x + eps, hi)] for a batch x (bounds None: no box;
-    per-channel bounds as ``inspection.box_for``)."""
+    per-channel bounds as ``inspect.perturbation.box_for``)."""
     lo, hi = x - eps, x + eps
     if bounds is not None:
         box_lo, box_hi = box_for(bounds, x)
@@ -133,7 +133,7 @@ class Perturbation(ABC):
     #: label- or input-conditional distribution): ``draw`` then passes their positions in the data
     #: and their labels to ``__call__`` as the keywords ``index`` and ``y``.
     conditional = False
-    #: The attribute holding a per-coordinate size (eps, sigma, scale), which ``inspection.check_size``
+    #: The attribute holding a per-coordinate size (eps, sigma, scale), which ``inspect.perturbation.check_size``
     #: compares with the box's width; None for perturbations without one.
     coordinate_size: str | None = None
 
@@ -156,7 +156,7 @@ class Perturbation(ABC):
 
     def clip(self, x: torch.Tensor) -> torch.Tensor:
         """The batch x clamped coordinate-wise to the box (scalar bounds take the cheaper scalar
-        clamp; per-channel bounds as ``inspection.box_for``)."""
+        clamp; per-channel bounds as ``inspect.perturbation.box_for``)."""
         if self.bounds is None:
             return x
         lo, hi = self.bounds
@@ -198,7 +198,7 @@ class CallablePerturbation(Perturbation):
 
 def as_perturbation(p) -> Perturbation:
     """Accept a Perturbation or a callable ``(x, generator) -> x'``; reject anything else clearly
-    (a class instead of an instance, a callable of another signature: ``inspection``). A
+    (a class instead of an instance, a callable of another signature: ``engine.inspect.perturbation``). A
     perturbation that cannot be named the same way in every run gets a RobustWarning."""
     if callable(p):
         check_perturbation_object(p)
@@ -225,7 +225,7 @@ class ParameterSpace(ABC):
     are None (unbounded). ``log_prior`` is log mu(theta) up to an additive constant;
     ``propose`` is a symmetric random-walk proposal (q(theta' | theta) = q(theta | theta')) of
     size ``step`` (in units of ``scale``) that stays in the support. Randomness comes from a
-    ``mcmc.RowStreams`` (one generator per block of rows).
+    ``streams.RowStreams`` (one generator per block of rows).
     """
 
     lo: torch.Tensor | None = None

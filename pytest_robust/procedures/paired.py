@@ -131,7 +131,8 @@ def _estimates(results: tuple | None, counts: dict) -> dict:
     if results is not None:
         return {"candidate_estimate": results[0].estimate, "reference_estimate": results[1].estimate}
     n = counts["draws"]
-    return {"candidate_estimate": counts["candidate_correct"] / n, "reference_estimate": counts["reference_correct"] / n}
+    return {"candidate_estimate": counts["candidate_correct"] / n,
+            "reference_estimate": counts["reference_correct"] / n}
 
 
 def _note(p: dict, noun: str) -> str:

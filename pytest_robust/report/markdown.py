@@ -75,7 +75,8 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
         + (f" Against {'the baseline' if baseline is None else 'baseline ' + md_text(baseline['name'])}: "
            f"{md_text(store.counts(comparison))}." if comparison else ""),
         "",
-        "| check | metric | perturbation | estimate | deciding bound | threshold | verdict | evaluations/budget | time |",
+        "| check | metric | perturbation | estimate | deciding bound | threshold | verdict "
+        "| evaluations/budget | time |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(r, icon) for r in parsed]

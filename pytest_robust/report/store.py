@@ -87,7 +87,8 @@ def find(directory: Path, name: str | None, env: dict) -> Path:
     path = saved[-1].parent / f"{name}.json" if name else saved[-1]
     if not path.is_file():
         raise BaselineError(f"no baseline named {name!r} for this machine in {path.parent}; saved: "
-                            + ", ".join(p.stem for p in saved) + " (check the name, or save it with --robust-save NAME)")
+                            + ", ".join(p.stem for p in saved)
+                            + " (check the name, or save it with --robust-save NAME)")
     return path
 
 
@@ -168,7 +169,7 @@ def _shown(r: Result | None) -> str:
     return f"{r.estimate:.4f} [{r.lower:.4f}, {r.upper:.4f}]"
 
 
-#: The status of a check whose perturbation has no stable identity (``perturbations.stable_identity``).
+#: The status of a check whose perturbation has no stable identity (``perturbations.base.stable_identity``).
 UNMATCHABLE = "not matched (its perturbation has no stable identity: give its class a __repr__)"
 
 
@@ -188,7 +189,8 @@ def compare(baseline: list[dict], current: list[dict]) -> list[dict]:
     rows = []
     for key in list(old) + [k for k in new if k not in old]:
         a, b = old.get(key), new.get(key)
-        status = UNMATCHABLE if NO_IDENTITY in key else "new" if a is None else "missing" if b is None else _status(a, b)
+        status = (UNMATCHABLE if NO_IDENTITY in key else "new" if a is None else "missing" if b is None
+                  else _status(a, b))
         rows.append({"key": key, "baseline": _shown(a), "current": _shown(b), "status": status,
                      "baseline_numbers": numbers(a)})
     return rows

@@ -1,7 +1,7 @@
 """Validators for settings and check arguments; each names the problem and what is accepted.
 
-Pure Python: the library raises ``errors.SettingError`` (a RobustError and a ValueError), the pytest layer turns it into a
-``pytest.UsageError`` that also names where the value came from.
+Pure Python: the library raises ``errors.SettingError`` (a RobustError and a ValueError), the
+pytest layer turns it into a ``pytest.UsageError`` that also names where the value came from.
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ def file_path(key: str, value) -> str:
 
     where = Path(path(key, value))
     if where.is_dir():
-        raise SettingError(key, value, "a file path (it is an existing directory; name a file such as robust.xml in it)")
+        raise SettingError(key, value,
+                           "a file path (it is an existing directory; name a file such as robust.xml in it)")
     directory_path(key, str(where.parent))
     return value
 

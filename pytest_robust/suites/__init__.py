@@ -26,7 +26,7 @@ that scale the draw budgets::
         q: 100
         max_loss: 0.5
 
-A check takes the same keywords as a ``robust`` marker (``checks.parse_marker``); a perturbation
+A check takes the same keywords as a ``robust`` marker (``checks.spec.parse_marker``); a perturbation
 is written ``{Name: {param: value}}`` or ``Name``, where Name is a built-in perturbation or one
 that a ``pytest_robust_perturbations`` hook adds. Settings resolve with the one precedence of
 ``settings.keys.PRECEDENCE``: defaults < ini < --robust-config < the suite's ``settings`` < the

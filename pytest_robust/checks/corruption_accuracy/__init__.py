@@ -31,7 +31,8 @@ def _severities(key, value):
 
 
 DECLARATION = Metric(
-    "pytest_robust.checks.corruption_accuracy.check:evaluate", title="corruption accuracy", budget=100_000, paired="bernoulli",
+    "pytest_robust.checks.corruption_accuracy.check:evaluate", title="corruption accuracy", budget=100_000,
+    paired="bernoulli",
     # its draws are TSRM's (same inputs and noise streams for a seed), so the two compare draw by draw
     streams="tsrm", perturbation="pytest_robust.checks.corruption_accuracy.check:grid",
     params=(

@@ -76,7 +76,8 @@ def split_data(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorD
         fit_idx, eval_idx = order[:n_fit].sort().values, order[n_fit:].sort().values
         fit_ds = TensorData(ds.x[fit_idx.to(ds.x.device)], ds.y[fit_idx.to(ds.y.device)])
         eval_ds = TensorData(ds.x[eval_idx.to(ds.x.device)], ds.y[eval_idx.to(ds.y.device)])
-        split = (fit_ds, eval_ds, {"source": f"fit_fraction={fraction:g} of the data (seeded split)"}, eval_idx.tolist())
+        split = (fit_ds, eval_ds, {"source": f"fit_fraction={fraction:g} of the data (seeded split)"},
+                 eval_idx.tolist())
     if tuple(split[0].x.shape[1:]) != tuple(split[1].x.shape[1:]):
         raise RobustDataError(f"fit_data inputs have shape {tuple(split[0].x.shape[1:])}, the data "
                               f"{tuple(split[1].x.shape[1:])}")
@@ -122,7 +123,8 @@ def clean_pass(run: Run, ds: TensorData, layer):
     ``Run.span`` of the rows and every rank receives all of them."""
     x = ds.x.to(run.device)
     if int(ds.y.max()) >= (run.forward.n_classes or math.inf):
-        raise RobustDataError(f"label {int(ds.y.max())} is out of range for a model with {run.forward.n_classes} classes")
+        raise RobustDataError(
+            f"label {int(ds.y.max())} is out of range for a model with {run.forward.n_classes} classes")
     x = x[run.span(len(x))]
     if layer is None:
         return run.gather_rows(run.forward.logits(x)), None

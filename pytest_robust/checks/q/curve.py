@@ -54,12 +54,13 @@ def q_curve(model: torch.nn.Module, data, *, perturbation, qs=(1, 10, 100, 1000)
         estimates = [estimate(plan.config, q, draw(plan, q, every)) for q in qs]
         adversarial = run_pgd(plan, every)
         q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
-        q_inf = float((adversarial if adversarial is not None else np.max([e.max_visited for e in estimates], axis=0)).mean())
+        q_inf = float((adversarial if adversarial is not None
+                       else np.max([e.max_visited for e in estimates], axis=0)).mean())
         table = [_curve_row(est, plan.n_total, run.args.confidence) for est in estimates]
         last = table[-1]
         return run.result(
             estimate=last["estimate"], lower=last["lower"], upper=last["upper"], draws=sum(e.draws for e in estimates),
-            n_inputs=len(plan.index), perturbation=repr(plan.perturbation), 
+            n_inputs=len(plan.index), perturbation=repr(plan.perturbation),
             note=_curve_note(plan, estimates, table, q_inf, q_inf_name),
             details={
                 "qs": qs, "table": table, "q_infinity": q_inf, "q_infinity_method": q_inf_name,
@@ -108,5 +109,6 @@ def _curve_note(plan: Plan, estimates: list, table: list, q_inf: float, q_inf_na
         note += f"; diagnostics unhealthy at {', '.join(unhealthy)} (see details['table'])"
     n = len(plan.index)
     if n < plan.n_total:
-        note += f"; on a random subset of {n} of {plan.n_total} inputs (budget {plan.run.args.budget // len(table)} evaluations per q)"
+        note += (f"; on a random subset of {n} of {plan.n_total} inputs "
+                 f"(budget {plan.run.args.budget // len(table)} evaluations per q)")
     return note

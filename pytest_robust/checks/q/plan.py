@@ -227,7 +227,8 @@ def plan_inputs(run: Run, perturbation, loss, config: Config, inputs, n_q: int) 
         raise SettingError(
             "budget", budget // n_q,
             f"at least {-(-least * per_input // n_q)} model evaluations{' per value of q' if n_q > 1 else ''}: "
-            f"{least} inputs at {per_input} each{f' for {n_q} values of q' if n_q > 1 else ''} ({', '.join(f'{k} {v}' for k, v in cost.items() if v)}); "
+            f"{least} inputs at {per_input} each{f' for {n_q} values of q' if n_q > 1 else ''} "
+            f"({', '.join(f'{k} {v}' for k, v in cost.items() if v)}); "
             "raise budget= (or --robust-budget), or lower inputs=, chains=, steps=, leapfrog=/mh_steps=, warmup=",
         )
     n = min(wanted, fit)

@@ -13,11 +13,11 @@ Cohen's setting); normalising outside the model puts them in normalised units.
 
 Entry points:
 - ``certified_accuracy`` (here): the gate "certified accuracy at radius r >= threshold" with
-  per-input sequential tests that stop as soon as each input is decided (``procedures.rounds``).
-- ``certify`` / ``predict`` (``analyses.cohen``): Cohen's CERTIFY and PREDICT with fixed sample sizes.
-- ``pa_report`` (``analyses.pa_report``): per-input p_A estimates, their survival curve, certified
+  per-input sequential tests that stop as soon as each input is decided (``checks.smoothing.rounds``).
+- ``certify`` / ``predict`` (``checks.smoothing.cohen``): Cohen's CERTIFY and PREDICT with fixed sample sizes.
+- ``pa_report`` (``checks.smoothing.pa_report``): per-input p_A estimates, their survival curve, certified
   accuracy against radius and its conversion to other budgets (the seed's appendix B).
-Noise streams and class counts: ``analyses.smoothing_draws``.
+Noise streams and class counts: ``checks.smoothing.draws``.
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ class Certification(_FixedSize):
             threshold=None, confidence=confidence, verdict="estimate", n_inputs=n_in,
             draws=int(self.draws.sum()), forward_passes=self.forward_passes, seconds=self.seconds,
             device=self.device, seed=self.seed,
-            perturbation=f"Gaussian smoothing sigma={self.sigma:g}, CERTIFY n0={self.n0}, n={self.n}, alpha={self.alpha:g}",
+            perturbation=(f"Gaussian smoothing sigma={self.sigma:g}, CERTIFY n0={self.n0}, n={self.n}, "
+                          f"alpha={self.alpha:g}"),
             budget=int(self.draws.sum()),
             note=f"{int((self.prediction == ABSTAIN).sum())} of {n_in} inputs abstained; per-input results are "
                  "in the Certification object",
@@ -183,6 +184,6 @@ def predict(
     label = run.ds.y.cpu().numpy()
     return Prediction(
         sigma=sigma, n=n, alpha=alpha, seed=run.seed, device=str(run.device),
-        seconds=time.perf_counter() - run.started, forward_passes=sum(run.spent().values()), label=label, prediction=prediction, top_count=top,
-        runner_up_count=runner_up, p_value=p_value, correct=prediction == label,
+        seconds=time.perf_counter() - run.started, forward_passes=sum(run.spent().values()), label=label,
+        prediction=prediction, top_count=top, runner_up_count=runner_up, p_value=p_value, correct=prediction == label,
     )

@@ -78,7 +78,7 @@ def pa_report(
         notes = ", ".join(f"r={r:g}: {a:.3f}" for r, a in list(zip(radii, measured))[::step][:4])
         return run.result(
             estimate=total / (n * len(k)), lower=clopper_pearson_lower(total, n * len(k), level),
-            upper=clopper_pearson_upper(total, n * len(k), level), draws=n * len(k), 
+            upper=clopper_pearson_upper(total, n * len(k), level), draws=n * len(k),
             perturbation=f"Gaussian smoothing sigma={sigma:g} (pA report, n={n} draws per input)",
             note=(
                 f"estimate = mean pA (accuracy under the noise); median pA {float(np.median(pa)):.4f}, "

@@ -88,7 +88,8 @@ def explain_model_error(x: torch.Tensor, err: Exception) -> None:
             f"the model cannot take {x.dtype} inputs ({type(err).__name__}: {text}); give the data the "
             "model's dtype (x.to(dtype) in the data fixture) or convert the model (model.float())"
         ) from err
-    if any(s in text for s in ("shapes cannot be multiplied", "size mismatch", "should contain", "Expected", "expected input")):
+    if any(s in text for s in ("shapes cannot be multiplied", "size mismatch", "should contain", "Expected",
+                               "expected input")):
         raise RobustDataError(
             f"the model cannot take inputs of shape {tuple(x.shape[1:])} (a batch {tuple(x.shape)}: "
             f"{type(err).__name__}: {text}); give "

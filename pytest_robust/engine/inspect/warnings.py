@@ -68,7 +68,7 @@ def records_warnings(fn):
     """Decorate a metric function: RobustWarnings issued while it runs still reach the caller
     (pytest shows them with the test) and are listed, in order, in ``details["warnings"]`` of
     the Result it returns. Every built-in metric function carries it, so it also gives them the
-    keywords ``normalize=`` and ``logits=`` (``model_io.accepts_interface``)."""
+    keywords ``normalize=`` and ``logits=`` (``interface.accepts_interface``)."""
     from pytest_robust.engine.interface import accepts_interface
 
     @functools.wraps(fn)

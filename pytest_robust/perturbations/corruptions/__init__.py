@@ -205,7 +205,7 @@ class Corruption(Perturbation):
     def _box(self, x):
         """(lo, hi) as tensors on x's device in x's dtype; numbers are filled in on the device
         (``torch.full``), tensors and per-channel sequences converted and shaped against the
-        batch x (``inspection.box_for``; a host tensor is copied there)."""
+        batch x (``inspect.perturbation.box_for``; a host tensor is copied there)."""
         if all(isinstance(b, numbers.Real) for b in self.bounds):
             return tuple(torch.full((), b, device=x.device, dtype=x.dtype) for b in self.bounds)
         return box_for(self.bounds, x)
@@ -216,7 +216,7 @@ class Corruption(Perturbation):
         return self.corrupt(x, generator)
 
     def draw(self, x: torch.Tensor, generator: torch.Generator, index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The engine's draw: rows of the check's data, whose box ``inspection.check_in_box``
+        """The engine's draw: rows of the check's data, whose box ``inspect.perturbation.check_in_box``
         checked once per check, so only ``check_shape`` runs here (no host synchronisation)."""
         self.check_shape(x, generator)
         return self.corrupt(x, generator)

@@ -3,7 +3,7 @@
 Images are float tensors (n, c, h, w) with values in [0, 1]; lengths are in pixels. Every random
 number is drawn from the caller's ``torch.Generator`` on the images' device. Nothing here reads a
 device value back to the host: on CUDA the corruptions queue their kernels without waiting (a
-constant table goes to a device once, ``constant``; host data goes without a wait, ``engine.upload``).
+constant table goes to a device once, ``constant``; host data goes without a wait, ``engine.device.upload``).
 """
 
 from __future__ import annotations
