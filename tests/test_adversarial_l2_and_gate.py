@@ -20,7 +20,8 @@ from pytest_robust.stats.betting import SequentialGate
 
 
 def exact_robust_l2(model: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
-    """Closed form for f(x) = Wx + b in the L2 ball of radius eps without a box (the check gets a box far wider than the ball): the input is robust
+    """Closed form for f(x) = Wx + b in the L2 ball of radius eps without a box (the check gets a box far
+    wider than the ball): the input is robust
     iff for every class j != y the margin (w_y - w_j) x + b_y - b_j exceeds eps ||w_y - w_j||_2 (the
     largest gain of class j over y in the ball; reaching it exactly is a tie, an error)."""
     w = model.weight.detach()

@@ -261,11 +261,14 @@ def test_hot_loops_read_the_host_at_most_twice_per_model_batch(name):
         "corruption_accuracy": lambda k: corruption_accuracy(
             model, (x, y), threshold=None, corruptions=["gaussian_noise", "zoom_blur", "contrast", "jpeg_compression"],
             severities=[1, 5], budget=1024 * k, batch_size=256),
-        "certified_accuracy": lambda k: certified_accuracy(model, (x[:8 * k], y[:8 * k]), threshold=None, radius=0.05, sigma=0.25,
-                                                           max_draws=1000, budget=40_000, batch_size=256),
-        "adversarial_accuracy": lambda k: adversarial_accuracy(model, (x, y), threshold=None, eps=0.02, steps=5 * k, batch_size=256),
+        "certified_accuracy": lambda k: certified_accuracy(
+            model, (x[:8 * k], y[:8 * k]), threshold=None, radius=0.05, sigma=0.25, max_draws=1000, budget=40_000,
+            batch_size=256),
+        "adversarial_accuracy": lambda k: adversarial_accuracy(
+            model, (x, y), threshold=None, eps=0.02, steps=5 * k, batch_size=256),
         "q_hmc": lambda k: intermediate_q(
-            model, (x[:8], y[:8]), perturbation=box, q=10, chains=4, steps=6 * k, warmup=2, pgd_steps=2, budget=40_000, batch_size=256),
+            model, (x[:8], y[:8]), perturbation=box, q=10, chains=4, steps=6 * k, warmup=2, pgd_steps=2, budget=40_000,
+            batch_size=256),
         "nppr": lambda k: nppr(model, (x, y), eps=0.1, latent_dim=4, components=2, fit_steps=4 * k, fit_batch_size=8,
                                fit_draws=2, draws_per_input=4, budget=8_000 * k, batch_size=256),
     }
@@ -365,8 +368,8 @@ UNEVEN = {
     "tsrm_paired": lambda m, d: tsrm(m, d, perturbation=UniformLinf(eps=0.1), reference=SmallNet(seed=1).eval(),
                                      max_drop=0.05, budget=2600, batch_size=512),
     "corruption_accuracy": lambda m, d: corruption_accuracy(
-        m, d, threshold=None, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5], budget=612,
-        batch_size=512),
+        m, d, threshold=None, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5],
+        budget=612, batch_size=512),
     "nppr": lambda m, d: nppr(m, d, eps=0.1, latent_dim=4, components=2, fit_steps=4, fit_batch_size=8, fit_draws=2,
                               draws_per_input=4, budget=9_300, batch_size=512),
 }

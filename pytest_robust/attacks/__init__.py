@@ -1,4 +1,4 @@
-"""Adversarial attacks, all calling the model through the forward wrapper ``engine.Forward``
+"""Adversarial attacks, all calling the model through the forward wrapper ``engine.forward.Forward``
 (counted, capped at the budget, OOM-safe), with iterates in float32 or wider.
 
 - ``losses``: the objectives (cross-entropy, the targeted DLR loss, the margin); the feasible box
@@ -13,7 +13,7 @@
 
 The inputs of a data set are attacked in fixed blocks by the per-input procedure
 (``procedures.per_input.over_blocks``), chunk by chunk in a seeded random order
-(``metrics.adversarial``).
+(``checks.adversarial.check``).
 """
 
 from pytest_robust.attacks.losses import cross_entropy

@@ -6,7 +6,7 @@ input box [lo, hi]: from a uniform random start, ``steps`` signed-gradient ascen
 ``step_size`` (default 2.5 * eps / steps), each followed by projection onto the feasible box
 [max(x - eps, lo), min(x + eps, hi)]. With ``restarts`` > 1 the highest final loss per example is
 kept. Randomness (the starts) comes from the given generator only. The model is called only through
-the forward wrapper ``engine.Forward`` of a guarded run (counted, capped, OOM-safe).
+the forward wrapper ``engine.forward.Forward`` of a guarded run (counted, capped, OOM-safe).
 
 Precision and device: iterates, steps and the box are kept in float32 or wider whatever the dtype
 of the inputs or of the model (the default step 2.5 eps / steps is often below half a bfloat16 ulp
@@ -74,7 +74,7 @@ def pgd(
 
     Costs restarts x (steps + 1) model evaluations per input (steps of them with a backward pass),
     with no host read. The random starts come from ``generator``: one
-    torch.Generator for all rows, or ``mcmc.RowStreams`` (one generator per block of rows, so that a
+    torch.Generator for all rows, or ``streams.RowStreams`` (one generator per block of rows, so that a
     block's starts do not depend on the blocks attacked with it). Every returned point lies in the
     feasible box; the returned loss is the loss there.
     """

@@ -189,7 +189,7 @@ class Forward:
         wrapper that also returns features, gets x the same way and its output is returned as it
         is): x normalised when asked, cast to the model's dtype, under autocast when asked; a
         failure on the first batch is explained when the inputs' layout is the likely cause
-        (``inspection.explain_model_error``)."""
+        (``inspect.model.explain_model_error``)."""
         own = model is None
         model = self.model if own else model
         if self.normalize is not None:

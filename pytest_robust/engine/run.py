@@ -3,23 +3,23 @@
 A metric module writes only its plan, its evaluation and its statistics; a ``Run`` owns the rest:
 
 - the common arguments (threshold, confidence, budget, seed, batch size), validated once;
-- the data (``engine.load_data``: finite, in a seed-independent order), moved to the device once
-  (``place``), the device (``engine.resolve_device``) and the working dtype (``working_dtype``):
+- the data (``engine.data.load_data``: finite, in a seed-independent order), moved to the device once
+  (``place``), the device (``engine.device.resolve_device``) and the working dtype (``working_dtype``):
   float32, or float64 for a float64 model; a float16 or bfloat16 model still gets float32
   perturbations, iterates and statistics, cast to its dtype at its input. Data of another float
   dtype is converted, with a note in details. With the check's perturbation, the inputs are
   checked against its box, its size and its use of the generator, on the check's device
-  (``inspection.inspect_inputs``);
-- the model interface (``model_io.current()``: ``normalize=(mean, std)`` applied inside the
+  (``inspect.perturbation.inspect_inputs``);
+- the model interface (``interface.current()``: ``normalize=(mean, std)`` applied inside the
   model call, so data, perturbations and sizes stay in pixel units; the ``logits=`` selector),
   stated in the Result (``details["model_interface"]``, and the space in ``details["space"]``,
   which every message names); data whose transform pipeline normalises is refused
-  (``inspection.check_data_normalisation``);
-- the execution settings (``model_execution.current()``: precision/autocast, channels-last, compile,
+  (``inspect.data.check_data_normalisation``);
+- the execution settings (``precision.current()``: precision/autocast, channels-last, compile,
   deterministic kernels), stated in the Result (``precision``, ``details["execution"]``); a run
   with ``certificate=True`` (randomized smoothing) warns when the logits are not float32;
-- the guarded model (``engine.guarded``: eval mode, no parameter gradients, state and global RNG
-  restored, in-place changes detected) and the one forward wrapper (``engine.Forward``) through
+- the guarded model (``engine.guard.guarded``: eval mode, no parameter gradients, state and global RNG
+  restored, in-place changes detected) and the one forward wrapper (``engine.forward.Forward``) through
   which every model call goes: it counts model evaluations per phase, caps them at the budget and
   halves the batch on out-of-memory; the rate of tied top logits (counted as errors) is reported
   and warned about above ``TIE_WARNING``;
@@ -43,7 +43,7 @@ declaration and calls the body inside it. A body looks like::
             hits = correct_predictions(run.forward.logits(run.ds.x), run.ds.y)
         return run.result(estimate=..., lower=..., upper=..., draws=..., perturbation=...)
 
-(analyses that are not declared checks, such as ``analyses.q_curve``, build a Run with a
+(analyses that are not declared checks, such as ``checks.q.curve``, build a Run with a
 ``declaration`` of their own shape).
 """
 
@@ -57,9 +57,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from pytest_robust.engine import collective
-from pytest_robust.engine import interface as model_io
-from pytest_robust.engine import precision as model_execution
+from pytest_robust.engine import collective, interface, precision
 from pytest_robust.engine.clock import Clock
 from pytest_robust.engine.data import TensorData, load_data, place
 from pytest_robust.engine.device import resolve_device
@@ -113,7 +111,7 @@ class Run:
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
                                    batch_size=batch_size, direction=self.direction)
         self.device = resolve_device(device, model)
-        self.interface = model_io.current()
+        self.interface = interface.current()
         check_data_normalisation(data, perturbation, self.interface.normalize)
         self.ds = load_data(data)
         self.details: dict = {}
@@ -127,14 +125,14 @@ class Run:
         self.perturbation = perturbation
         if perturbation is not None:
             inspect_inputs(self.ds, perturbation)
-        self.execution = model_execution.current()
+        self.execution = precision.current()
         autocast = autocast_dtype(self.execution.precision, self.device)
         self.precision = describe_precision(self.model_dtype, autocast)
         normalize = self.interface.normalize
         self.forward = Forward(model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
                                input_dtype=self.model_dtype if self.model_dtype != self.dtype else None,
                                autocast=autocast, channels_last=self.execution.channels_last,
-                               normalize=None if normalize is None else model_io.Normalizer(
+                               normalize=None if normalize is None else interface.Normalizer(
                                    normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
                                selector=self.interface.logits, clean=self.ds.x)
         if certificate and self.precision not in ("float32", "float64"):
@@ -151,9 +149,9 @@ class Run:
 
     def __enter__(self) -> "Run":
         self.info = self._stack.enter_context(guarded(self.model, self.device))
-        self._stack.enter_context(model_execution.deterministic_algorithms(self.execution.deterministic))
-        self._stack.enter_context(model_execution.channels_last_weights(self.model, self.execution.channels_last))
-        self.forward.model = model_execution.compiled(self.model, self.execution.compile)
+        self._stack.enter_context(precision.deterministic_algorithms(self.execution.deterministic))
+        self._stack.enter_context(precision.channels_last_weights(self.model, self.execution.channels_last))
+        self.forward.model = precision.compiled(self.model, self.execution.compile)
         if self.interface.normalize is not None:  # outside the budget (inspect.normalisation)
             x, y = (t[:PROBE_INPUTS].to(self.device) for t in (self.ds.x, self.ds.y))
             self.details["normalisation_probe"] = probe_normalisation(self.forward, self.model, x, y,
@@ -266,8 +264,8 @@ class Run:
                              is not None else "give its normalisation as normalize=(mean, std) (--robust-normalize) "
                              "with the data in [0, 1] pixel units")
             details["clean_accuracy_advice"] = (
-                f"the model is near or below chance (1/{classes}) on the clean inputs too, so it may expect other inputs: "
-                f"{normalisation}, and check the channel order (RGB/BGR, (N, C, H, W)) and the labels")
+                f"the model is near or below chance (1/{classes}) on the clean inputs too, so it may expect other "
+                f"inputs: {normalisation}, and check the channel order (RGB/BGR, (N, C, H, W)) and the labels")
             warnings.warn(f"{self.title}: clean accuracy {clean:.3f}: {details['clean_accuracy_advice']}",
                           RobustWarning, stacklevel=3)
 

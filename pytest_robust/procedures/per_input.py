@@ -9,7 +9,7 @@ the exact one-sided binomial p-values of its two claims (``details["p_values"]``
 consistent with the Clopper-Pearson bounds: each is <= alpha exactly when its bound decides.
 
 Inputs are cut into blocks of ``block`` consecutive rows; block b draws its random numbers from its
-own stream (``engine.stream_generator(seed, stream, b)``), so what an input receives does not
+own stream (``engine.streams.stream_generator(seed, stream, b)``), so what an input receives does not
 depend on which blocks are attacked with it (the batch size) nor on which rank attacks it. Blocks
 are sharded over torch.distributed ranks (``Run.shard``: rank r takes blocks r, r + W, ...), and a
 rank attacks as many of its blocks together as fill a batch of ``batch_size`` rows. The per-row

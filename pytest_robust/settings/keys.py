@@ -25,7 +25,7 @@ class Settings:
     seed: int = 0
     confidence: float = 0.95
     batch_size: int = 1024
-    budget: int | None = None  # None: each metric's own default (declarations.Metric.budget)
+    budget: int | None = None  # None: each metric's own default (registry.Metric.budget)
     time_limit: float | None = None  # seconds per check; None: no limit
     inconclusive: str = "fail"
     model: str = "robust_model"
@@ -56,8 +56,8 @@ def data_key_pair(key: str, value) -> tuple[str, str] | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
     parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
-    if not (isinstance(parts, (list, tuple)) and len(parts) == 2 and all(isinstance(p, str) and p.strip() for p in parts)
-            and parts[0] != parts[1]):
+    if not (isinstance(parts, (list, tuple)) and len(parts) == 2
+            and all(isinstance(p, str) and p.strip() for p in parts) and parts[0] != parts[1]):
         raise SettingError(key, value, accepted)
     return tuple(parts)
 

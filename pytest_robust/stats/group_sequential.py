@@ -1,6 +1,6 @@
 """Group-sequential bounds on a mean over sampled units (inputs) whose own values are estimates:
 looks at growing samples, alpha spending over the looks, an early lower bound, and the two-stage
-Student-t bound. The q check's gate (``analyses.q_estimate.gate``) runs on it.
+Student-t bound. The q check's gate (``checks.q.estimate.gate``) runs on it.
 
 Estimates. Every function takes the estimate of the first n units of a seeded random order as an
 object with ``per_input`` (the estimate Z_i per unit), ``between_chain_var`` (v_i, the variance of
@@ -197,7 +197,7 @@ def p_values(record: list[dict]) -> dict[str, float]:
 def two_stage_bound(est: Estimate, n_total: int, confidence: float) -> tuple[float, float, float, float]:
     """(mean, lower, upper, standard error): the two-sample-stage t bound of the module docstring;
     with ``est.arithmetic`` the upper bound is the larger of the two combinations' (the q check:
-    the log-space and the arithmetic chain averages, ``analyses.q_estimate.combine_chains``)."""
+    the log-space and the arithmetic chain averages, ``checks.q.estimate.combine_chains``)."""
     n = len(est.per_input)
     f = n / n_total
     t = t_quantile(confidence, n - 1)

@@ -239,7 +239,7 @@ def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: Sequ
 
 def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_queries, inputs, bounds) -> Result:
     """Attack the chosen inputs (module docstring) and bound the share the attack left robust. An
-    L-inf eps of at least half the box's width gets a RobustWarning (``inspection.check_scale``;
+    L-inf eps of at least half the box's width gets a RobustWarning (``inspect.perturbation.check_scale``;
     from the whole width on, the ball's own inspection warns)."""
     if norm == "linf":
         check_scale("adversarial accuracy", "eps", eps, run.ds.x, run.perturbation.bounds, share=0.5, below=1.0,

@@ -6,12 +6,12 @@ Probabilistic robustness of an input under a perturbation distribution D inside 
 
 and NPPR(x, y) = inf_D PR_D(x, y) over a family of distributions. Every admissible D gives
 AR <= NPPR <= PR_D (AR: adversarial robustness, the worst single perturbation). This module takes
-the family of Gaussian mixtures of ``perturbations.gmm`` (K components over a d-dimensional latent,
+the family of Gaussian mixtures of ``checks.nppr.gmm`` (K components over a d-dimensional latent,
 decoded by bicubic up-sampling and mapped into the L-inf or L2 ball of radius eps, then clipped to
 the input box) and searches it for the most damaging member:
 
-1. **Fit** (``perturbations.gmm_fit``) on a fit split that never overlaps the evaluation inputs
-   (``fit_data``, or a seeded ``fit_fraction`` of ``data``; ``perturbations.gmm_data``): minimise E softplus(z_y(x') - max_{j != y} z_j(x') + kappa) over
+1. **Fit** (``fit``) on a fit split that never overlaps the evaluation inputs (``fit_data``, or a
+   seeded ``fit_fraction`` of ``data``; ``data``): minimise E softplus(z_y(x') - max_{j != y} z_j(x') + kappa) over
    x' drawn from the mixture with reparameterised Gumbel-softmax weights (temperature annealed
    geometrically from ``fit_temperature[0]`` to ``fit_temperature[1]``), ``fit_draws`` draws per
    input, ``fit_batch_size`` inputs per Adam step (learning rate ``fit_lr``), gradient norm clipped
@@ -31,13 +31,14 @@ infimum (a better fit can only find a lower PR, and the family is not every dist
 ball). A pass certifies PR >= threshold under the learned distribution at the stated confidence;
 it does not certify robustness to every perturbation distribution in the ball.
 
-**Context** in ``details`` (``analyses.nppr_context``): PR under Gaussian noise N(0, eps^2 I) (L2:
+**Context** in ``details`` (``checks.nppr.context``): PR under Gaussian noise N(0, eps^2 I) (L2:
 sigma = eps / sqrt(D), so that E||delta||^2 = eps^2) and uniform noise in the same ball, both
 clipped to the box; the fraction of evaluation inputs whose own PR (over the stream's draws of it,
-``draws_per_input`` on average) is at least 1 - gamma for gamma in 0.1, 0.05, 0.01; and, with ``pgd=True`` (L-inf only), the PGD robust accuracy as the
-adversarial floor. Expected ordering: PGD accuracy <= NPPR <= min(Gaussian PR, uniform PR).
+``draws_per_input`` on average) is at least 1 - gamma for gamma in 0.1, 0.05, 0.01; and, with
+``pgd=True`` (L-inf only), the PGD robust accuracy as the adversarial floor. Expected ordering:
+PGD accuracy <= NPPR <= min(Gaussian PR, uniform PR).
 
-Defaults, reproducibility and the fit cache (``cache_dir``, ``refit``): ``perturbations.gmm_fit``.
+Defaults, reproducibility and the fit cache (``cache_dir``, ``refit``): ``checks.nppr.fit``.
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def _per_input_table(eval_index: list[int], clean_correct: torch.Tensor, pr: np.
     draw correct) or "not drawn"."""
     clean = clean_correct.tolist()
     return {"index": list(eval_index), "estimate": [None if np.isnan(p) else float(p) for p in pr],
-            "outcome": ["misclassified" if not ok else "not drawn" if np.isnan(p) else "robust" if p == 1.0 else "broken"
-                        for ok, p in zip(clean, pr)]}
+            "outcome": ["misclassified" if not ok else "not drawn" if np.isnan(p) else "robust" if p == 1.0
+                        else "broken" for ok, p in zip(clean, pr)]}
 
 
 def _details(run: Run, cfg, fit, fitted, layer, data: tuple, evidence: tuple, options) -> dict:
@@ -193,7 +194,8 @@ def _evaluate(run: Run, frozen: "FrozenGMM", eval_ds: TensorData, options: dict,
     per_input = nppr_context.per_input_pr(gate.outcomes[: gate.used], gate.indices[: gate.used], n)
     context_draws = min(run.remaining() // 2, max(gate.used, CONTEXT_MIN_DRAWS))
     with run.forward.phase("context"):
-        context = {name: (repr(noise), bernoulli_stream(run, noise, context_draws, ds=eval_ds, label=f"{name} PR", name="tsrm"))
+        context = {name: (repr(noise), bernoulli_stream(run, noise, context_draws, ds=eval_ds, label=f"{name} PR",
+                                                        name="tsrm"))
                    for name, noise in nppr_context.context_noises(options["eps"], options["norm"], eval_ds.x.shape[1:],
                                                                   bounds).items()}
     return gate, context, per_input, floor

@@ -11,14 +11,14 @@ requirement ``robust(q=100, max_loss=0.5)`` reads: the mean of Z_q over the inpu
 
 How it is decided (``intermediate_q``):
 
-1. Per input, ``chains`` (>= 4) independent path-sampling chains (``analyses.q_draws``), averaged
-   per input in log space (``analyses.q_estimate``), next to a Monte Carlo context estimate.
+1. Per input, ``chains`` (>= 4) independent path-sampling chains (``checks.q.draws``), averaged
+   per input in log space (``checks.q.estimate``), next to a Monte Carlo context estimate.
 2. An upper confidence bound of the mean over inputs: the one-sided two-stage Student-t bound, at
    looks of 16, 32, 64, ... inputs in a seeded random order with alpha spent over the looks; a
    "fail" can come early, a "pass" only with ``loss_bound=`` (a bound on the loss, so on every
    input's Z_q; ``stats.group_sequential``). ``estimator="auto"`` is Monte Carlo at q <= 2
-   (unbiased at q = 1, at path sampling's budget; ``analyses.q_plan.AUTO_MC_MAX_Q``).
-3. MCMC diagnostics per input across its chains (``analyses.q_estimate``). The check passes only
+   (unbiased at q = 1, at path sampling's budget; ``checks.q.plan.AUTO_MC_MAX_Q``).
+3. MCMC diagnostics per input across its chains (``checks.q.estimate``). The check passes only
    if the upper bound is <= max_loss and the diagnostics are healthy; it fails if the lower bound
    exceeds max_loss with healthy diagnostics; otherwise it is inconclusive, with the reason and
    what to change.
@@ -28,9 +28,9 @@ within reach (it would need astronomically many samples), and MCMC can miss a hi
 that none of its chains finds. For context the result also carries the Monte Carlo estimate
 (eq. 6) -- biased low, collapsing for large q -- and the q = infinity end: the adversarial loss of
 PGD for ``UniformLinf``, otherwise (as the paper's Table 3) the largest loss any chain or Monte
-Carlo draw visited. ``budget`` caps model evaluations (``analyses.q_plan``);
+Carlo draw visited. ``budget`` caps model evaluations (``checks.q.plan``);
 ``details["evaluations_per_input"]`` lists them and ``details["looks"]`` the looks made.
-The q-curve over several q is ``analyses.q_curve``.
+The q-curve over several q is ``checks.q.curve``.
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def _note(plan: Plan, est: Estimate, q_inf: float, q_inf_name: str, looks: list)
         why = "the time limit" if plan.run.clock.stopped else f"look {len(looks)} decided"
         parts.append(f"stopped after {n} of {planned} inputs: {why}")
     if planned < plan.n_total:
-        parts.append(f"on a random subset of {planned} of {plan.n_total} inputs (budget {plan.run.args.budget} evaluations)")
+        parts.append(f"on a random subset of {planned} of {plan.n_total} inputs "
+                     f"(budget {plan.run.args.budget} evaluations)")
     return "; ".join(parts)
 
 
