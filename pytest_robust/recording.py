@@ -43,7 +43,7 @@ def metrics(config: pytest.Config) -> dict:
     implementations = config.pluginmanager.hook.pytest_robust_metrics.get_hookimpls()
     try:
         for impl in reversed(implementations):  # pluggy lists the last registered first
-            checks.spec.register(found, impl.function(), impl.plugin_name)
+            checks.register(found, impl.function(), impl.plugin_name)
     except SettingError as err:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
     return found
@@ -155,7 +155,7 @@ def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings
     ran = dataclasses.replace(spec, threshold=None) if suggesting else spec
 
     def call():
-        result = checks.spec.run(ran, registered, model, data, settings, resolve_device(settings.device))
+        result = checks.run(ran, registered, model, data, settings, resolve_device(settings.device))
         if suggesting and result.estimate is not None:
             result.details["suggestion"] = suggestion(result, *_paste(item, spec, registered[spec.metric], spelling))
         return result
