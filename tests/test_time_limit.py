@@ -26,7 +26,11 @@ CHECKS = {
                                  fit_batch_size=8, fit_draws=2, draws_per_input=10_000, budget=1_000_000),
     "intermediate_q": lambda m, d: pr.intermediate_q(
         m, d, perturbation=BOX, q=1, estimator="mc", max_loss=1.2, chains=4, steps=8, budget=1_000_000),
+    "adversarial_accuracy": lambda m, d: pr.adversarial_accuracy(
+        m, d, threshold=0.1, eps=0.05, steps=4, targets=1, square_queries=5, budget=1_000_000),
 }
+#: Inputs per check: the adversarial check stops between chunks of 64 inputs, so it gets three.
+INPUTS = {"adversarial_accuracy": 192}
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest_robust.errors.RobustWarning")
 
@@ -41,7 +45,7 @@ def one_thread():
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_the_time_limit_stops_every_check_with_its_evidence(name):
-    x, y = image_data(n=64)
+    x, y = image_data(n=INPUTS.get(name, 64))
     full = CHECKS[name](SmallNet().eval(), (x, y)) if name == "intermediate_q" else None
     with clock.time_limit(TINY):
         r = CHECKS[name](SmallNet().eval(), (x, y))
@@ -53,6 +57,8 @@ def test_the_time_limit_stops_every_check_with_its_evidence(name):
         assert "time limit" in r.details["inconclusive_reason"]
     if full is not None:  # the q check stops at its first look instead of evaluating every input
         assert len(r.details["looks"]) < len(full.details["looks"])
+    if name == "adversarial_accuracy":  # it stops after its first chunk of inputs
+        assert r.details["early_decision"]["attacked"] < len(x)
 
 
 def test_without_a_limit_nothing_is_said():

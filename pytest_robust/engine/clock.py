@@ -6,7 +6,8 @@ The pytest layer installs the limit around each check (``time_limit``, a context
 The procedures ask ``Clock.expired`` where they can stop with valid evidence: between steps of the
 Bernoulli stream (anytime-valid bounds hold at any stopping time), between rounds of the
 per-input sequential tests (undecided inputs count against the check), between looks of the q
-check (inputs not evaluated count against it). A check the limit stopped is inconclusive unless
+check (inputs not evaluated count against it), between chunks of inputs of the adversarial check
+(a seeded random subset of the inputs). A check the limit stopped is inconclusive unless
 its bounds already decide, and says so (``Clock.annotate``). ``Clock.pace`` measures throughput
 on the first steps and warns once when the whole budget would take longer than the limit (or,
 without one, than ``SLOW_CHECK`` seconds).

@@ -215,7 +215,9 @@ def _classes(run: Run) -> int:
 def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: SequentialGate | None,
                    found_points: _Found | None) -> dict:
     """Attack the inputs ``order`` (positions in the data) chunk by chunk until the gate decides
-    (module docstring); per-row host arrays in attack order, with ``index`` the input positions."""
+    (module docstring) or the time limit passes (``time_limit``: the inputs attacked so far are a
+    seeded random subset, so their bounds hold; ``engine.clock``); per-row host arrays in attack
+    order, with ``index`` the input positions."""
     parts = []
     for c, start in enumerate(range(0, len(order), CHUNK)):
         index = order[start : start + CHUNK]
@@ -233,6 +235,10 @@ def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: Sequ
         part["index"] = index.numpy()
         parts.append(part)
         if gate is not None and gate.update((part["outcome"] == ROBUST).astype(np.float64)) is not None:
+            break
+        attacked = start + len(index)
+        run.clock.pace(run.title, attacked, len(order), "inputs")
+        if attacked < len(order) and run.clock.expired():  # the time limit: the inputs attacked so far decide
             break
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
