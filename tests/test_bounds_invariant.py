@@ -5,7 +5,6 @@ models and budgets. And the Bernoulli summary keeps it when a stream goes on pas
 
 import numpy as np
 import pytest
-import torch
 from toy_models import SmallNet, image_data
 
 import pytest_robust as pr
@@ -32,14 +31,6 @@ CHECKS = {
     "adversarial_accuracy": lambda m, d, t, s: pr.adversarial_accuracy(
         m, d, threshold=t, eps=0.05, steps=3, restarts=1, targets=1, square_queries=10, seed=s),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))

@@ -4,7 +4,6 @@ budget would take too long at its measured pace warns before it runs on. No time
 limit far below one step stops every check right after its first step, on any machine."""
 
 import pytest
-import torch
 from test_plugin import CONFTEST
 from toy_models import SmallNet, image_data
 
@@ -33,14 +32,6 @@ CHECKS = {
 INPUTS = {"adversarial_accuracy": 192}
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest_robust.errors.RobustWarning")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
