@@ -85,7 +85,7 @@ from pytest_robust.stats.betting import SequentialGate
 BLOCK = 16
 #: Inputs attacked between two looks of the gate (a multiple of BLOCK; fixed, so that results do
 #: not depend on the batch size).
-CHUNK = 64
+CHUNK = 32
 #: Gradient masking is reported when a sign of it concerns at least this share of the inputs (half
 #: a point, the strength bar) and at least MASKING_MIN inputs (one stray input is not a pattern).
 MASKING_SHARE, MASKING_MIN = 0.005, 3
