@@ -320,52 +320,45 @@ class Run:
         details = dict(details or {})
         note = "; ".join(filter(None, (note, self.clock.annotate(verdict, details))))
         self._clean_context(verdict, float(upper), details)
-        table = details.get("per_input")
-        if table is not None:
-            try:
-                check_table(table)
-            except ValueError as err:
-                raise ArgumentError(f"metric {self.metric}: {err}") from None
-            gallery = gallery or worst_gallery(table, self.direction, example or self.perturbation, self.ds, self.seed)
+        gallery = self._gallery(details.get("per_input"), gallery, example)
         accounts = self._accounts()
-        evaluations = accounts["evaluations"]
-        evaluated = sum(evaluations.values())
+        evaluated = sum(accounts["evaluations"].values())
         self.forward.batch_size = accounts["batch_size"]
         return Result(
-            metric=self.metric,
-            estimate=float(estimate),
-            lower=float(lower),
-            upper=float(upper),
-            threshold=threshold,
-            confidence=self.args.confidence,
-            verdict=verdict,
-            n_inputs=len(self.ds) if n_inputs is None else n_inputs,
-            draws=int(draws),
-            forward_passes=evaluated,
-            seconds=time.perf_counter() - self.started,
-            device=str(self.device),
-            seed=self.args.seed,
-            perturbation=perturbation,
-            budget=evaluated if self.args.budget is None else self.args.budget,
-            direction=self.direction,
-            precision=self.precision,
-            note=note,
-            gallery=gallery,
-            details={
-                **details,
-                **self.details,
-                "title": self.title,
-                "budget_unit": "model evaluations",
-                "evaluations": evaluations,
-                "evaluations_per_rank": accounts["per_rank"],
-                "backward_passes": accounts["backward"],
-                "batch_size": accounts["batch_size"],
-                "oom_halvings": self.forward.halvings,
-                "dtype": str(self.dtype).removeprefix("torch."),
-                "tie_rate": self._tie_rate(accounts["ties"], evaluated),
-                "execution": {**self.execution.__dict__, "precision_ran": self.precision},
-                "model_interface": self.interface.describe(),
-                "space": self.interface.space(),
-                "model_was_training": self.info.get("model_was_training", False),
-            },
+            metric=self.metric, estimate=float(estimate), lower=float(lower), upper=float(upper), threshold=threshold,
+            confidence=self.args.confidence, verdict=verdict, n_inputs=len(self.ds) if n_inputs is None else n_inputs,
+            draws=int(draws), forward_passes=evaluated, seconds=time.perf_counter() - self.started,
+            device=str(self.device), seed=self.args.seed, perturbation=perturbation,
+            budget=evaluated if self.args.budget is None else self.args.budget, direction=self.direction,
+            precision=self.precision, note=note, gallery=gallery,
+            details={**details, **self.details, **self._run_details(accounts, evaluated)},
         )
+
+    def _gallery(self, table: dict | None, gallery: dict | None, example) -> dict | None:
+        """The gallery of a result: ``gallery`` as given, else, with a per-input table (checked:
+        a malformed one is the metric's bug, named), its worst inputs perturbed by ``example``."""
+        if table is None:
+            return gallery
+        try:
+            check_table(table)
+        except ValueError as err:
+            raise ArgumentError(f"metric {self.metric}: {err}") from None
+        return gallery or worst_gallery(table, self.direction, example or self.perturbation, self.ds, self.seed)
+
+    def _run_details(self, accounts: dict, evaluated: int) -> dict:
+        """The details every check's result carries (``results.RESERVED_DETAILS``, first group)."""
+        return {
+            "title": self.title,
+            "budget_unit": "model evaluations",
+            "evaluations": accounts["evaluations"],
+            "evaluations_per_rank": accounts["per_rank"],
+            "backward_passes": accounts["backward"],
+            "batch_size": accounts["batch_size"],
+            "oom_halvings": self.forward.halvings,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "tie_rate": self._tie_rate(accounts["ties"], evaluated),
+            "execution": {**self.execution.__dict__, "precision_ran": self.precision},
+            "model_interface": self.interface.describe(),
+            "space": self.interface.space(),
+            "model_was_training": self.info.get("model_was_training", False),
+        }

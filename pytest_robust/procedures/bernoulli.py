@@ -113,8 +113,31 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
     blk = block_size(ds.x)
     runs = (run, *references)
     models = tuple(r.forward for r in runs)
-    dev = run.device
-    while True:  # an out-of-memory error while perturbing halves the batch, as in the model call
+    per_rank, mine, needed, idx, x = _draw(run, ds, perturbation, name, first, limit, most, models)
+    local = _outcomes(runs, models, x, ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])], needed, per_rank, blk)
+    blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
+    indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
+                         else idx[(b - first) // size] for b in blocks])
+    gathered = collective.gather_blocks(local)
+    host = torch.cat([gathered.reshape(-1), indices]).cpu().numpy()
+    table, indices = host[: gathered.numel()].reshape(gathered.shape), host[gathered.numel():]
+    width = len(models) * blk
+    for m, forward in enumerate(models):
+        forward.check_flag(int(table[:, width + m].min()))
+        forward.batch_size = int(table[:, -1].min())
+    outcomes = table[:, :width].reshape(-1, len(models), blk).transpose(1, 0, 2).reshape(len(models), -1)
+    return outcomes[:, :limit].astype(bool), indices[:limit], per_rank * size
+
+
+def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
+          models: tuple) -> tuple:
+    """This rank's part of the step (``step``): (blocks per rank, its blocks, the rows of each
+    within the limit, their input indices, the perturbed inputs). An out-of-memory error while
+    perturbing halves the batch, as in the model call, and the step draws fewer blocks (a single
+    process only: ranks must draw the same blocks, or the gather would break)."""
+    rank, size = collective.world()
+    blk = block_size(ds.x)
+    while True:
         batch = min(f.batch_size for f in models)
         per_rank = max(1, min(-(-batch // blk), -(-limit // (blk * size)), -(-most // size)))
         mine = range(first + rank, first + per_rank * size, size)
@@ -122,20 +145,26 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
         idx = [_indices(len(ds), run, name, b, blk) for b in mine]
         try:
             x = torch.cat([
-                perturbation.draw(ds.x[i].to(dev), noise_generator(run, name, b), i, ds.y[i])[:k]
+                perturbation.draw(ds.x[i].to(run.device), noise_generator(run, name, b), i, ds.y[i])[:k]
                 for b, i, k in zip(mine, idx, needed)
             ])
-            break
+            return per_rank, mine, needed, idx, x
         except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
-            if size > 1:  # ranks must draw the same blocks: one rank backing off alone would break the gather
+            if size > 1:
                 raise
             run.forward.batch_size = batch
             run.forward.back_off(err)
             for forward in models:
                 forward.batch_size = run.forward.batch_size
-    y = ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])]
+
+
+def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor, needed: list, per_rank: int,
+              blk: int) -> torch.Tensor:
+    """This rank's table of the step, one row per block: each model's outcomes on the perturbed
+    inputs ``x`` (in its own working dtype), then each model's finiteness flag and the batch size,
+    kept on the device until the step's one host read."""
+    dev = runs[0].device
     width = len(models) * blk
-    # per block: each model's outcomes, then this rank's finiteness flag of each model and batch size
     local = torch.zeros((per_rank, width + len(models) + 1), dtype=torch.long, device=dev)
     with contextlib.ExitStack() as deferred:
         for m, (forward, each) in enumerate(zip(models, runs)):
@@ -144,17 +173,7 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
                 local[j, m * blk: m * blk + len(part)] = part
         local[:, width: width + len(models)] = torch.cat([f.finite_flag(dev) for f in models])
         local[:, -1] = min(f.batch_size for f in models)
-    blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
-    indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
-                         else idx[(b - first) // size] for b in blocks])
-    gathered = collective.gather_blocks(local)
-    host = torch.cat([gathered.reshape(-1), indices]).cpu().numpy()
-    table, indices = host[: gathered.numel()].reshape(gathered.shape), host[gathered.numel():]
-    for m, forward in enumerate(models):
-        forward.check_flag(int(table[:, width + m].min()))
-        forward.batch_size = int(table[:, -1].min())
-    outcomes = table[:, :width].reshape(-1, len(models), blk).transpose(1, 0, 2).reshape(len(models), -1)
-    return outcomes[:, :limit].astype(bool), indices[:limit], per_rank * size
+    return local
 
 
 def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold: float | None = None,
