@@ -159,7 +159,10 @@ def _join_torchrun(config: pytest.Config, device: str) -> None:
         return
     from pytest_robust.engine import collective
 
-    collective.join(device)
+    try:
+        collective.join(device)
+    except RobustError as err:
+        raise pytest.UsageError(f"pytest-robust: {err}") from None
     if collective.world()[0] != 0:
         config.option.xmlpath = None
 

@@ -21,3 +21,16 @@ def _wide_terminal(monkeypatch):
     unless told otherwise; the table then drops columns (report/terminal.py). Most tests read
     every column, so they get a wide terminal; test_bad_input checks the narrow one."""
     monkeypatch.setenv("COLUMNS", "250")
+
+
+@pytest.fixture
+def pytester(pytester, monkeypatch):
+    """pytest's own pytester, with the runs it starts pinned to the CPU on a machine with a GPU.
+
+    The tests' inner runs build their models on the CPU and expect the CPU's numbers; there
+    ``--robust-device auto`` would pick CUDA and rightly refuse those models. pytester clears
+    PYTEST_ADDOPTS when it starts, so the pin is set after it; an explicit --robust-device in a
+    test still wins. The GPU paths are exercised by benchmarks/gpu_smoke.py and the CUDA tests."""
+    if torch.cuda.is_available():
+        monkeypatch.setenv("PYTEST_ADDOPTS", "--robust-device cpu")
+    return pytester

@@ -292,8 +292,9 @@ def test_cuda_jpeg_is_the_cpus_and_the_grid_waits_only_for_it():
         for member in grid.members:  # first uses: constant tables, page-locked buffers
             member.corrupt(x[:2], gen(0, "cuda"))
         grid.draw(x, gen(0, "cuda"), None, None)
+        seeded = gen(1, "cuda")  # seeding a CUDA generator is not the grid's wait
         with count_host_syncs(torch.nn.Identity(), device="cuda") as count:
-            out = grid.draw(x, gen(1, "cuda"), None, None)
+            out = grid.draw(x, seeded, None, None)
         assert count.syncs == waits, count.where
         g = gen(1, "cuda")
         assert torch.equal(grid(x, g), out) and not torch.equal(grid(x, g), out)  # the generator advances

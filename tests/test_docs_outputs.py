@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from test_docs_code_blocks import read_blocks
 
 from pytest_robust.suites.factories import perturbation_factories
@@ -42,6 +43,7 @@ def in_order(shown: list[str], real: list[str]) -> list[str]:
     return missing
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the docs show a run on a machine without a GPU")
 @pytest.mark.parametrize("page", QUICK_STARTS, ids=lambda p: p.name)
 def test_the_quick_start_output_is_what_the_quick_start_prints(page, pytester, monkeypatch):
     blocks = {b.file: b for b in read_blocks(page) if b.file}

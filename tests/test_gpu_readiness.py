@@ -33,6 +33,7 @@ from pytest_robust.engine import collective
 from pytest_robust.engine.device import check_model_device, resolve_device
 from pytest_robust.engine.forward import Forward
 from pytest_robust.engine.host_syncs import count_host_syncs
+from pytest_robust.errors import RobustError
 from pytest_robust.launch import exit_code
 from pytest_robust.results import Result
 
@@ -317,6 +318,7 @@ def test_torchrun_sets_the_rank_s_gpu_before_the_group_starts(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: events.append(("set_device", d)))
     monkeypatch.setattr(dist, "is_initialized", lambda: bool(events and events[-1][0] == "init"))
     monkeypatch.setattr(dist, "init_process_group", lambda backend: events.append(("init", backend)))
@@ -326,6 +328,20 @@ def test_torchrun_sets_the_rank_s_gpu_before_the_group_starts(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     collective.join("cpu")
     assert events == [("init", "gloo")]
+
+
+def test_more_torchrun_ranks_than_gpus_is_an_error_that_names_both_fixes(monkeypatch):
+    """Two ranks on a one-GPU machine (seen on the first GPU run: CUDA's "invalid device ordinal"
+    as an INTERNALERROR): NCCL needs a GPU per rank, so the tool says so before the group starts."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("set_device on a GPU that does not exist"))
+    for device in ("cuda", "auto"):
+        with pytest.raises(RobustError, match=r"local rank 1 but this machine has 1 GPU.*--nproc-per-node.*"
+                                              r"--robust-device cpu"):
+            collective.join(device)
 
 
 def test_launch_exits_with_rank_zero_s_code():

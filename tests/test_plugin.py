@@ -63,6 +63,10 @@ def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+#: The device inner runs report: the default, auto, except where conftest's pytester pins them to the CPU.
+INNER_DEVICE = "cpu" if torch.cuda.is_available() else "auto"
+
+
 def properties(path) -> list[dict[str, str]]:
     """robust.* properties of every testcase in a JUnit file, one dict per testcase."""
     root = ET.parse(path).getroot()
@@ -134,7 +138,7 @@ def test_markers_and_help_document_everything(suite):
 def test_report_header_states_device_seed_confidence(suite):
     suite.makepyfile(PASSING)
     result = suite.runpytest("--robust-seed", "7", "--robust-confidence", "0.99")
-    result.stdout.fnmatch_lines(["robust: device=auto, seed=7, confidence=0.99*"])
+    result.stdout.fnmatch_lines([f"robust: device={INNER_DEVICE}, seed=7, confidence=0.99*"])
 
 
 @pytest.mark.parametrize(
@@ -194,7 +198,10 @@ def test_cuda_requested_without_cuda_is_a_usage_error(suite, device):
     result.stderr.fnmatch_lines(["*torch sees no CUDA device*use --robust-device cpu*"])
 
 
-def test_auto_device_runs_on_cpu_here(suite):
+def test_auto_device_runs_on_cuda_where_present_else_the_cpu(suite):
+    """The one inner run not pinned to the CPU: its model goes to ``robust_device``, as the docs ask."""
+    suite.makeconftest(CONFTEST.replace("def robust_model():\n    return Step(0.8)",
+                                        "def robust_model(robust_device):\n    return Step(0.8).to(robust_device)"))
     suite.makepyfile(PASSING)
     result = suite.runpytest("--robust-device", "auto", "--junitxml=out.xml")
     result.assert_outcomes(passed=1)
@@ -227,7 +234,7 @@ def test_ini_config_path_is_relative_to_the_ini_file(suite):
     suite.makepyfile(PASSING)
     result = suite.runpytest("--junitxml=out.xml")
     result.stdout.fnmatch_lines(
-        ["robust: device=auto, seed=0, confidence=0.9, batch_size=1024, budget=300 model evaluations*"])
+        [f"robust: device={INNER_DEVICE}, seed=0, confidence=0.9, batch_size=1024, budget=300 model evaluations*"])
 
 
 def test_yaml_errors_name_the_file_and_key(suite):

@@ -148,6 +148,30 @@ class _HostReads(TorchFunctionMode):
 
 
 @contextlib.contextmanager
+def _attributed_sync_warnings(count: SyncCount):
+    """Count CUDA's sync-debug warnings where they are raised, on the stack of the op that synced.
+
+    CPython hands every shown warning to ``warnings._showwarnmsg`` before any ``catch_warnings``
+    logs it, so wrapping that function sees the warning while the op is still on the stack (the
+    checks capture their warnings and re-issue them later, from elsewhere). A re-issued warning is
+    the same object, and counts once."""
+    shown, seen = warnings._showwarnmsg, {}  # id -> the warning, which keeps the id unique
+
+    def attributed(msg):
+        if "synchroniz" in str(msg.message) and id(msg.message) not in seen:
+            seen[id(msg.message)] = msg.message
+            count.syncs += 1
+            count.where[_caller()] += 1
+        shown(msg)
+
+    warnings._showwarnmsg = attributed
+    try:
+        yield
+    finally:
+        warnings._showwarnmsg = shown
+
+
+@contextlib.contextmanager
 def count_host_syncs(model: torch.nn.Module, device: str = "cpu"):
     """Count host synchronisations made outside ``model``'s forward passes inside the block.
 
@@ -174,17 +198,13 @@ def count_host_syncs(model: torch.nn.Module, device: str = "cpu"):
     hooks = [model.register_forward_pre_hook(pause), model.register_forward_hook(resume)]
     try:
         if cuda:
-            with warnings.catch_warnings(record=True) as caught:
+            with warnings.catch_warnings(record=True), _attributed_sync_warnings(count):
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
                     yield count
                 finally:
                     torch.cuda.set_sync_debug_mode(0)
-            for w in caught:
-                if "synchroniz" in str(w.message):
-                    count.syncs += 1
-                    count.where[f"{os.path.basename(w.filename)}:{w.lineno}"] += 1
         else:
             with mode:
                 yield count
