@@ -4,21 +4,27 @@ needs no gradient, so it still works where gradients are masked (zero, noisy or 
 
 The point evaluated is clamp(x + delta, lo, hi), clamped to the feasible box
 [max(x - eps, lo), min(x + eps, hi)] (which only shrinks delta, so the point stays in the ball).
-The search starts from vertical stripes (one random sign per channel and column). Each iteration
-draws, per row, one square window of side s (uniform position; one random sign per channel over
-the whole window) and keeps the proposal when it lowers the margin z_y - max_{j != y} z_j:
+Each iteration proposes a change inside square windows of side s (uniform positions, drawn per
+row) and keeps it when it lowers the margin z_y - max_{j != y} z_j (or misclassifies). The window
+covers a share p of the pixels; p starts at 0.8 and halves at the iterations 10, 50, 200, 500,
+1000, 2000, 4000, 6000 and 8000 of 10 000 (rescaled to the number of queries).
 
-- L-inf: every coordinate of delta is -eps or +eps; the proposal sets the window to its signs
-  times eps (Andriushchenko et al.'s L-inf update);
-- L2: ||delta||_2 = eps (the stripes scaled to it); the proposal sets the window to its signs
-  times a constant carrying the window's old energy plus a share p of eps^2 (p its share of the
-  pixels), then rescales the whole delta back to length eps, which moves energy from the rest of
-  the image into the window. This is a simpler move than Andriushchenko et al.'s L2 update (which
-  moves energy between two windows with a centred bump profile): the same random search over the
-  sphere with square-shaped proposals. The window covers a share p of
-the pixels, s = round(sqrt(p H W)) in [1, min(H, W) - 1]; p starts at 0.8 and halves at the
-iterations 10, 50, 200, 500, 1000, 2000, 4000, 6000 and 8000 of 10 000 (rescaled to the number of
-queries). A row counts as broken when any point it evaluated was misclassified (ties included).
+- L-inf (Andriushchenko et al., Algorithm 2): the search starts from vertical stripes (one random
+  sign per channel and column); every coordinate of delta is -eps or +eps, and a proposal sets
+  one window to one random sign per channel times eps. s = round(sqrt(p H W)) in [1, min(H, W) - 1].
+- L2 (their Algorithm 3): the search starts from a grid of tiles of side max(min(H, W) // 5, 1),
+  each holding the bump profile ``eta`` times one random sign per channel, scaled to length eps.
+  ``eta`` over an a x b window is two halves of opposite sign (split across the longer side, the
+  split turned for a random half of the rows), each the nested-squares profile
+  sum_{k >= r} 1 / (k + 1)^2 of the Chebyshev distance r to its centre, each half of the same
+  energy. The state is the delta actually applied, D = point - x (what the box clamp left). A
+  proposal draws two windows W1 and W2 of side s (odd, at least 3 where the input allows), sets
+  each channel of W1 to a fresh signed ``eta`` plus W1's old content at unit length, rescaled to
+  energy sqrt(max(eps^2 - ||D||^2, 0) / C + ||D on W1 and W2||^2), empties W2, and rescales the
+  whole delta to length eps: energy moves from W2, and from the room the clamp freed, into W1.
+  s = round(sqrt(p H W)), made odd, in [min(3, H, W), min(H, W)].
+
+A row counts as broken when any point it evaluated was misclassified (ties included).
 
 Inputs of shape (n, C, H, W) are images; (n, D) are taken as (n, 1, 1, D), (n, C, L) as
 (n, C, 1, L) and longer shapes as (n, C, 1, rest): a window is then an interval of the last axis.
@@ -32,6 +38,7 @@ iteration, so a row's search does not depend on which other rows are still searc
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -64,6 +71,77 @@ def window_sides(p: float, height: int, width: int) -> tuple[int, int]:
     return (1, length) if height == 1 else (length, 1)
 
 
+def l2_window_sides(p: float, height: int, width: int) -> tuple[int, int]:
+    """(rows, columns) of an L2 window: side round(sqrt(p H W)), odd, at least 3 where the input
+    allows and at most the input's size; an interval of the last axis for (n, C, 1, L) inputs."""
+    if height > 1 and width > 1:
+        side = min(max(round(math.sqrt(p * height * width)), 3), height, width)
+        side -= 1 - side % 2 if side > 1 and side % 2 == 0 else 0
+        return side, side
+    length = min(max(round(p * height * width), 3), height * width)
+    return (1, length) if height == 1 else (length, 1)
+
+
+def _nested_squares(a: int, b: int, device) -> torch.Tensor:
+    """The a x b profile sum_{k >= r} 1/(k+1)^2, r the Chebyshev distance to (a // 2, b // 2),
+    at unit length (an empty tensor for a or b of 0)."""
+    if a == 0 or b == 0:
+        return torch.zeros(a, b, device=device)
+    rows = (torch.arange(a, device=device) - a // 2).abs()[:, None]
+    cols = (torch.arange(b, device=device) - b // 2).abs()[None, :]
+    r = torch.maximum(rows, cols)
+    top = max(a // 2 + 1, b // 2 + 1)
+    tail = torch.cumsum(1.0 / torch.arange(top, 0, -1, device=device, dtype=torch.float64) ** 2, 0).flip(0)
+    profile = tail[r]
+    return profile / profile.norm()
+
+
+@functools.lru_cache(maxsize=64)
+def eta(a: int, b: int, device) -> torch.Tensor:
+    """The L2 proposal profile over an a x b window (module docstring), float64, unit length:
+    two halves across the longer side, the first positive and the second negative."""
+    if a < b:
+        return eta(b, a, device).T
+    first, second = _nested_squares(a // 2, b, device), _nested_squares(a - a // 2, b, device)
+    out = torch.cat([first, -second])
+    return out / out.norm()
+
+
+def _placed(profile: torch.Tensor, u: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Per row a (1, H, W) image holding ``profile`` (a x b) at the window whose corner is drawn
+    from u[:, 0:2], zero elsewhere; with u[:, 2] >= 0.5 and a square profile, its transpose."""
+    (_, _, height, width), (a, b) = shape, profile.shape
+    top = (u[:, 0] * (height - a + 1)).floor().long()[:, None, None]
+    left = (u[:, 1] * (width - b + 1)).floor().long()[:, None, None]
+    i = torch.arange(height, device=u.device)[None, :, None] - top
+    j = torch.arange(width, device=u.device)[None, None, :] - left
+    inside = (i >= 0) & (i < a) & (j >= 0) & (j < b)
+    i, j = i.clamp(0, a - 1), j.clamp(0, b - 1)
+    values = profile[i, j]
+    if a == b:
+        values = torch.where((u[:, 2] >= 0.5)[:, None, None], profile.T[i, j], values)
+    return torch.where(inside, values, 0.0)[:, None]
+
+
+def _l2_start(x: torch.Tensor, eps: float, streams: RowStreams, rows: torch.Tensor) -> torch.Tensor:
+    """The L2 search's first delta for the (n, C, H, W) rows x (module docstring): tiles of side
+    max(min(H, W) // 5, 1) from a centred offset, each ``eta`` times a random sign per channel."""
+    n, c, height, width = x.shape
+    side = max(min(height, width) // 5, 1) if height > 1 else max(width // 5, 1)
+    a, b = (side, side) if height > 1 else (1, side)
+    tiles_h, tiles_w = height // a, width // b
+    top, left = (height - a * tiles_h) // 2, (width - b * tiles_w) // 2
+    u = streams.rand(c * tiles_h * tiles_w + 1)[rows]
+    signs = torch.where(u[:, :-1] < 0.5, -1.0, 1.0).reshape(n, c, tiles_h, tiles_w)
+    profile = eta(a, b, x.device)
+    turned = (u[:, -1] >= 0.5)[:, None, None, None] & (a == b)
+    tile = torch.where(turned, profile.T.to(x.dtype), profile.to(x.dtype))  # (n, 1, a, b)
+    grid = (signs[:, :, :, None, :, None] * tile[:, :, None, :, None, :]).reshape(n, c, a * tiles_h, b * tiles_w)
+    delta = torch.zeros_like(x)
+    delta[:, :, top : top + a * tiles_h, left : left + b * tiles_w] = grid
+    return delta * (eps / delta.flatten(1).norm(dim=1).clamp(min=1e-30))[:, None, None, None]
+
+
 def as_image(x: torch.Tensor) -> torch.Tensor:
     """x viewed as (n, C, H, W) (module docstring)."""
     if x.ndim == 2:
@@ -89,11 +167,14 @@ class _Search:
         self.forward, self.streams, self.ball, self.live, self.shape = forward, streams, ball, rows, x.shape[1:]
         self.x, self.y, self.lo, self.hi = as_image(x[rows]), y[rows], as_image(lo[rows]), as_image(hi[rows])
         _, c, _, w = self.x.shape
-        signs = torch.where(streams.rand(c, w)[rows] < 0.5, -1.0, 1.0).to(self.x.dtype)
-        stripes = signs[:, :, None, :].expand_as(self.x)
-        scale = ball.eps if ball.name == "linf" else ball.eps / stripes[0].numel() ** 0.5
-        self.delta = stripes * scale
+        if ball.name == "linf":
+            signs = torch.where(streams.rand(c, w)[rows] < 0.5, -1.0, 1.0).to(self.x.dtype)
+            self.delta = signs[:, :, None, :].expand_as(self.x) * ball.eps
+        else:
+            self.delta = _l2_start(self.x, ball.eps, streams, rows)
         self.margin, self.fooled, self.found = self._evaluate(self.delta)
+        if ball.name != "linf":
+            self.delta = self.found - self.x  # the delta the clamp applied
 
     def _evaluate(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(margin, misclassified, point) at the point clamp(x + delta, lo, hi): one evaluation per row."""
@@ -101,28 +182,45 @@ class _Search:
         logits = self.forward.logits(point.reshape(len(point), *self.shape))
         return margin(logits, self.y), ~correct_predictions(logits, self.y), point
 
-    def _proposal(self, mask: torch.Tensor, signs: torch.Tensor, share: float) -> torch.Tensor:
-        """delta with the window ``mask`` redrawn with per-channel ``signs`` (+-1) (module docstring)."""
-        if self.ball.name == "linf":
-            return torch.where(mask, signs * self.ball.eps, self.delta)
-        eps2, cells = self.ball.eps ** 2, mask.expand_as(self.delta).flatten(1).sum(dim=1)
-        energy = (torch.where(mask, self.delta, 0.0) ** 2).flatten(1).sum(dim=1) + share * eps2
-        level = (energy / cells.clamp(min=1)).sqrt()[:, None, None, None]
-        proposal = torch.where(mask, signs * level, self.delta)
+    def _linf_proposal(self, i: int, queries: int) -> torch.Tensor:
+        """delta with one window set to one random sign per channel times eps."""
+        _, c, h, w = self.x.shape
+        u = self.streams.rand(2 + c)[self.live]
+        mask = _window(u, window_sides(window_share(i, queries), h, w), self.x.shape)
+        signs = torch.where(u[:, 2:] < 0.5, -1.0, 1.0).to(self.x.dtype)[:, :, None, None]
+        return torch.where(mask, signs * self.ball.eps, self.delta)
+
+    def _l2_proposal(self, i: int, queries: int) -> torch.Tensor:
+        """The applied delta with energy moved from a window W2 (and the room the clamp freed)
+        into a window W1 that gets a fresh signed ``eta`` (module docstring), at length eps."""
+        n, c, h, w = self.x.shape
+        u = self.streams.rand(5 + c)[self.live]
+        sides = l2_window_sides(window_share(i, queries), h, w)
+        profile = eta(*sides, self.x.device).to(self.x.dtype)
+        first = _placed(profile, u[:, 0:3], self.x.shape)  # (n, 1, H, W), zero outside W1
+        w1 = _window(u[:, 0:2], sides, self.x.shape)
+        w2 = _window(u[:, 3:5], sides, self.x.shape)
+        d, eps2 = self.delta, self.ball.eps ** 2
+        spare = (eps2 - d.flatten(1).pow(2).sum(dim=1)).clamp(min=0)
+        windows = torch.where(w1 | w2, d, 0.0).flatten(1).pow(2).sum(dim=1)
+        old = torch.where(w1, d, 0.0)
+        old_length = old.flatten(2).norm(dim=2)[:, :, None, None]  # per channel
+        signs = torch.where(u[:, 5:] < 0.5, -1.0, 1.0).to(self.x.dtype)[:, :, None, None]
+        fresh = first * signs + old / (old_length + 1e-12)
+        fresh_length = fresh.flatten(2).norm(dim=2)[:, :, None, None]
+        energy = (spare / c + windows).sqrt()[:, None, None, None]
+        proposal = torch.where(w1, fresh / (fresh_length + 1e-12) * energy, torch.where(w2, 0.0, d))
         length = proposal.flatten(1).norm(dim=1).clamp(min=1e-30)[:, None, None, None]
         return proposal * (self.ball.eps / length)
 
     def iterate(self, i: int, queries: int) -> None:
-        """One window proposal per row, kept where it lowers the margin."""
-        _, c, h, w = self.x.shape
-        u = self.streams.rand(2 + c)[self.live]
-        sides = window_sides(window_share(i, queries), h, w)
-        mask = _window(u, sides, self.x.shape)
-        signs = torch.where(u[:, 2:] < 0.5, -1.0, 1.0).to(self.x.dtype)[:, :, None, None]
-        proposal = self._proposal(mask, signs, sides[0] * sides[1] / (h * w))
+        """One proposal per row, kept where it lowers the margin (L2: the delta the clamp applied)."""
+        linf = self.ball.name == "linf"
+        proposal = self._linf_proposal(i, queries) if linf else self._l2_proposal(i, queries)
         value, wrong, point = self._evaluate(proposal)
-        better = value < self.margin
-        self.delta = torch.where(better[:, None, None, None], proposal, self.delta)
+        better = value < self.margin if linf else (value < self.margin) | wrong
+        kept = proposal if linf else point - self.x
+        self.delta = torch.where(better[:, None, None, None], kept, self.delta)
         self.margin = torch.where(better, value, self.margin)
         self.found = torch.where((wrong & ~self.fooled)[:, None, None, None], point, self.found)
         self.fooled = self.fooled | wrong
