@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 from test_adversarial import QUICK, Separated, exact_robust, linear_problem
+from toy_models import SmallNet, image_data
 
 from pytest_robust import adversarial_accuracy
 from pytest_robust.attacks.apgd import EARLY
 from pytest_robust.attacks.norms import L2Ball
+from pytest_robust.checks.adversarial import check as adversarial_check
 from pytest_robust.checks.adversarial.check import CHUNK
 from pytest_robust.errors import SettingError
 from pytest_robust.stats.betting import SequentialGate
@@ -114,6 +116,25 @@ def test_a_threshold_far_from_the_truth_decides_after_a_third_of_the_inputs_or_f
     assert len(estimate.details["per_input"]["index"]) == 600 and estimate.estimate == pytest.approx(0.9)
     near = adversarial_accuracy(Separated(), (x, y), threshold=0.9, **FAST)
     assert near.verdict == "inconclusive" and near.details["early_decision"]["attacked"] == 600
+
+
+def test_an_input_s_outcome_depends_on_its_place_in_the_order_alone(monkeypatch):
+    """A gated run attacks the first inputs of the estimate-only run's order with the same outcomes
+    and stages, and the estimate-only run's chunking changes no number (the streams are numbered by
+    the blocks' places in the order, not by chunk)."""
+    x, y = image_data(n=96)
+    settings = dict(eps=0.05, steps=3, targets=1, square_queries=10, seed=4)
+    full = adversarial_accuracy(SmallNet().eval(), (x, y), **settings)
+    gated = adversarial_accuracy(SmallNet().eval(), (x, y), threshold=0.6, **settings)  # the truth is 0.05
+    assert gated.details["early_decision"]["attacked"] < 96
+    whole = dict(zip(full.details["per_input"]["index"], zip(full.details["per_input"]["outcome"],
+                                                              full.details["per_input"]["stage"])))
+    for i, outcome, stage in zip(*(gated.details["per_input"][k] for k in ("index", "outcome", "stage"))):
+        assert whole[i] == (outcome, stage)
+    monkeypatch.setattr(adversarial_check, "ESTIMATE_CHUNK", 24)
+    again = adversarial_accuracy(SmallNet().eval(), (x, y), **settings)
+    assert again.details["per_input"] == full.details["per_input"] and again.estimate == full.estimate
+    assert again.forward_passes == full.forward_passes
 
 
 def test_the_early_decision_keeps_its_false_pass_rate_at_the_threshold():

@@ -28,7 +28,7 @@ CHECKS = {
     "adversarial_accuracy": lambda m, d: pr.adversarial_accuracy(
         m, d, threshold=0.1, eps=0.05, steps=4, targets=1, square_queries=5, budget=1_000_000),
 }
-#: Inputs per check: the adversarial check stops between chunks of 32 inputs, so it gets several.
+#: Inputs per check: the gated adversarial check stops between chunks of 16 inputs, so it gets several.
 INPUTS = {"adversarial_accuracy": 192}
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest_robust.errors.RobustWarning")

@@ -34,14 +34,15 @@ BlockAttack = Callable[[torch.Tensor, torch.Tensor, RowStreams], dict]
 
 
 def _group(run, x: torch.Tensor, y: torch.Tensor, block: int, stream: str, attack: BlockAttack,
-           blocks: list[int]) -> list[dict]:
-    """Attack the rows of ``blocks`` together; one dict of host arrays per block."""
+           blocks: list[int], first_block: int) -> list[dict]:
+    """Attack the rows of ``blocks`` together; one dict of host arrays per block. Block b draws
+    from stream number first_block + b."""
     spans = [(b * block, min(len(y), (b + 1) * block)) for b in blocks]
     index = torch.cat([torch.arange(a, z) for a, z in spans])
     xs, ys = x[index.to(x.device)].to(run.device), y[index.to(y.device)].to(run.device)
     sizes = [z - a for a, z in spans]
-    streams = RowStreams([stream_generator(run.seed, stream, b, device=run.device) for b in blocks], sizes,
-                         run.device, xs.dtype)
+    generators = [stream_generator(run.seed, stream, first_block + b, device=run.device) for b in blocks]
+    streams = RowStreams(generators, sizes, run.device, xs.dtype)
     found = attack(xs, ys, streams)
     names = sorted(found)
     host = torch.stack([found[k].to(torch.float64) for k in names], dim=1).cpu().numpy()  # one host read
@@ -58,13 +59,16 @@ def _as_numpy(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 
 
 def over_blocks(run, x: torch.Tensor, y: torch.Tensor, block: int, stream: str, attack: BlockAttack,
-                guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> dict:
+                guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                first_block: int = 0) -> dict:
     """Per-row results of ``attack`` on every row of (x, y), as host arrays in row order: {name:
     array of shape (len(y),)}, the same on every rank (module docstring).
 
     ``run`` is the check's ``Run`` (device, seed, batch size, ranks); ``stream`` names the random
     streams; ``guard()`` is entered around each group of blocks (the q check validates a custom
-    loss there, once per group rather than per model call).
+    loss there, once per group rather than per model call). ``first_block`` numbers the blocks'
+    streams from there: a caller that feeds a long sequence of inputs in parts gives each input the
+    stream it would get in one call, so the parts' sizes change no number.
     """
     n_blocks = -(-len(y) // block)
     mine = run.shard(n_blocks).tolist()
@@ -72,7 +76,7 @@ def over_blocks(run, x: torch.Tensor, y: torch.Tensor, block: int, stream: str, 
     local = []
     for i in range(0, len(mine), per_group):
         with guard():
-            local += _group(run, x, y, block, stream, attack, mine[i : i + per_group])
+            local += _group(run, x, y, block, stream, attack, mine[i : i + per_group], first_block)
     parts = run.gather(local, n_blocks)
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 

@@ -17,8 +17,10 @@ strong as the attack. On a linear model the attack is exact (in L-inf; in L2 wit
 targeted stage starts at the worst point of the ball for the most dangerous class.
 
 Which inputs, and when it stops. The inputs are attacked in a seeded random order (the run's seed),
-in chunks of ``CHUNK`` inputs; ``inputs=`` attacks only the first that many of that order (a seeded
-random subset). Inputs drawn i.i.d. from the data distribution, taken in an order that does not
+in chunks of ``CHUNK`` inputs with a threshold (``ESTIMATE_CHUNK`` without one); ``inputs=`` attacks
+only the first that many of that order (a seeded random subset). An input's random numbers depend
+on its place in that order alone, so a gated run attacks the first inputs of the estimate-only run
+with the same outcomes. Inputs drawn i.i.d. from the data distribution, taken in an order that does not
 depend on their outcomes, are still i.i.d., so the outcomes form a Bernoulli stream whose mean is
 the attack's robust accuracy on the distribution (the random order protects against data sets
 sorted by class). Without a threshold every chosen input is attacked and the figure is bounded by
@@ -40,7 +42,8 @@ Budget: the attack of an input costs at most ``Schedule.worst_case(classes)`` mo
 with the number of classes read from one probe of the model (one evaluation); the budget must
 cover that for every chosen input, or the check refuses up front and names what to lower
 (``inputs=`` among them). Inputs broken early cost much less. Each chunk is attacked in blocks of
-``BLOCK`` with their own random streams, split over torch.distributed ranks
+``BLOCK`` with their own random streams (numbered by their place in the order), split over
+torch.distributed ranks
 (``procedures.per_input.over_blocks``), so no number depends on the batch size or the number of ranks.
 
 Gallery: for image inputs the report shows, beside each of the worst inputs, the misclassified
@@ -80,12 +83,16 @@ from pytest_robust.report import per_input
 from pytest_robust.results import Result
 from pytest_robust.stats.betting import SequentialGate
 
-#: Inputs whose random numbers come from one stream (results do not depend on the batch size or on
-#: the ranks); a rank attacks as many of its blocks together as fill a batch.
-BLOCK = 16
-#: Inputs attacked between two looks of the gate (a multiple of BLOCK; fixed, so that results do
-#: not depend on the batch size).
-CHUNK = 32
+#: Inputs whose random numbers come from one stream, numbered by the block's place in the attack
+#: order (results do not depend on the batch size, the ranks or the chunks); a rank attacks as many
+#: of its blocks together as fill a batch.
+BLOCK = 8
+#: Inputs attacked between two looks of the gate (a multiple of BLOCK: two blocks, one per rank of
+#: two; fixed, so that when the gate decides does not depend on the batch size or the ranks).
+CHUNK = 16
+#: Inputs attacked together without a threshold (nothing looks in between but the time limit): full
+#: batches for the device and every rank; the outcomes are those of any other chunking.
+ESTIMATE_CHUNK = 128
 #: Gradient masking is reported when a sign of it concerns at least this share of the inputs (half
 #: a point, the strength bar) and at least MASKING_MIN inputs (one stray input is not a pattern).
 MASKING_SHARE, MASKING_MIN = 0.005, 3
@@ -218,9 +225,9 @@ def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: Sequ
     (module docstring) or the time limit passes (``time_limit``: the inputs attacked so far are a
     seeded random subset, so their bounds hold; ``engine.clock``); per-row host arrays in attack
     order, with ``index`` the input positions."""
-    parts = []
-    for c, start in enumerate(range(0, len(order), CHUNK)):
-        index = order[start : start + CHUNK]
+    parts, chunk = [], CHUNK if gate is not None else ESTIMATE_CHUNK
+    for start in range(0, len(order), chunk):
+        index = order[start : start + chunk]
         labelled = torch.stack([run.ds.y[index.to(run.ds.y.device)], index.to(run.ds.y.device)], dim=1)
 
         def block(x, y_index, streams):
@@ -231,7 +238,8 @@ def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: Sequ
                 found_points.keep(where, out["outcome"] == BROKEN, example)
             return out
 
-        part = over_blocks(run, run.ds.x[index.to(run.ds.x.device)], labelled, BLOCK, f"adversarial-{c}", block)
+        part = over_blocks(run, run.ds.x[index.to(run.ds.x.device)], labelled, BLOCK, "adversarial", block,
+                           first_block=start // BLOCK)
         part["index"] = index.numpy()
         parts.append(part)
         if gate is not None and gate.update((part["outcome"] == ROBUST).astype(np.float64)) is not None:
