@@ -142,15 +142,17 @@ def test_out_of_memory_halves_the_batch_in_every_model_calling_path(name):
     rounding: a matrix product over fewer rows may round differently)."""
     x, y = image_data(n=40)
     inner = SmallNet().eval()
+    limit = 8 if name == "adversarial_accuracy" else 16  # a gated adversarial check attacks 16 inputs at a time
     plain = CHECKS[name](RecordingModel(inner), (x, y), batch_size=64)
-    failing = RecordingModel(inner, oom_above=16)
+    failing = RecordingModel(inner, oom_above=limit)
     backed_off = CHECKS[name](failing, (x, y), batch_size=64)
-    assert failing.oom_raised > 0 and max(failing.batch_sizes) <= 16
+    assert failing.oom_raised > 0 and max(failing.batch_sizes) <= limit
     a, b = numbers(plain), numbers(backed_off)
     for key in a:
         assert a[key] == pytest.approx(b[key], rel=1e-6) if isinstance(a[key], float) else a[key] == b[key], key
     if isinstance(backed_off, Result):
-        assert backed_off.details["oom_halvings"] == 2 and backed_off.details["batch_size"] == 16
+        halvings = {16: 2, 8: 3}[limit]
+        assert backed_off.details["oom_halvings"] == halvings and backed_off.details["batch_size"] == limit
 
 
 # -- dtype follows the model -----------------------------------------------------------------------
@@ -240,7 +242,10 @@ def test_every_check_shards_over_two_ranks_with_single_process_numbers(tmp_path)
         per_rank = ranks[0][name]["per_rank"]
         if per_rank is not None:
             assert sum(per_rank) <= single[name].budget, name
-            assert min(per_rank) >= 0.3 * sum(per_rank), (name, per_rank)  # each rank did about half
+            if name == "adversarial_accuracy":  # an input's cost is how long it resists: each rank attacked its blocks
+                assert min(per_rank) > 0, (name, per_rank)
+            else:
+                assert min(per_rank) >= 0.3 * sum(per_rank), (name, per_rank)  # each rank did about half
 
 
 # -- metrics from a conftest.py, through the registry hook -------------------------------------------
