@@ -17,19 +17,17 @@ from pytest_robust.engine.forward import Forward
 from pytest_robust.engine.streams import RowStreams
 from pytest_robust.errors import RobustWarning
 
-CPU = torch.device("cpu")
-
 
 def test_eta_is_two_opposite_halves_of_nested_squares_of_equal_energy():
     """Over 3 x 3 the first half (one row) is 1/1 + 1/4 at its centre and 1/4 beside it; the second
     (two rows, centre at its second row) likewise: the profile sum_{k >= r} 1/(k+1)^2."""
-    e = eta(3, 3, CPU)
+    e = eta(3, 3)
     assert torch.allclose(e[0] / e[0, 1], torch.tensor([0.2, 1, 0.2], dtype=e.dtype))
     assert torch.allclose(e[1:] / e[2, 1], torch.tensor([[0.2, 0.2, 0.2], [0.2, 1, 0.2]], dtype=e.dtype))
     assert (e[0] > 0).all() and (e[1:] < 0).all()
     assert abs(e.norm().item() - 1) < 1e-12 and abs(e[0].norm().item() - e[1:].norm().item()) < 1e-12
-    assert torch.equal(eta(2, 5, CPU), eta(5, 2, CPU).T)
-    five = eta(5, 5, CPU)[2:]  # the second half: 3 x 5 around (1, 2), Chebyshev rings 0, 1, 2
+    assert torch.equal(eta(2, 5), eta(5, 2).T)
+    five = eta(5, 5)[2:]  # the second half: 3 x 5 around (1, 2), Chebyshev rings 0, 1, 2
     ring = torch.tensor([[2, 1, 1, 1, 2], [2, 1, 0, 1, 2], [2, 1, 1, 1, 2]])
     tail = {r: sum(1 / (k + 1) ** 2 for k in range(r, 3)) for r in range(3)}
     expected = torch.tensor([[tail[int(r)] for r in row] for row in ring], dtype=five.dtype)

@@ -82,34 +82,40 @@ def l2_window_sides(p: float, height: int, width: int) -> tuple[int, int]:
     return (1, length) if height == 1 else (length, 1)
 
 
-def _nested_squares(a: int, b: int, device) -> torch.Tensor:
+def _nested_squares(a: int, b: int) -> torch.Tensor:
     """The a x b profile sum_{k >= r} 1/(k+1)^2, r the Chebyshev distance to (a // 2, b // 2),
     at unit length (an empty tensor for a or b of 0)."""
     if a == 0 or b == 0:
-        return torch.zeros(a, b, device=device)
-    rows = (torch.arange(a, device=device) - a // 2).abs()[:, None]
-    cols = (torch.arange(b, device=device) - b // 2).abs()[None, :]
+        return torch.zeros(a, b, dtype=torch.float64)
+    rows = (torch.arange(a) - a // 2).abs()[:, None]
+    cols = (torch.arange(b) - b // 2).abs()[None, :]
     r = torch.maximum(rows, cols)
     top = max(a // 2 + 1, b // 2 + 1)
-    tail = torch.cumsum(1.0 / torch.arange(top, 0, -1, device=device, dtype=torch.float64) ** 2, 0).flip(0)
+    tail = torch.cumsum(1.0 / torch.arange(top, 0, -1, dtype=torch.float64) ** 2, 0).flip(0)
     profile = tail[r]
     return profile / profile.norm()
 
 
-@functools.lru_cache(maxsize=64)
-def eta(a: int, b: int, device) -> torch.Tensor:
-    """The L2 proposal profile over an a x b window (module docstring), float64, unit length:
-    two halves across the longer side, the first positive and the second negative."""
+def eta(a: int, b: int) -> torch.Tensor:
+    """The L2 proposal profile over an a x b window (module docstring), float64 on the CPU, unit
+    length: two halves across the longer side, the first positive and the second negative."""
     if a < b:
-        return eta(b, a, device).T
-    first, second = _nested_squares(a // 2, b, device), _nested_squares(a - a // 2, b, device)
-    out = torch.cat([first, -second])
+        return eta(b, a).T
+    out = torch.cat([_nested_squares(a // 2, b), -_nested_squares(a - a // 2, b)])
     return out / out.norm()
 
 
-def _placed(profile: torch.Tensor, u: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+@functools.lru_cache(maxsize=64)
+def _profile(a: int, b: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``eta(a, b)`` on ``device`` in ``dtype``, uploaded once per window size (the search's few
+    sizes), not at every iteration."""
+    return eta(a, b).to(device, dtype)
+
+
+def _placed(profile: torch.Tensor, u: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row a (1, H, W) image holding ``profile`` (a x b) at the window whose corner is drawn
-    from u[:, 0:2], zero elsewhere; with u[:, 2] >= 0.5 and a square profile, its transpose."""
+    from u[:, 0:2], zero elsewhere (with u[:, 2] >= 0.5 and a square profile, its transpose), and
+    the window's (1, H, W) mask."""
     (_, _, height, width), (a, b) = shape, profile.shape
     top = (u[:, 0] * (height - a + 1)).floor().long()[:, None, None]
     left = (u[:, 1] * (width - b + 1)).floor().long()[:, None, None]
@@ -120,7 +126,7 @@ def _placed(profile: torch.Tensor, u: torch.Tensor, shape: torch.Size) -> torch.
     values = profile[i, j]
     if a == b:
         values = torch.where((u[:, 2] >= 0.5)[:, None, None], profile.T[i, j], values)
-    return torch.where(inside, values, 0.0)[:, None]
+    return torch.where(inside, values, 0.0)[:, None], inside[:, None]
 
 
 def _l2_start(x: torch.Tensor, eps: float, streams: RowStreams, rows: torch.Tensor) -> torch.Tensor:
@@ -133,9 +139,9 @@ def _l2_start(x: torch.Tensor, eps: float, streams: RowStreams, rows: torch.Tens
     top, left = (height - a * tiles_h) // 2, (width - b * tiles_w) // 2
     u = streams.rand(c * tiles_h * tiles_w + 1)[rows]
     signs = torch.where(u[:, :-1] < 0.5, -1.0, 1.0).reshape(n, c, tiles_h, tiles_w)
-    profile = eta(a, b, x.device)
+    profile = _profile(a, b, x.device, x.dtype)
     turned = (u[:, -1] >= 0.5)[:, None, None, None] & (a == b)
-    tile = torch.where(turned, profile.T.to(x.dtype), profile.to(x.dtype))  # (n, 1, a, b)
+    tile = torch.where(turned, profile.T, profile)  # (n, 1, a, b)
     grid = (signs[:, :, :, None, :, None] * tile[:, :, None, :, None, :]).reshape(n, c, a * tiles_h, b * tiles_w)
     delta = torch.zeros_like(x)
     delta[:, :, top : top + a * tiles_h, left : left + b * tiles_w] = grid
@@ -196,9 +202,7 @@ class _Search:
         n, c, h, w = self.x.shape
         u = self.streams.rand(5 + c)[self.live]
         sides = l2_window_sides(window_share(i, queries), h, w)
-        profile = eta(*sides, self.x.device).to(self.x.dtype)
-        first = _placed(profile, u[:, 0:3], self.x.shape)  # (n, 1, H, W), zero outside W1
-        w1 = _window(u[:, 0:2], sides, self.x.shape)
+        first, w1 = _placed(_profile(*sides, self.x.device, self.x.dtype), u[:, 0:3], self.x.shape)
         w2 = _window(u[:, 3:5], sides, self.x.shape)
         d, eps2 = self.delta, self.ball.eps ** 2
         spare = (eps2 - d.flatten(1).pow(2).sum(dim=1)).clamp(min=0)
