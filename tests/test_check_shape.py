@@ -55,6 +55,8 @@ CHECKS = {
                                    fit_draws=2, draws_per_input=4, pgd=True, pgd_steps=3, budget=30_000, **k),
     "adversarial_accuracy": lambda m, d, **k: adversarial_accuracy(m, d, threshold=0.3, eps=0.1, steps=4, restarts=2,
                                                                    targets=1, square_queries=20, **k),
+    "adversarial_accuracy_l2": lambda m, d, **k: adversarial_accuracy(m, d, threshold=0.3, eps=0.5, norm="l2", steps=4,
+                                                                      targets=1, square_queries=20, **k),
     "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
         m, d, threshold=0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5],
         budget=3000, **k),
@@ -142,7 +144,7 @@ def test_out_of_memory_halves_the_batch_in_every_model_calling_path(name):
     rounding: a matrix product over fewer rows may round differently)."""
     x, y = image_data(n=40)
     inner = SmallNet().eval()
-    limit = 8 if name == "adversarial_accuracy" else 16  # a gated adversarial check attacks 16 inputs at a time
+    limit = 8 if name.startswith("adversarial") else 16  # a gated adversarial check attacks 16 inputs at a time
     plain = CHECKS[name](RecordingModel(inner), (x, y), batch_size=64)
     failing = RecordingModel(inner, oom_above=limit)
     backed_off = CHECKS[name](failing, (x, y), batch_size=64)
@@ -201,8 +203,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-SHARDED = ("q_hmc", "certified_accuracy", "certify", "pa_report", "adversarial_accuracy", "nppr", "tsrm",
-           "corruption_accuracy")
+SHARDED = ("q_hmc", "certified_accuracy", "certify", "pa_report", "adversarial_accuracy", "adversarial_accuracy_l2",
+           "nppr", "tsrm", "corruption_accuracy")
 
 
 def _sharded_rank(rank: int, world: int, port: int, out: str) -> None:
@@ -242,7 +244,7 @@ def test_every_check_shards_over_two_ranks_with_single_process_numbers(tmp_path)
         per_rank = ranks[0][name]["per_rank"]
         if per_rank is not None:
             assert sum(per_rank) <= single[name].budget, name
-            if name == "adversarial_accuracy":  # an input's cost is how long it resists: each rank attacked its blocks
+            if name.startswith("adversarial"):  # an input's cost is how long it resists: each rank attacked its blocks
                 assert min(per_rank) > 0, (name, per_rank)
             else:
                 assert min(per_rank) >= 0.3 * sum(per_rank), (name, per_rank)  # each rank did about half
