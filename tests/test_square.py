@@ -63,8 +63,12 @@ def _search(model, x, eps, queries, seed=0):
     return square(Forward(model, batch_size=64), x, y, lo, hi, torch.arange(len(x)), L2Ball(eps), queries, streams)
 
 
-def test_every_l2_point_lies_in_the_ball_and_the_box():
-    x = torch.rand(6, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("shape", [(6, 3, 8, 8), (6, 30), (6, 2, 17), (6, 1, 5, 9)],
+                         ids=["images", "tabular", "sequences", "non-square"])
+def test_every_l2_point_lies_in_the_ball_and_the_box(shape):
+    """Images, tabular rows (windows are intervals, seen broken by a new user's 30-feature data),
+    sequences and non-square images."""
+    x = torch.rand(*shape, generator=torch.Generator().manual_seed(1))
     model = _Recording()
     broken, _ = _search(model, x, 0.7, 60)
     assert not broken.any()

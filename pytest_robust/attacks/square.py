@@ -140,8 +140,9 @@ def _l2_start(x: torch.Tensor, eps: float, streams: RowStreams, rows: torch.Tens
     u = streams.rand(c * tiles_h * tiles_w + 1)[rows]
     signs = torch.where(u[:, :-1] < 0.5, -1.0, 1.0).reshape(n, c, tiles_h, tiles_w)
     profile = _profile(a, b, x.device, x.dtype)
-    turned = (u[:, -1] >= 0.5)[:, None, None, None] & (a == b)
-    tile = torch.where(turned, profile.T, profile)  # (n, 1, a, b)
+    tile = profile.expand(n, 1, a, b)
+    if a == b:  # a square tile is turned for a random half of the rows
+        tile = torch.where((u[:, -1] >= 0.5)[:, None, None, None], profile.T, profile)
     grid = (signs[:, :, :, None, :, None] * tile[:, :, None, :, None, :]).reshape(n, c, a * tiles_h, b * tiles_w)
     delta = torch.zeros_like(x)
     delta[:, :, top : top + a * tiles_h, left : left + b * tiles_w] = grid
