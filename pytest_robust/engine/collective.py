@@ -76,13 +76,12 @@ def join(device: str) -> None:
         return
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if cuda:  # also when the user started the group: this rank's GPU is LOCAL_RANK
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if local_rank >= torch.cuda.device_count():
+        local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local_rank >= gpus:
             raise RobustError(
-                f"torchrun started local rank {local_rank} but this machine has {torch.cuda.device_count()} "
-                f"GPU(s), and each rank needs its own (NCCL refuses two ranks on one GPU): start at most "
-                f"{torch.cuda.device_count()} rank(s) per machine (torchrun --nproc-per-node), or shard on the "
-                "CPU with --robust-device cpu")
+                f"torchrun started local rank {local_rank} but this machine has {gpus} GPU(s), and each rank "
+                f"needs its own (NCCL refuses two ranks on one GPU): start at most {gpus} rank(s) per machine "
+                "(torchrun --nproc-per-node), or shard on the CPU with --robust-device cpu")
         torch.cuda.set_device(local_rank)
     if not initialised():
         # torch.optim's first step imports torch._dynamo; imported while a gloo group lives, it
