@@ -56,10 +56,12 @@ SEED = 0
 #: chosen from a 20-step APGD-L2 probe on the first 100 digits (robust accuracy between about 0.1
 #: and 0.9), the wide model's blind.
 CNNS = {"linf": (("standard", (0.05, 0.1)), ("noise", (0.1, 0.2)), ("pgd", (0.2, 0.3)), ("wide", (0.1, 0.15))),
-        "l2": (("standard", (0.3, 0.5)), ("noise", (0.5, 0.8)), ("pgd", (0.6, 1.0)), ("wide", (0.5, 0.8)))}
+        "l2": (("standard", (0.3, 0.5)), ("noise", (0.5, 0.8)), ("pgd", (0.6, 1.0)), ("wide", (0.5, 0.8))),
+        "l1": (("standard", (1.0, 2.0)), ("noise", (1.0, 2.0)), ("pgd", (1.0, 2.0)), ("wide", (1.0, 2.0)))}
 #: Per norm, (classes kept, radii) of the linear models.
 LINEARS = {"linf": (((3, 8), (0.02, 0.05)), ((3, 5, 8), (0.02, 0.05)), (tuple(range(10)), (0.02, 0.05))),
-           "l2": (((3, 8), (0.1, 0.25)), ((3, 5, 8), (0.1, 0.25)), (tuple(range(10)), (0.1, 0.25)))}
+           "l2": (((3, 8), (0.1, 0.25)), ((3, 5, 8), (0.1, 0.25)), (tuple(range(10)), (0.1, 0.25))),
+           "l1": (((3, 8), (0.25, 0.5)), ((3, 5, 8), (0.25, 0.5)), (tuple(range(10)), (0.25, 0.5)))}
 #: Tolerances of the targets (points of accuracy) and the share of AA-100's evaluations allowed.
 STRENGTH_POINTS, COST_SHARE = 0.5, 1 / 10
 #: AutoAttack's figures per (norm, model, its fingerprint, eps, inputs, steps, seed): they do not depend on our code,
@@ -128,20 +130,35 @@ def linear_model(train, classes: tuple[int, ...]) -> tuple[nn.Module, Callable]:
     return fit(lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, len(classes))), x, y, epochs=100), select
 
 
+def _worst_gain(d: torch.Tensor, flat: torch.Tensor, eps: float, norm: str) -> torch.Tensor:
+    """max d.(x' - x) per row over the ball of ``norm`` within the [0, 1] box. L-inf: per coordinate,
+    the better end of [max(x - eps, 0), min(x + eps, 1)]. L1: a fractional knapsack, so greedy is
+    exact: the budget eps goes to the coordinates in decreasing order of |d_i|, each up to its room
+    in the box towards sign(d_i)."""
+    if norm == "linf":
+        lo, hi = (flat - eps).clamp(0, 1), (flat + eps).clamp(0, 1)
+        return torch.maximum(d * (lo - flat), d * (hi - flat)).sum(dim=1)
+    room = torch.where(d > 0, 1 - flat, flat)
+    order = d.abs().argsort(dim=1, descending=True)
+    room, size = room.gather(1, order), d.abs().gather(1, order)
+    spent = torch.minimum((eps - (room.cumsum(dim=1) - room)).clamp(min=0), room)
+    return (size * spent).sum(dim=1)
+
+
 def exact_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str) -> float | None:
-    """Robust accuracy of a ``Flatten, Linear`` model in the L-inf box [max(x - eps, 0), min(x + eps, 1)]
-    (module docstring), computed in float64; a tie counts as an error. None for L2: with the [0, 1]
-    box the worst point solves a quadratic programme per class, no closed form (the tests check the
-    box-free L2 closed form)."""
-    if norm != "linf":
+    """Robust accuracy of a ``Flatten, Linear`` model in the L-inf or L1 ball within the [0, 1] box
+    (module docstring; ``_worst_gain``), computed in float64; a tie counts as an error. None for L2:
+    with the box the worst point solves a quadratic programme per class, no closed form (the tests
+    check the box-free L2 closed form)."""
+    if norm == "l2":
         return None
     lin = model[1]
-    w, b, flat = lin.weight.detach().double(), lin.bias.detach().double(), x.flatten(1).double()
-    lo, hi = (flat - eps).clamp(0, 1), (flat + eps).clamp(0, 1)
-    robust = correct_predictions(model(x).detach().double(), y)
+    w, flat = lin.weight.detach().double(), x.flatten(1).double()
+    z = model(x).detach().double()
+    robust = correct_predictions(z, y)
     for j in range(w.shape[0]):
-        d = w[j] - w[y]
-        robust &= (torch.maximum(d * lo, d * hi).sum(dim=1) + b[j] - b[y] < 0) | (y == j)
+        gap = z[:, j] - z.gather(1, y[:, None]).squeeze(1)
+        robust &= (gap + _worst_gain(w[j] - w[y], flat, eps, norm) < 0) | (y == j)
     return robust.double().mean().item()
 
 
@@ -170,22 +187,43 @@ def _cache() -> dict:
     return json.loads(CACHE.read_text()) if CACHE.exists() else {}
 
 
-def autoattack(model: nn.Module, x, y, eps: float, steps: int | None, norm: str, key: str, refresh: bool) -> dict:
-    """torchattacks' standard AutoAttack (``steps`` None: as shipped) through the counting wrapper;
-    {"acc": None, "error": ...} when it cannot run on the model. Taken from the cache under ``key``
-    when an earlier run measured it and ``refresh`` is false ({"cached": True} then)."""
+def _torchattacks(counted: nn.Module, x, eps: float, steps: int | None, norm: str) -> Callable:
+    """torchattacks' standard AutoAttack in L-inf or L2 (``steps`` None: as shipped, 10)."""
     import torchattacks
 
+    attack = torchattacks.AutoAttack(counted, norm={"linf": "Linf", "l2": "L2"}[norm], eps=eps, version="standard",
+                                     n_classes=counted(x[:1]).shape[1], seed=SEED)
+    counted.rows = 0
+    for stage in attack._autoattack.attacks:
+        if steps is not None and hasattr(stage, "steps"):
+            stage.steps = steps
+    return lambda x, y: attack(x, y)
+
+
+def _croce_hein_l1(counted: nn.Module, x, eps: float, steps: int | None) -> Callable:
+    """The original AutoAttack (fra31/auto-attack) in L1, version "standard": APGD-CE with 5
+    restarts and APGD-T with 5 targets, both with the large-radius start, FAB-T and Square-L1 with
+    5 000 queries; ``steps`` (None: 10) for APGD and FAB."""
+    from autoattack import AutoAttack
+
+    attack = AutoAttack(counted, norm="L1", eps=eps, version="standard", seed=SEED, verbose=False,
+                        device=str(x.device))
+    for stage in (attack.apgd, attack.apgd_targeted, attack.fab):
+        stage.n_iter = 10 if steps is None else steps
+    return lambda x, y: attack.run_standard_evaluation(x, y, bs=len(x))
+
+
+def autoattack(model: nn.Module, x, y, eps: float, steps: int | None, norm: str, key: str, refresh: bool) -> dict:
+    """The standard AutoAttack (``steps`` None: as shipped, 10 steps) through the counting wrapper:
+    torchattacks' in L-inf and L2, the authors' own in L1 (torchattacks has none);
+    {"acc": None, "error": ...} when it cannot run on the model. Taken from the cache under ``key``
+    when an earlier run measured it and ``refresh`` is false ({"cached": True} then)."""
     key = f"{key}|steps={steps}"
     cache = _cache()
     if key in cache and not refresh:
         return {**cache[key], "cached": True}
     counted = Counted(model).eval()
-    attack = torchattacks.AutoAttack(counted, norm={"linf": "Linf", "l2": "L2"}[norm], eps=eps, version="standard",
-                                     n_classes=model(x[:1]).shape[1], seed=SEED)
-    for stage in attack._autoattack.attacks:
-        if steps is not None and hasattr(stage, "steps"):
-            stage.steps = steps
+    attack = _croce_hein_l1(counted, x, eps, steps) if norm == "l1" else _torchattacks(counted, x, eps, steps, norm)
     start = time.perf_counter()
     try:
         adv = attack(x, y)
@@ -353,7 +391,7 @@ def section(cfg: dict, device) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(__doc__, quick="the first 100 test digits, no AA-100", argv=argv, extra={
-        "--norm": dict(choices=("linf", "l2"), default="linf", help="the attack's norm (default linf)"),
+        "--norm": dict(choices=("linf", "l2", "l1"), default="linf", help="the attack's norm (default linf)"),
         "--models": dict(nargs="*", default=None, help="only these models (standard noise pgd wide linear)"),
         "--no-aa100": dict(action="store_true", help="skip AutoAttack with 100 steps (the slow part)"),
         "--aa-only": dict(action="store_true", help="only measure AutoAttack (fills the cache)"),

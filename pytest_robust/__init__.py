@@ -34,6 +34,7 @@ _EXPORTS = {
     "Prediction": "pytest_robust.checks.smoothing.cohen",
     "Perturbation": "pytest_robust.perturbations",
     "UniformLinf": "pytest_robust.perturbations",
+    "UniformL1": "pytest_robust.perturbations",
     "UniformL2": "pytest_robust.perturbations",
     "GaussianNoise": "pytest_robust.perturbations",
     "CauchyNoise": "pytest_robust.perturbations",

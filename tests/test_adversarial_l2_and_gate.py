@@ -17,6 +17,7 @@ from pytest_robust.attacks.apgd import EARLY
 from pytest_robust.attacks.norms import L2Ball
 from pytest_robust.checks.adversarial import check as adversarial_check
 from pytest_robust.checks.adversarial.check import CHUNK
+from pytest_robust.checks.adversarial.ensemble import Schedule
 from pytest_robust.errors import SettingError
 from pytest_robust.stats.betting import SequentialGate
 
@@ -75,19 +76,63 @@ def test_l2_points_stay_in_the_ball_and_box():
 
 def test_l2_stage_accounting_and_the_class_count_budget():
     """The stage accounting of test_adversarial in L2 (sum(x) moves by at most eps sqrt(4) = 0.1):
-    the far inputs pay the whole schedule, the near ones leave APGD-CE at its first checkpoint; a
-    2-class model pays for one target and one ranking gradient however many targets are asked for."""
+    an L2 APGD run of 20 steps has four phases (radii 8, 4, 2 and 1 eps), so it costs steps + 4
+    evaluations;
+    the far inputs pay the whole schedule, the near ones break within two steps of the widest phase
+    and then pay one evaluation per later phase (its start, already misclassified); a 2-class model
+    pays for one target and one ranking gradient however many targets are asked for."""
     far, near, wrong = torch.full((5, 4), 0.9), torch.full((3, 4), 0.27), torch.full((2, 4), 0.1)
     x, y = torch.cat([far, near, wrong]), torch.zeros(10, dtype=torch.long)
     steps, queries = 20, 30
     r = adversarial_accuracy(Separated(), (x, y), eps=0.05, norm="l2", steps=steps, restarts=2, targets=9,
                              square_queries=queries)
     spent = dict(r.details["evaluations"])
-    near = spent.pop("apgd-ce") - 5 * 2 * (steps + 1)
-    assert spent == {"probe": 1, "clean": 10, "apgd-t": 5 * (1 + steps + 1), "square": 5 * queries}
-    assert 3 * (EARLY[0] + 1) <= near <= 3 * (EARLY[1] + 1)  # the near ones leave within two steps
+    run = steps + len(L2Ball.widening)
+    near = spent.pop("apgd-ce") - 5 * 2 * run
+    assert spent == {"probe": 1, "clean": 10, "apgd-t": 5 * (1 + run), "square": 5 * queries}
+    later = len(L2Ball.widening) - 1
+    assert 3 * (EARLY[0] + 1 + later) <= near <= 3 * (EARLY[1] + 1 + later)
     assert r.details["per_input"]["outcome"] == ["robust"] * 5 + ["broken"] * 3 + ["misclassified"] * 2
-    assert r.details["attack"]["worst_case_per_input"] == 1 + 2 * (steps + 1) + 1 + (steps + 1) + queries
+    assert r.details["attack"]["worst_case_per_input"] == 1 + 2 * run + 1 + run + queries
+
+
+class Threshold(torch.nn.Module):
+    """Two classes on 64 features: class 1's logit 20 (x_0 - 0.45)+ - 1 beats class 0's 0 once
+    x_0 > 0.5. From x = 0.3 everywhere that point lies within L2 distance 0.2, but the gradient is
+    exactly zero wherever x_0 < 0.45, which a random direction of length 0.25 in 64 dimensions
+    almost never reaches (its x_0 component is about 0.25 / 8)."""
+
+    def forward(self, x):
+        z1 = 20 * torch.relu(x[:, 0] - 0.45) - 1
+        return torch.stack([torch.zeros_like(z1), z1], dim=1)
+
+
+def test_the_widening_start_breaks_what_a_flat_neighbourhood_hides_from_apgd(monkeypatch):
+    """Every input is breakable at eps 0.25 (x_0 = 0.55), yet APGD-CE confined to the ball sees a
+    zero gradient and breaks none; started at 8 eps, where random directions reach x_0 > 0.45, and
+    walked back through 4 and 2 eps, it breaks some (5 of 40 at seed 0; at least 2 asked, so that
+    another CPU's rounding cannot flip the result)."""
+    x, y = torch.full((40, 64), 0.3), torch.zeros(40, dtype=torch.long)
+    run = lambda: adversarial_accuracy(Threshold(), (x, y), eps=0.25, norm="l2", targets=0,  # noqa: E731
+                                       square_queries=0, seed=0)
+    widened = run()
+    monkeypatch.setattr(L2Ball, "widening", ((1.0, 1.0),))
+    confined = run()
+    assert confined.details["per_input"]["outcome"].count("broken") == 0
+    assert widened.details["per_input"]["outcome"].count("broken") >= 2
+
+
+@pytest.mark.parametrize("norm, steps, phases", [
+    ("l2", 50, [(8, 5), (4, 5), (2, 5), (1, 35)]),
+    ("l2", 10, [(8, 1), (4, 1), (2, 1), (1, 7)]),
+    ("l2", 9, [(1, 9)]),  # a tenth of 9 steps rounds down to none: no wide phase
+    ("l1", 50, [(8, 5), (4, 5), (2, 5), (1, 35)]),
+    ("linf", 50, [(1, 50)]),
+])
+def test_an_apgd_run_s_phases_share_its_steps(norm, steps, phases):
+    schedule = Schedule(eps=0.5, steps=steps, restarts=1, targets=0, square_queries=0, bounds=None, norm=norm)
+    assert schedule.phases() == [(m * 0.5, n) for m, n in phases]
+    assert schedule.run_cost() == steps + len(phases)
 
 
 def _population(n: int, robust: int):

@@ -373,7 +373,7 @@ SCHEMA_ERRORS = [  # (suite text, "line: key: message" expected in the error)
     # perturbations
     (HEAD + CHECK.replace("{UniformLinf: {eps: 0.5}}", "{Uniform: {eps: 0.5}}"),
      "6: checks[0].perturbation.Uniform: unknown perturbation 'Uniform' (did you mean UniformL2?); "
-     "known: UniformLinf, UniformL2, GaussianNoise, CauchyNoise, Spatial"),
+     "known: UniformLinf, UniformL2, UniformL1, GaussianNoise, CauchyNoise, Spatial"),
     (HEAD + CHECK.replace("{UniformLinf: {eps: 0.5}}", "Gaussian"),
      "6: checks[0].perturbation: unknown perturbation 'Gaussian'"),
     (HEAD + CHECK.replace("{UniformLinf: {eps: 0.5}}", "{UniformLinf: {epsilon: 0.5}}"),

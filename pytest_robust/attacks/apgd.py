@@ -103,12 +103,12 @@ def _evaluate(forward: Forward, x: torch.Tensor, y: torch.Tensor, labels: torch.
     return loss, grad, ~correct_predictions(logits, y), (grad.flatten(1) == 0).all(dim=1)
 
 
-def _start(forward, x0, center, y, labels, lo, hi, objective, eps) -> _Rows:
-    """The run's state at x(0): its loss and gradient; step size 2 eps."""
+def _start(forward, x0, center, y, labels, lo, hi, objective, ball) -> _Rows:
+    """The run's state at x(0): its loss and gradient; step size ``ball.step`` eps."""
     loss, grad, wrong, flat = _evaluate(forward, x0, y, labels, objective)
     n = len(y)
     return _Rows(torch.arange(n, device=x0.device), center, y, labels, lo, hi, x0, x0, grad, loss, x0, grad, loss,
-                 torch.full((n,), 2.0 * eps, dtype=x0.dtype, device=x0.device),
+                 torch.full((n,), ball.step * ball.eps, dtype=x0.dtype, device=x0.device),
                  torch.zeros(n, dtype=torch.long, device=x0.device), loss,
                  torch.zeros(n, dtype=torch.bool, device=x0.device), wrong, x0, flat)
 
@@ -116,7 +116,7 @@ def _start(forward, x0, center, y, labels, lo, hi, objective, eps) -> _Rows:
 def _step(forward: Forward, s: _Rows, objective: Objective, ball: Ball, first: bool) -> _Rows:
     """One APGD iteration: the momentum step (a plain projected step for the first), then the new
     point's loss and gradient; the best point so far is kept per row."""
-    z = ball.project(s.x + per_row(s.eta, s.x) * ball.ascent(s.grad), s.center, s.lo, s.hi)
+    z = ball.project(s.x + per_row(s.eta, s.x) * ball.ascent(s.grad, s.x - s.center), s.center, s.lo, s.hi)
     if not first:
         z = ball.project(s.x + ALPHA * (z - s.x) + (1 - ALPHA) * (s.x - s.x_prev), s.center, s.lo, s.hi)
     loss, grad, wrong, flat = _evaluate(forward, z, s.y, s.labels, objective)
@@ -143,10 +143,10 @@ def _revise(s: _Rows, interval: int) -> _Rows:
 
 def _record(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Tensor) -> None:
     """Write every current row's outcome into ``fooled`` / ``flat`` / ``found``, the run's
-    full-length outputs."""
+    full-length outputs (``found``: the first misclassified iterate, else the best point)."""
     fooled[s.index] = s.fooled
     flat[s.index] = s.flat
-    found[s.index] = s.found
+    found[s.index] = torch.where(per_row(s.fooled, s.found), s.found, s.best_x)
 
 
 def _retire(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Tensor) -> _Rows:
@@ -173,12 +173,13 @@ def apgd(forward: Forward, x0: torch.Tensor, center: torch.Tensor, y: torch.Tens
 
     Returns two device masks over the rows, broken (some iterate was misclassified with respect to
     ``y``) and flat (the objective's gradient was exactly zero at every point the row visited: a
-    sign of gradient masking), and per row the first misclassified iterate (x(0) where none). At
-    most steps + 1 evaluations per row, fewer for rows broken early.
+    sign of gradient masking), and per row the first misclassified iterate, or where there is none
+    the point of highest objective visited. At most steps + 1 evaluations per row, fewer for rows
+    broken early.
     """
     fooled = torch.zeros(len(y), dtype=torch.bool, device=x0.device)
     flat, found = torch.zeros_like(fooled), x0.clone()
-    s, done, last = _start(forward, x0, center, y, labels, lo, hi, objective, ball.eps), 0, 0
+    s, done, last = _start(forward, x0, center, y, labels, lo, hi, objective, ball), 0, 0
     marks = checkpoints(steps)
     for e in EARLY:  # capped at the first checkpoint: the same number of reads whatever the steps
         s, done = _advance(forward, s, objective, ball, done, min(e, marks[0]))

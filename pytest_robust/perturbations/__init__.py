@@ -21,11 +21,12 @@ corruptions). The public classes are importable from this package.
 
 from pytest_robust.perturbations.base import CallablePerturbation, Perturbation, as_perturbation
 from pytest_robust.perturbations.corruptions import Corruption
-from pytest_robust.perturbations.noise import CauchyNoise, GaussianNoise, UniformL2, UniformLinf
+from pytest_robust.perturbations.noise import CauchyNoise, GaussianNoise, UniformL1, UniformL2, UniformLinf
 from pytest_robust.perturbations.spatial import Spatial
 
 #: The built-in perturbations by the name a YAML suite writes them (``{UniformLinf: {eps: 0.1}}``).
-BY_NAME = {cls.__name__: cls for cls in (UniformLinf, UniformL2, GaussianNoise, CauchyNoise, Spatial, Corruption)}
+BY_NAME = {cls.__name__: cls for cls in (UniformLinf, UniformL2, UniformL1, GaussianNoise, CauchyNoise, Spatial,
+                                         Corruption)}
 
 __all__ = ["BY_NAME", "CallablePerturbation", "CauchyNoise", "Corruption", "GaussianNoise", "Perturbation", "Spatial",
-           "UniformL2", "UniformLinf", "as_perturbation"]
+           "UniformL1", "UniformL2", "UniformLinf", "as_perturbation"]

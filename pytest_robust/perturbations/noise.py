@@ -1,5 +1,6 @@
 """Random noise in input units: ``UniformLinf`` (uniform in the L-inf ball, the TSRM paper's
-corruption), ``UniformL2``, ``GaussianNoise`` and ``CauchyNoise``, each clipped to the input box."""
+corruption), ``UniformL2``, ``UniformL1``, ``GaussianNoise`` and ``CauchyNoise``, each clipped to
+the input box."""
 
 from __future__ import annotations
 
@@ -99,3 +100,24 @@ class UniformL2(Perturbation):
 
     def __repr__(self):
         return f"UniformL2(eps={self.eps:g}{_bounds_repr(self.bounds)})"
+
+
+class UniformL1(Perturbation):
+    """Uniform noise in the L1 ball of radius eps: delta = eps U^(1/D) l / ||l||_1, l with
+    independent Laplace coordinates (l / ||l||_1 follows the cone measure of the L1 sphere, Barthe
+    et al. 2005), U ~ U(0, 1), D the number of coordinates of an input; clipped to the box."""
+
+    def __init__(self, eps: float, bounds=(0.0, 1.0)):
+        super().__init__(bounds)
+        self.eps = _check_size("eps", eps, allow_zero=False)
+
+    def sample(self, x, generator):
+        e = torch.rand((2, *x.shape), generator=generator, device=x.device, dtype=x.dtype)
+        laplace = -torch.log1p(-e[0]) * torch.where(e[1] < 0.5, -1.0, 1.0)
+        u = torch.rand((len(x),), generator=generator, device=x.device, dtype=x.dtype)
+        width = math.prod(x.shape[1:])
+        radius = self.eps * u ** (1.0 / width) / laplace.flatten(start_dim=1).abs().sum(dim=1).clamp(min=1e-12)
+        return x + laplace * radius.reshape(-1, *([1] * (x.ndim - 1)))
+
+    def __repr__(self):
+        return f"UniformL1(eps={self.eps:g}{_bounds_repr(self.bounds)})"

@@ -1,5 +1,5 @@
 """Adversarial accuracy: accuracy under an attack ensemble (APGD-CE, APGD-T, Square; Croce & Hein 2020)
-in the L-inf or L2 ball. Declared here (torch-free); ``check`` evaluates it and ``ensemble`` runs the
+in the L-inf, L2 or L1 ball. Declared here (torch-free); ``check`` evaluates it and ``ensemble`` runs the
 stages. The attacks themselves (``pytest_robust.attacks``) are shared with the q and NPPR checks'
 context figures."""
 
@@ -13,17 +13,18 @@ DECLARATION = Metric(
     paired="outcomes", perturbation="pytest_robust.checks.adversarial.check:ball",
     params=(
         Param("eps", positive_float, EPS_SETTING, "the radius of the attack in the norm norm=, in input units"),
-        Param("norm", choice("linf", "l2"), "linf", "the ball's norm"),
+        Param("norm", choice("linf", "l2", "l1"), "linf", "the ball's norm"),
         Param("steps", positive_int, 50, "APGD steps"),
-        Param("restarts", positive_int, 1, "APGD-CE restarts"),
+        Param("restarts", positive_int, None, "APGD-CE restarts (default 1; 3 in L1, whose sparse steps "
+              "depend on the start)"),
         Param("targets", non_negative_int, 6, "target classes of APGD-T (0 skips it; at most classes - 1)"),
         Param("ranking", choice("linear", "logits"), "linear",
               "APGD-T's targets and starts: by the first-order model (linear) or by clean logits from random "
               "starts (logits, AutoAttack's)"),
-        Param("square_queries", non_negative_int, 250, "queries of the Square search (0 skips it)"),
+        Param("square_queries", non_negative_int, 250, "queries of the Square search (0 skips it; none in L1)"),
         Param("inputs", positive_int, None, "attack at most this many inputs (a seeded random subset)"),
         BOX,
     ),
-    doc="accuracy under an L-inf or L2 attack (APGD-CE, APGD-T, Square) >= threshold (an upper estimate of "
+    doc="accuracy under an L-inf, L2 or L1 attack (APGD-CE, APGD-T, Square) >= threshold (an upper estimate of "
         "true robust accuracy)",
 )

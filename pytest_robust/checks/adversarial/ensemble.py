@@ -5,7 +5,14 @@ in the L-inf or the L2 ball of radius eps within the input box (``norms``).
 1. clean: one evaluation per input; inputs the model already gets wrong (ties included) are
    "misclassified" and are not attacked.
 2. ``apgd-ce``: APGD on the cross-entropy loss, ``restarts`` runs of ``steps`` steps, each from a
-   fresh random start in the feasible set.
+   fresh random start in the feasible set. In L2 and L1 every APGD run (this stage's and the
+   next's) widens first (``norms.WIDENING``, after Croce & Hein's large-radius start for L1-APGD,
+   ICML 2021): a tenth of its steps each in the balls of radius 8, 4 and 2 eps, then the rest in
+   the eps ball, each phase starting from the previous phase's result (its first misclassified
+   point, else its best) projected onto the smaller ball, the first from a random start in the
+   widest (or from the ranked start). Only the last phase's points count. On a model whose
+   gradient is flat near the input (an L-inf-trained network thresholding its pixels), the wide
+   phases reach the region where it is not, and walk back.
 3. ``apgd-t``: APGD on the targeted DLR loss, one run of ``steps`` steps per target class, for the
    ``targets`` best target classes (at most classes - 1). Its scale invariance finds what
    cross-entropy's vanishing gradients hide. Which targets, and where each run starts, depends on
@@ -27,10 +34,12 @@ in the L-inf or the L2 ball of radius eps within the input box (``norms``).
 
 An input is "robust" when no stage broke it, else "broken" with the name of the stage that did,
 and the first misclassified point that stage found is kept (the gallery shows it). Worst-case
-cost per input (``Schedule.worst_case``): 1 + restarts (steps + 1) + [ranked pool + t (steps + 1)
-when t = min(targets, classes - 1) > 0] + square_queries model evaluations; inputs broken early
-cost far less (APGD drops them at its checkpoints, Square at its segments). Every evaluation a
-stage makes is charged to it (the ranking's to ``apgd-t``), whether or not it breaks anything.
+cost per input (``Schedule.worst_case``): 1 + restarts r + [ranked pool + t r when
+t = min(targets, classes - 1) > 0] + square_queries model evaluations, where a run costs
+r = steps + phases (one evaluation at each phase's start: steps + 1 in L-inf, steps + 4 in L2 and
+L1 from 10 steps up); inputs broken early cost far less (APGD drops them at its checkpoints, Square
+at its segments). Every evaluation a stage makes is charged to it (the ranking's to ``apgd-t``),
+whether or not it breaks anything.
 Host reads per group of inputs: one per stage run to find the unbroken inputs, plus the attacks'
 own (eight per APGD run, at most nine per Square search), whatever the step count.
 """
@@ -87,10 +96,21 @@ class Schedule:
         """Gradient evaluations per input of the ranking (0 without one)."""
         return min(POOL, classes - 1) if self.ranking == "linear" and self.used_targets(classes) else 0
 
+    def phases(self) -> list[tuple[float, int]]:
+        """(radius, steps) of each phase of an APGD run (module docstring): the ball's ``widening``
+        shares of ``steps``, rounded down, phases of no step dropped, the last taking the rest."""
+        *wide, _ = self.ball().widening
+        phases = [(m * self.eps, int(share * self.steps)) for m, share in wide if int(share * self.steps)]
+        return phases + [(self.eps, self.steps - sum(n for _, n in phases))]
+
+    def run_cost(self) -> int:
+        """Model evaluations per row of an APGD run that breaks nothing: steps + 1 per phase."""
+        return sum(n + 1 for _, n in self.phases())
+
     def worst_case(self, classes: int) -> int:
         """Model evaluations per input when no stage breaks it (the clean pass included), on a model
         with ``classes`` classes."""
-        return (1 + (self.restarts + self.used_targets(classes)) * (self.steps + 1) + self.ranked(classes)
+        return (1 + (self.restarts + self.used_targets(classes)) * self.run_cost() + self.ranked(classes)
                 + self.square_queries)
 
     def ball(self) -> Ball:
@@ -134,10 +154,11 @@ class _Group:
         self.example[rows] = torch.where(broken.view(-1, *[1] * (self.x.ndim - 1)), found, self.example[rows])
         self.open[rows] = ~broken
 
-    def start(self, rows: torch.Tensor) -> torch.Tensor:
-        """A random start in the feasible set for ``rows`` (drawn for every row of the group)."""
+    def start(self, rows: torch.Tensor, ball: Ball, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """A random start in ``ball`` and the feasible box [lo, hi] of ``rows`` (drawn for every
+        row of the group)."""
         u = self.streams.rand(*self.x.shape[1:])[rows]
-        return self.ball.random_start(self.x[rows], self.lo[rows], self.hi[rows], u)
+        return ball.random_start(self.x[rows], lo, hi, u)
 
 
 def _gradient_run(g: _Group, schedule: Schedule, code: int, labels: torch.Tensor, objective,
@@ -147,11 +168,15 @@ def _gradient_run(g: _Group, schedule: Schedule, code: int, labels: torch.Tensor
     rows = g.unbroken()
     if not len(rows):
         return
-    x0 = g.start(rows) if starts is None else starts[rows]
-    broken, flat, found = apgd(g.forward, x0, g.x[rows], g.y[rows], labels[rows], g.lo[rows], g.hi[rows],
-                               objective, g.ball, schedule.steps)
-    g.flat[rows] &= flat
-    g.mark(rows, broken, found, code)
+    x, point = g.x[rows], None if starts is None else starts[rows]
+    for radius, steps in schedule.phases():
+        final = radius == schedule.eps
+        ball = g.ball if final else type(g.ball)(radius)
+        lo, hi = (g.lo[rows], g.hi[rows]) if final else feasible_box(x, radius, schedule.bounds)
+        point = g.start(rows, ball, lo, hi) if point is None else ball.project(point, x, lo, hi)
+        broken, flat, point = apgd(g.forward, point, x, g.y[rows], labels[rows], lo, hi, objective, ball, steps)
+        g.flat[rows] &= flat
+    g.mark(rows, broken, point, code)
 
 
 def _ranked_targets(g: _Group, schedule: Schedule, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
