@@ -378,7 +378,9 @@ def section(cfg: dict, device) -> str:
                      if r[k] is not None and r[k].get("cached")})
     line = header(device, f"seed={SEED}", f"norm={cfg['norm']}",
                   f"{cfg['inputs']} test digits (linear models: those of their classes)",
-                  "ours at the defaults", "AutoAttack: torchattacks 3.5.1 version=standard"
+                  "ours at the defaults",
+                  ("AutoAttack: fra31/auto-attack (the authors') L1 version=standard" if cfg["norm"] == "l1"
+                   else "AutoAttack: torchattacks 3.5.1 version=standard")
                   + (f" ({', '.join(cached)} figures from {CACHE.name}, measured by an earlier run of this script; "
                      "their seconds are that run's)" if cached else ""),
                   load_avg=load_avg)

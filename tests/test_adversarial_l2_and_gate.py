@@ -208,7 +208,7 @@ def test_inputs_attacks_a_seeded_random_subset_and_fits_a_budget_refused_without
     assert len(index) == 50 == r.details["inputs_attacked"] and r.details["inputs_available"] == 200
     assert index == sorted(index) and index != list(range(50)) and index == again.details["per_input"]["index"]
     assert index != other.details["per_input"]["index"]
-    per_input = 1 + 3  # clean + (2 + 1) APGD-CE evaluations; no targets, no Square
+    per_input = 1 + 2 * 3  # clean + 2 restarts x (2 + 1) APGD-CE evaluations; no targets, no Square
     with pytest.raises(SettingError, match=r"set inputs= \(a seeded random subset\) below 200"):
         adversarial_accuracy(Separated(), (x, y), budget=1 + 200 * per_input - 1, **FAST)
     fits = adversarial_accuracy(Separated(), (x, y), budget=1 + 50 * per_input, inputs=50, **FAST)

@@ -15,7 +15,7 @@ DECLARATION = Metric(
         Param("eps", positive_float, EPS_SETTING, "the radius of the attack in the norm norm=, in input units"),
         Param("norm", choice("linf", "l2", "l1"), "linf", "the ball's norm"),
         Param("steps", positive_int, 50, "APGD steps"),
-        Param("restarts", positive_int, None, "APGD-CE restarts (default 1; 3 in L1, whose sparse steps "
+        Param("restarts", positive_int, None, "APGD-CE restarts (default 2; 3 in L1, whose sparse steps "
               "depend on the start)"),
         Param("targets", non_negative_int, 6, "target classes of APGD-T (0 skips it; at most classes - 1)"),
         Param("ranking", choice("linear", "logits"), "linear",

@@ -93,10 +93,9 @@ CHUNK = 16
 #: Inputs attacked together without a threshold (nothing looks in between but the time limit): full
 #: batches for the device and every rank; the outcomes are those of any other chunking.
 ESTIMATE_CHUNK = 128
-#: APGD-CE restarts by default in L1 (1 in the other norms): a sparse step's coordinates depend on
-#: where the run starts, and random restarts broke 1.1-4.3 points more on the digits models (AutoAttack's
-#: L1 version runs 5).
-L1_RESTARTS = 3
+#: APGD-CE restarts by default: 2, and 3 in L1, where a sparse step's coordinates depend on where
+#: the run starts (docs/adversarial.md: what each buys; AutoAttack's L1 version runs 5).
+RESTARTS, L1_RESTARTS = 2, 3
 #: Gradient masking is reported when a sign of it concerns at least this share of the inputs (half
 #: a point, the strength bar) and at least MASKING_MIN inputs (one stray input is not a pattern).
 MASKING_SHARE, MASKING_MIN = 0.005, 3
@@ -263,7 +262,7 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
         check_scale("adversarial accuracy", "eps", eps, run.ds.x, run.perturbation.bounds, share=0.5, below=1.0,
                     effect=", so the attack may move every input to the same point (the box's centre) and no "
                            "classifier can stay robust")
-    restarts = restarts or (L1_RESTARTS if norm == "l1" else 1)
+    restarts = restarts or (L1_RESTARTS if norm == "l1" else RESTARTS)
     schedule = Schedule(eps=eps, steps=steps, restarts=restarts, targets=targets,
                         square_queries=0 if norm == "l1" else square_queries, bounds=run.perturbation.bounds,
                         norm=norm, ranking=ranking)

@@ -59,8 +59,6 @@ from pytest_robust.engine.progress import report_progress
 from pytest_robust.engine.streams import RowStreams
 from pytest_robust.perturbations.base import feasible_box
 
-#: Target orders of the targeted stage (module docstring).
-RANKINGS = ("linear", "logits")
 #: Most target classes ranked by the first-order model (those with the highest clean logits).
 POOL = 9
 
