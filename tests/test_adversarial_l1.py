@@ -119,6 +119,7 @@ def test_l1_has_no_square_stage_three_restarts_and_counts_its_phases():
     model, x, y = linear_problem(3, n=20)
     r = adversarial_accuracy(model, (x, y), eps=0.5, norm="l1", steps=10, square_queries=100)
     assert r.details["attack"]["square_queries"] == 0 and "Square" not in r.perturbation
+    assert r.perturbation.endswith("; each APGD run starts wide (8, 4, 2 x eps)")
     assert r.details["evaluations"].get("square", 0) == 0 and r.details["attack"]["restarts"] == 3
     run = 10 + len(L1Ball.widening)
     assert r.details["attack"]["worst_case_per_input"] == 1 + 3 * run + 2 + 2 * run

@@ -123,7 +123,8 @@ class Schedule:
                          f"{'the first-order model' if self.ranking == 'linear' else 'clean logits'}")
         if self.square_queries:
             parts.append(f"Square {self.square_queries} queries")
-        return ", ".join(parts)
+        wide = [f"{radius / self.eps:g}" for radius, _ in self.phases()[:-1]]
+        return ", ".join(parts) + (f"; each APGD run starts wide ({', '.join(wide)} x eps)" if wide else "")
 
 
 @dataclass
