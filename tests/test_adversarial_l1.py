@@ -122,7 +122,7 @@ def test_l1_has_no_square_stage_three_restarts_and_counts_its_phases():
     assert r.perturbation.endswith("; each APGD run starts wide (8, 4, 2 x eps)")
     assert r.details["evaluations"].get("square", 0) == 0 and r.details["attack"]["restarts"] == 3
     run = 10 + len(L1Ball.widening)
-    assert r.details["attack"]["worst_case_per_input"] == 1 + 3 * run + 2 + 2 * run
+    assert r.details["attack"]["worst_case_per_input"] == 1 + 3 * run + 2 + 2 * run  # 2 ranking gradients
     once = adversarial_accuracy(model, (x, y), eps=0.5, norm="l1", steps=10, restarts=1)
     assert once.details["attack"]["restarts"] == 1
 

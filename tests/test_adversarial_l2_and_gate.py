@@ -80,7 +80,8 @@ def test_l2_stage_accounting_and_the_class_count_budget():
     evaluations;
     the far inputs pay the whole schedule, the near ones break within two steps of the widest phase
     and then pay one evaluation per later phase (its start, already misclassified); a 2-class model
-    pays for one target and one ranking gradient however many targets are asked for."""
+    pays for one target, one ranking gradient and one evaluation of the target's first-order
+    worst point of the eps ball (before the run widens) however many targets are asked for."""
     far, near, wrong = torch.full((5, 4), 0.9), torch.full((3, 4), 0.27), torch.full((2, 4), 0.1)
     x, y = torch.cat([far, near, wrong]), torch.zeros(10, dtype=torch.long)
     steps, queries = 20, 30
@@ -89,11 +90,11 @@ def test_l2_stage_accounting_and_the_class_count_budget():
     spent = dict(r.details["evaluations"])
     run = steps + len(L2Ball.widening)
     near = spent.pop("apgd-ce") - 5 * 2 * run
-    assert spent == {"probe": 1, "clean": 10, "apgd-t": 5 * (1 + run), "square": 5 * queries}
+    assert spent == {"probe": 1, "clean": 10, "apgd-t": 5 * (1 + 1 + run), "square": 5 * queries}
     later = len(L2Ball.widening) - 1
     assert 3 * (EARLY[0] + 1 + later) <= near <= 3 * (EARLY[1] + 1 + later)
     assert r.details["per_input"]["outcome"] == ["robust"] * 5 + ["broken"] * 3 + ["misclassified"] * 2
-    assert r.details["attack"]["worst_case_per_input"] == 1 + 2 * run + 1 + run + queries
+    assert r.details["attack"]["worst_case_per_input"] == 1 + 2 * run + 1 + 1 + run + queries
 
 
 class Threshold(torch.nn.Module):

@@ -25,8 +25,10 @@ in the L-inf or the L2 ball of radius eps within the input box (``norms``).
      as g_t(x) + gain(grad g_t) (``norms.Ball.gain``: in L-inf, with the box, exact for a linear
      model), and the targets are attacked in decreasing order of it, each run starting at the
      point where that first-order maximum is reached (``norms.Ball.best``) instead of a random
-     point. On a linear model that start is the exact worst point for the target, so the first
-     target settles the input in L-inf (and in L2 without a box) and the attack is exact;
+     point. On a linear model that point is the exact worst point for the target, so the first
+     target settles the input in L-inf and L1 (and in L2 without a box) and the attack is exact.
+     Where the run widens in L2, that point of the eps ball is evaluated first (one evaluation,
+     keeping the exactness), and the run starts at the first-order maximiser of its widest ball;
    - ``"logits"`` (AutoAttack's): the classes with the highest clean logits, best first, each run
      from a random start.
 4. ``square``: the Square attack with ``square_queries`` queries, a gradient-free random search: it
@@ -34,8 +36,9 @@ in the L-inf or the L2 ball of radius eps within the input box (``norms``).
 
 An input is "robust" when no stage broke it, else "broken" with the name of the stage that did,
 and the first misclassified point that stage found is kept (the gallery shows it). Worst-case
-cost per input (``Schedule.worst_case``): 1 + restarts r + [ranked pool + t r when
-t = min(targets, classes - 1) > 0] + square_queries model evaluations, where a run costs
+cost per input (``Schedule.worst_case``): 1 + restarts r + [ranked pool + t r (+ t first-order
+points where L2 runs widen) when t = min(targets, classes - 1) > 0] + square_queries model
+evaluations, where a run costs
 r = steps + phases (one evaluation at each phase's start: steps + 1 in L-inf, steps + 4 in L2 and
 L1 from 10 steps up); inputs broken early cost far less (APGD drops them at its checkpoints, Square
 at its segments). Every evaluation a stage makes is charged to it (the ranking's to ``apgd-t``),
@@ -108,7 +111,9 @@ class Schedule:
     def worst_case(self, classes: int) -> int:
         """Model evaluations per input when no stage breaks it (the clean pass included), on a model
         with ``classes`` classes."""
-        return (1 + (self.restarts + self.used_targets(classes)) * self.run_cost() + self.ranked(classes)
+        wide = len(self.phases()) > 1 and self.ball().wide_first_order
+        first = self.used_targets(classes) if self.ranked(classes) and wide else 0
+        return (1 + (self.restarts + self.used_targets(classes)) * self.run_cost() + self.ranked(classes) + first
                 + self.square_queries)
 
     def ball(self) -> Ball:
@@ -161,9 +166,14 @@ class _Group:
 
 
 def _gradient_run(g: _Group, schedule: Schedule, code: int, labels: torch.Tensor, objective,
-                  starts: torch.Tensor | None = None) -> None:
-    """One APGD run on the unbroken rows; ``labels`` are the objective's and ``starts`` (None:
-    random) the runs' starting points, both over every row."""
+                  starts: torch.Tensor | None = None, first: torch.Tensor | None = None) -> None:
+    """One APGD run on the unbroken rows; ``labels`` are the objective's, ``starts`` (None: random)
+    the runs' starting points and ``first`` (None: none) points of the eps ball evaluated before
+    the run, all over every row."""
+    if first is not None:
+        rows = g.unbroken()
+        if len(rows):
+            g.mark(rows, ~correct_predictions(g.forward.logits(first[rows]), g.y[rows]), first[rows], code)
     rows = g.unbroken()
     if not len(rows):
         return
@@ -178,17 +188,19 @@ def _gradient_run(g: _Group, schedule: Schedule, code: int, labels: torch.Tensor
     g.mark(rows, broken, point, code)
 
 
-def _ranked_targets(g: _Group, schedule: Schedule, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(targets (n, t), starting points (t, n, ...) or None) of the targeted runs (module
-    docstring): by the first-order model on the unbroken rows, one gradient evaluation per row
-    and pooled class; by clean logits with random starts for ``ranking="logits"``."""
+def _ranked_targets(g: _Group, schedule: Schedule, logits: torch.Tensor) -> tuple:
+    """(targets (n, t), starting points (t, n, ...) or None, points to evaluate first (t, n, ...) or
+    None) of the targeted runs (module docstring): by the first-order model on the unbroken rows,
+    one gradient evaluation per row and pooled class, each run starting at the first-order worst
+    point of its widest ball after evaluating that of the eps ball (when it widens); by clean
+    logits with random starts for ``ranking="logits"``."""
     ranked = other_classes(logits, g.y)
     t = schedule.used_targets(logits.shape[1])
     if schedule.ranking != "linear":
-        return ranked[:, :t], None
+        return ranked[:, :t], None, None
     rows = g.unbroken()
     if not len(rows):
-        return ranked[:, :t], None
+        return ranked[:, :t], None, None
     pool = ranked[rows, : schedule.ranked(logits.shape[1])]
     k, shape = pool.shape[1], g.x.shape[1:]
     rep = lambda v: v[rows].repeat_interleave(k, dim=0)  # noqa: E731  (row r's copies are adjacent)
@@ -196,13 +208,21 @@ def _ranked_targets(g: _Group, schedule: Schedule, logits: torch.Tensor) -> tupl
     gap, grad = g.forward.grad(x, torch.stack([rep(g.y), pool.reshape(-1)], dim=1), target_gap)
     predicted = (gap + g.ball.gain(grad, x, lo, hi)).view(-1, k)
     order = predicted.argsort(dim=1, descending=True, stable=True)[:, :t]
-    best = g.ball.best(grad, x, lo, hi).view(-1, k, *shape)
     targets = ranked[:, :t].clone()
     targets[rows] = pool.gather(1, order)
-    starts = g.x[None].repeat(t, *[1] * g.x.ndim)
-    chosen = best.gather(1, order.view(*order.shape, *[1] * len(shape)).expand(-1, -1, *shape))
-    starts[:, rows] = chosen.transpose(0, 1)
-    return targets, starts
+
+    def chosen(best: torch.Tensor) -> torch.Tensor:
+        """The ranked targets' points (t, n, ...) among ``best`` (one per row and pooled class)."""
+        points = g.x[None].repeat(t, *[1] * g.x.ndim)
+        index = order.view(*order.shape, *[1] * len(shape)).expand(-1, -1, *shape)
+        points[:, rows] = best.view(-1, k, *shape).gather(1, index).transpose(0, 1)
+        return points
+
+    at_eps, widest = chosen(g.ball.best(grad, x, lo, hi)), schedule.phases()[0][0]
+    if widest == schedule.eps or not g.ball.wide_first_order:
+        return targets, at_eps, None
+    wide_lo, wide_hi = feasible_box(x, widest, schedule.bounds)
+    return targets, chosen(type(g.ball)(widest).best(grad, x, wide_lo, wide_hi)), at_eps
 
 
 def _square_stage(g: _Group, schedule: Schedule) -> None:
@@ -220,10 +240,10 @@ def _stages(g: _Group, schedule: Schedule, logits: torch.Tensor) -> None:
             _gradient_run(g, schedule, APGD_CE, g.y, cross_entropy)
     if schedule.used_targets(logits.shape[1]):
         with g.forward.phase("apgd-t"):
-            targets, starts = _ranked_targets(g, schedule, logits)
+            targets, starts, first = _ranked_targets(g, schedule, logits)
             for k in range(targets.shape[1]):
                 _gradient_run(g, schedule, APGD_T, torch.stack([g.y, targets[:, k]], dim=1), dlr_targeted,
-                              None if starts is None else starts[k])
+                              None if starts is None else starts[k], None if first is None else first[k])
     if schedule.square_queries:
         with g.forward.phase("square"):
             _square_stage(g, schedule)
