@@ -35,7 +35,10 @@ supplies what differs between the norms (all per row, in input units, float32 or
   phase at eps in L-inf; ``checks.adversarial.ensemble``), its first step size in units of eps (2;
   1 in L1, as in AutoAttack), and whether a widening targeted run starts at the first-order
   maximiser of its widest ball (L2: that point scaled back is the eps ball's when the box does
-  not clip; in L1 the knapsack point of 8 eps is a poor start, measured on the digits models).
+  not clip; in L1 the knapsack point of 8 eps is a poor start, measured on the digits models);
+- ``restarts`` and ``square``: the check's default APGD-CE restarts (2; 3 in L1, where a sparse
+  step's coordinates depend on the start; AutoAttack's L1 version runs 5) and whether the Square
+  search has a version in this norm (not in L1).
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ def _l2(v: torch.Tensor) -> torch.Tensor:
     return v.flatten(1).norm(dim=1)
 
 
+def _room(d: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Per row (n, D): how far each coordinate of x can move within [lo, hi] towards sign(d_i)."""
+    return torch.where(d >= 0, hi - x, x - lo).flatten(1)
+
+
 def _unit(v: torch.Tensor) -> torch.Tensor:
     """v / ||v||_2 per row (0 where v = 0)."""
     n = _l2(v)
@@ -76,6 +84,8 @@ class Ball:
     #: Whether a widening targeted run starts at its widest ball's first-order maximiser (else at
     #: the eps ball's).
     wide_first_order = False
+    #: The check's default APGD-CE restarts, and whether the Square search runs in this norm.
+    restarts, square = 2, True
 
     def __init__(self, eps: float):
         self.eps = eps
@@ -125,7 +135,7 @@ class L1Ball(Ball):
     """The L1 ball of radius ``eps`` (module docstring)."""
 
     name, title = "l1", "L1"
-    widening, step = WIDENING, 1.0
+    widening, step, restarts, square = WIDENING, 1.0, 3, False
 
     def ascent(self, g: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         flat, width = g.flatten(1), g[0].numel()
@@ -138,16 +148,16 @@ class L1Ball(Ball):
 
     def project(self, z: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         d = z - x
-        size, room = d.abs().flatten(1), torch.where(d >= 0, hi - x, x - lo).flatten(1)
+        size, room = d.abs().flatten(1), _room(d, x, lo, hi)
         kept = lambda t: torch.minimum((size - t[:, None]).clamp(min=0), room)  # noqa: E731
         zero = torch.zeros_like(size[:, 0])
+        clamped = kept(zero).sum(dim=1) <= self.eps  # the box alone brings it into the ball: t = 0
         low, high = zero, size.max(dim=1).values
         for _ in range(BISECTIONS):  # sum(kept(t)) falls as t rises; kept(high) stays in the ball
             mid = (low + high) / 2
             inside = kept(mid).sum(dim=1) <= self.eps
             low, high = torch.where(inside, low, mid), torch.where(inside, mid, high)
-        t = torch.where(kept(zero).sum(dim=1) <= self.eps, zero, high)
-        return x + d.sign() * kept(t).view_as(d)
+        return x + d.sign() * kept(torch.where(clamped, zero, high)).view_as(d)
 
     def random_start(self, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         return self.project(x + self.eps * (2 * u - 1), x, lo, hi)
@@ -163,7 +173,7 @@ class L1Ball(Ball):
         eps goes to the coordinates in decreasing order of |d_i|, each up to its room in the box
         towards sign(d_i) (a fractional knapsack, so greedy is exact)."""
         size = d.abs().flatten(1)
-        room = torch.where(d > 0, hi - x, x - lo).flatten(1) * (size > 0)
+        room = _room(d, x, lo, hi) * (size > 0)
         order = size.argsort(dim=1, descending=True, stable=True)
         sorted_room = room.gather(1, order)
         before = sorted_room.cumsum(dim=1) - sorted_room

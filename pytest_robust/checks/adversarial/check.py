@@ -58,6 +58,7 @@ import warnings
 import numpy as np
 import torch
 
+from pytest_robust.attacks.norms import ball as ball_of
 from pytest_robust.checks.adversarial import DECLARATION
 from pytest_robust.checks.adversarial.ensemble import (
     BROKEN,
@@ -93,9 +94,6 @@ CHUNK = 16
 #: Inputs attacked together without a threshold (nothing looks in between but the time limit): full
 #: batches for the device and every rank; the outcomes are those of any other chunking.
 ESTIMATE_CHUNK = 128
-#: APGD-CE restarts by default: 2, and 3 in L1, where a sparse step's coordinates depend on where
-#: the run starts (docs/adversarial.md: what each buys; AutoAttack's L1 version runs 5).
-RESTARTS, L1_RESTARTS = 2, 3
 #: Gradient masking is reported when a sign of it concerns at least this share of the inputs (half
 #: a point, the strength bar) and at least MASKING_MIN inputs (one stray input is not a pattern).
 MASKING_SHARE, MASKING_MIN = 0.005, 3
@@ -262,9 +260,10 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
         check_scale("adversarial accuracy", "eps", eps, run.ds.x, run.perturbation.bounds, share=0.5, below=1.0,
                     effect=", so the attack may move every input to the same point (the box's centre) and no "
                            "classifier can stay robust")
-    restarts = restarts or (L1_RESTARTS if norm == "l1" else RESTARTS)
+    norm_ball = ball_of(norm, eps)
+    restarts = restarts or norm_ball.restarts
     schedule = Schedule(eps=eps, steps=steps, restarts=restarts, targets=targets,
-                        square_queries=0 if norm == "l1" else square_queries, bounds=run.perturbation.bounds,
+                        square_queries=square_queries if norm_ball.square else 0, bounds=run.perturbation.bounds,
                         norm=norm, ranking=ranking)
     total = len(run.ds)
     n = total if inputs is None else min(inputs, total)
