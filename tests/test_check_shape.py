@@ -57,6 +57,9 @@ CHECKS = {
                                                                    targets=1, square_queries=20, **k),
     "adversarial_accuracy_l2": lambda m, d, **k: adversarial_accuracy(m, d, threshold=0.3, eps=0.5, norm="l2", steps=4,
                                                                       targets=1, square_queries=20, **k),
+    # 10 steps: the widening phases (8, 4, 2 x eps) run too
+    "adversarial_accuracy_l1": lambda m, d, **k: adversarial_accuracy(m, d, threshold=0.3, eps=1.0, norm="l1",
+                                                                      steps=10, targets=1, **k),
     "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
         m, d, threshold=0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5],
         budget=3000, **k),
@@ -204,7 +207,7 @@ def _free_port() -> int:
 
 
 SHARDED = ("q_hmc", "certified_accuracy", "certify", "pa_report", "adversarial_accuracy", "adversarial_accuracy_l2",
-           "nppr", "tsrm", "corruption_accuracy")
+           "adversarial_accuracy_l1", "nppr", "tsrm", "corruption_accuracy")
 
 
 def _sharded_rank(rank: int, world: int, port: int, out: str) -> None:
