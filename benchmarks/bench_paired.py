@@ -22,6 +22,8 @@ import torch
 from digits_model import noisy_copy
 
 from pytest_robust import GaussianNoise, UniformLinf, tsrm
+from pytest_robust.checks.tsrm import DECLARATION as TSRM
+from pytest_robust.engine.context import RunContext
 from pytest_robust.engine.run import Run
 from pytest_robust.procedures.bernoulli import bernoulli_stream
 from pytest_robust.stats import confidence_sequence
@@ -30,7 +32,8 @@ ALPHA, MARGIN, MOST = 0.05, 0.01, 100_000
 
 
 def outcomes(model, data, perturbation, seed: int) -> np.ndarray:
-    with Run("tsrm", model, data, budget=MOST, seed=seed, perturbation=perturbation) as run:
+    with Run("tsrm", model, data, declaration=TSRM, context=RunContext(), budget=MOST, seed=seed,
+             perturbation=perturbation) as run:
         return bernoulli_stream(run, perturbation, MOST).outcomes.astype(float)
 
 

@@ -1,4 +1,5 @@
-"""The ``robust`` fixture: programmatic checks of any registered metric, and explicit marker checks.
+"""The ``robust`` fixture: programmatic checks of any registered metric or analysis (q_curve, certify,
+predict, pa_report), and explicit marker checks.
 
 Results are recorded by ``recording`` exactly like marker checks, so they reach every report. A
 fixture call with a threshold gates the test at its end like a marker (``enforce=False`` opts out).
@@ -8,13 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 
 import pytest
 
 from pytest_robust.checks.registry import CheckSpec, suggest
 from pytest_robust.errors import RobustError
-from pytest_robust.recording import ITEM_RESULTS, RECORDED, enforce, evaluate, metrics, not_run, run_spec, settings_for
+from pytest_robust.recording import (
+    ITEM_RESULTS,
+    RECORDED,
+    checks_and_analyses,
+    enforce,
+    metrics,
+    not_run,
+    run_spec,
+    settings_for,
+)
 from pytest_robust.results import Result
 from pytest_robust.settings.keys import KEY_NAMES, Settings
 
@@ -36,19 +45,20 @@ class RobustFixture:
 
         return resolve_device(self.settings.device)
 
-    def measure(self, metric: str, model, data, **kwargs) -> Result:
-        """Any registered check (built-in or from a ``pytest_robust_metrics`` hook) through the same
-        path as a marker: ``robust.measure("tsrm", model, data, perturbation=..., threshold=0.9)``
-        is ``robust.tsrm(model, data, perturbation=..., threshold=0.9)``: the library function's
-        keywords (its threshold, its parameters; a fixture-valued parameter or ``reference=`` may
-        name a fixture), plus settings keys, which override this test's settings; a parameter of
-        the check wins over a setting of the same name (``eps``), as everywhere (``Metric.accept``).
-        With a threshold the result gates the test at its end like a marker, unless the call says
-        ``enforce=False`` (then it is recorded as not enforced, ``details["enforced"]`` False, which
-        the metric-level JUnit file shows as a passed testcase, never a failure). The result names
-        the model by its fixture's name when it is one of the test's fixtures (as a marker's result
-        does), else by its class."""
-        registered = metrics(self._request.config)
+    def measure(self, metric: str, model, data, **kwargs):
+        """Any registered check (built-in or from a ``pytest_robust_metrics`` hook) or analysis
+        (``q_curve``, ``certify``, ``predict``, ``pa_report``: it returns what its library function
+        returns, a ``Certification`` for ``certify``) through the same path as a marker:
+        ``robust.measure("tsrm", model, data, perturbation=..., threshold=0.9)`` is ``robust.tsrm(model, data,
+        perturbation=..., threshold=0.9)``: the library function's keywords (its threshold, its parameters; a
+        fixture-valued parameter or ``reference=`` may name a fixture), plus settings keys, which override this
+        test's settings; a parameter of the check wins over a setting of the same name (``eps``), as everywhere
+        (``Metric.accept``). With a threshold the result gates the test at its end like a marker, unless the
+        call says ``enforce=False`` (then it is recorded as not enforced, ``details["enforced"]`` False, which
+        the metric-level JUnit file shows as a passed testcase, never a failure). The result names the model by
+        its fixture's name when it is one of the test's fixtures (as a marker's result does), else by its
+        class."""
+        registered = checks_and_analyses(self._request.config)
         if metric not in registered:
             pytest.fail(f"robust.measure: no metric {metric!r}{suggest(metric, registered)}; registered: "
                         f"{', '.join(registered)}", pytrace=False)
@@ -86,66 +96,27 @@ class RobustFixture:
         return next((k for k in named if funcargs.get(k) is model), type(model).__name__)
 
     def __getattr__(self, name: str):
-        registered = metrics(self._request.config)
+        registered = checks_and_analyses(self._request.config)
         if not name.startswith("_") and name in registered:
             return functools.partial(self._call, name)
         raise AttributeError(f"the robust fixture has no attribute {name!r}{suggest(name, registered)}; its "
-                             f"metrics: {', '.join(registered)}")
+                             f"metrics and analyses: {', '.join(registered)}")
 
-    def _call(self, name: str, *args, **kwargs) -> Result:
-        """``robust.<name>(model, data, **keywords)``: the library function's signature."""
-        if len(args) != 2:
-            declared = metrics(self._request.config)[name]
+    def _call(self, name: str, *args, **kwargs):
+        """``robust.<name>(model, data, **keywords)``: the library function's signature (an analysis
+        may take its ``positional`` parameters after the data, as its library function does)."""
+        declared = checks_and_analyses(self._request.config)[name]
+        extra = args[2:]
+        doubled = [k for k in declared.positional[:len(extra)] if k in kwargs]
+        if not 2 <= len(args) <= 2 + len(declared.positional) or doubled:
+            example = ", ".join(([f"{declared.call_threshold()}=..."] if declared.gate else [])
+                                + [p + "=..." for p in declared.required])
             pytest.fail(f"robust.{name}(model, data, **keywords) takes the model and the data positionally and "
-                        f"everything else by keyword (got {len(args)} positional arguments), e.g. robust.{name}("
-                        f"model, data, {declared.call_threshold()}=..., "
-                        f"{', '.join(p + '=...' for p in declared.required)}); "
+                        f"everything else by keyword (got {len(args)} positional arguments"
+                        + (f", and {', '.join(doubled)} twice" if doubled else "") + f"), e.g. robust.{name}("
+                        f"model, data, {example}); "
                         f"{declared.valid_keywords(name, 'call', f'robust.{name}(...)')}", pytrace=False)
-        return self.measure(name, *args, **kwargs)
-
-    def _library(self, fn, name: str, model, *args, **kwargs) -> Result:
-        """A library function that is not a marker metric (certify, pa_report, q_curve)."""
-        from pytest_robust.engine.device import resolve_device
-
-        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in KEY_NAMES}
-        settings, params = settings_for(self.settings, overrides, f"argument of robust.{name}"), kwargs
-        accepted = inspect.signature(fn).parameters
-        common = {k: getattr(settings, k) for k in ("confidence", "budget", "seed", "batch_size")
-                  if k in accepted and getattr(settings, k) is not None}
-
-        def call():
-            return fn(model, *args, device=resolve_device(settings.device), **common, **params)
-
-        return evaluate(self._request.node, call, self._model_name(model, settings),
-                        CheckSpec(name, None, dict(params), {}), settings)
-
-    def q_curve(self, model, data, **kwargs) -> Result:
-        """The q-curve (path sampling, Monte Carlo, q = infinity; ``checks.q.curve``), with the
-        same keywords (``perturbation=``, ``qs=``, ...); a PNG in the report directory."""
-        from pytest_robust.checks.q.curve import q_curve
-
-        return self._library(q_curve, "q_curve", model, data, **kwargs)
-
-    def certify(self, model, data, sigma: float, n0: int = 100, n: int = 100_000, alpha: float = 0.001, **kwargs):
-        """Cohen's CERTIFY per input (returns the per-input ``Certification``); a summary with the
-        certified-accuracy-against-radius curve is recorded in the reports."""
-        from pytest_robust.checks.smoothing.cohen import certify
-
-        holder = {}
-
-        def summarised(*args, seed, batch_size, confidence, device):
-            holder["certification"] = certify(*args, seed=seed, batch_size=batch_size, device=device)
-            return holder["certification"].to_result(confidence)
-
-        self._library(summarised, "certify", model, data, sigma, n0, n, alpha, **kwargs)
-        return holder["certification"]
-
-    def pa_report(self, model, data, sigma: float, **kwargs) -> Result:
-        """Per-input pA, its survival curve and certified accuracy against radius (and under other
-        budgets); verdict "estimate", curves as PNGs in the report directory."""
-        from pytest_robust.checks.smoothing.pa_report import pa_report
-
-        return self._library(pa_report, "pa_report", model, data, sigma, **kwargs)
+        return self.measure(name, *args[:2], **dict(zip(declared.positional, extra)), **kwargs)
 
     def _fixture(self, name: str, role: str):
         """The value of fixture ``name``, which gives the check its ``role`` (model, data, a

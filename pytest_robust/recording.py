@@ -49,6 +49,14 @@ def metrics(config: pytest.Config) -> dict:
     return found
 
 
+def checks_and_analyses(config: pytest.Config) -> dict:
+    """Everything a fixture call may name: the registered metrics (``metrics``), then the analyses
+    (``checks.ANALYSES``: q_curve, certify, predict, pa_report)."""
+    from pytest_robust.checks import ANALYSES
+
+    return {**metrics(config), **ANALYSES}
+
+
 def record(item: pytest.Item, result: Result, spec: CheckSpec | None = None) -> Result:
     """Attach ``result`` (of ``spec``, if it is one of the item's declared checks) to ``item``:
     JUnit properties now, the test report at the end of the phase."""
@@ -64,7 +72,7 @@ def not_run(item: pytest.Item, spec: CheckSpec, verdict: str, reason: str, model
             settings: Settings | None = None) -> Result:
     """Record ``spec`` as not run (``verdict`` "error" or "skipped", with ``reason``), with its
     settings when they were resolved."""
-    return record(item, checks.not_run(spec, metrics(item.config), verdict, reason, model, settings), spec)
+    return record(item, checks.not_run(spec, checks_and_analyses(item.config), verdict, reason, model, settings), spec)
 
 
 def record_unrun(item: pytest.Item, verdict: str, reason: str) -> None:
@@ -107,25 +115,33 @@ def settings_for(base: Settings, overrides: dict, source: str) -> Settings:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
 
 
-def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings: Settings | None = None) -> Result:
-    """Run ``call()`` (returning a Result) with progress reporting and record the result under
-    ``model_name``. If it raises, an "error" result with the message is recorded instead: a
-    ``RobustError`` (model, data or argument problem) fails the test with its message, not a
-    traceback from inside the engine; anything else is a bug and is re-raised with its traceback."""
-    from pytest_robust.engine.clock import time_limit
-    from pytest_robust.engine.inspect.warnings import warning_site
-    from pytest_robust.engine.interface import model_interface
-    from pytest_robust.engine.items import data_keys
-    from pytest_robust.engine.precision import execution
-    from pytest_robust.engine.progress import progress_sink
+def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str,
+             spelling: str = "marker"):
+    """Evaluate one spec with resolved settings and record its result under ``model_name``; returns
+    what the library call would (the Result, or an analysis' per-input object). The check runs under
+    the context of its settings (``context.RunContext.from_settings``), with the test's progress line
+    and warning site. Under ``--robust-suggest`` a check with a threshold runs as an estimate and its
+    result carries the suggested threshold (``report.suggest``) in ``details["suggestion"]``, written
+    as ``spelling`` ("marker": a marker or a YAML check, "call": a fixture call) declares it; a paired
+    gate runs as declared.
 
-    how = settings or item.config.stash[SETTINGS]
+    If the check raises, an "error" result with the message is recorded instead: a ``RobustError``
+    (model, data or argument problem) fails the test with its message, not a traceback from inside
+    the engine; anything else is a bug and is re-raised with its traceback."""
+    from pytest_robust.engine.context import RunContext
+    from pytest_robust.engine.device import resolve_device
+    from pytest_robust.report.suggest import suggestion
+
+    registered = checks_and_analyses(item.config)
+    suggesting = (bool(item.config.getoption("robust_suggest", False)) and spec.paired is None
+                  and registered[spec.metric].gate)
+    ran = dataclasses.replace(spec, threshold=None) if suggesting else spec
+    context = RunContext.from_settings(settings, _progress(item), (str(item.path), item.location[1] + 1))
     started = time.monotonic()
     try:
-        with progress_sink(_progress(item)), execution(how.precision, how.channels_last, how.compile,
-                                                       how.deterministic), model_interface(how.normalize, how.logits), \
-                data_keys(how.data_keys), warning_site(item.path, item.location[1] + 1), time_limit(how.time_limit):
-            result = call()
+        result, value = checks.run(ran, registered, model, data, settings, resolve_device(settings.device), context)
+        if suggesting and result.estimate is not None:
+            result.details["suggestion"] = suggestion(result, *_paste(item, spec, registered[spec.metric], spelling))
     except RobustError as err:
         not_run(item, spec, "error", str(err), model_name, settings)
         pytest.fail(f"robust check could not run: {err}", pytrace=False)
@@ -138,29 +154,8 @@ def evaluate(item: pytest.Item, call, model_name: str, spec: CheckSpec, settings
         not_run(item, spec, "error", f"{type(err).__name__}: {err}", model_name, settings)
         raise
     result.model = model_name
-    return record(item, result, spec)
-
-
-def run_spec(item: pytest.Item, spec: CheckSpec, model, data, settings: Settings, model_name: str,
-             spelling: str = "marker") -> Result:
-    """Evaluate one spec with resolved settings and record its result. Under ``--robust-suggest``
-    a check with a threshold runs as an estimate and its result carries the suggested threshold
-    (``report.suggest``) in ``details["suggestion"]``, written as ``spelling`` ("marker": a marker
-    or a YAML check, "call": a fixture call) declares it; a paired gate runs as declared."""
-    from pytest_robust.engine.device import resolve_device
-    from pytest_robust.report.suggest import suggestion
-
-    registered = metrics(item.config)
-    suggesting = bool(item.config.getoption("robust_suggest", False)) and spec.paired is None
-    ran = dataclasses.replace(spec, threshold=None) if suggesting else spec
-
-    def call():
-        result = checks.run(ran, registered, model, data, settings, resolve_device(settings.device))
-        if suggesting and result.estimate is not None:
-            result.details["suggestion"] = suggestion(result, *_paste(item, spec, registered[spec.metric], spelling))
-        return result
-
-    return evaluate(item, call, model_name, spec, settings)
+    record(item, result, spec)
+    return value
 
 
 def _paste(item: pytest.Item, spec: CheckSpec, metric, spelling: str) -> tuple[str, str]:

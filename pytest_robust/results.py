@@ -184,13 +184,20 @@ class Result:
         if self.verdict == "fail":
             return f"{head} {broken} {word} {self.threshold:g} {cond}{note}"
         if self.verdict == "inconclusive":
-            reason = self.details.get("inconclusive_reason") or (
-                f"the budget of {self.budget} model evaluations ran out before the {pct} bounds left the threshold; "
-                "raise it (--robust-budget, robust_budget in ini, budget= on the marker or budget: in "
-                "a YAML suite) or move the threshold away from the estimate"
-            )
+            reason = self.details.get("inconclusive_reason") or self._undecided(pct)
             return f"{head} is inconclusive against {self.direction} {self.threshold:g} {cond}: {reason}{note}"
         return f"{head} {cond}{note}"
+
+    def _undecided(self, pct: str) -> str:
+        """Why an inconclusive check without a reason of its own stopped: its budget ran out, or (with
+        budget left) it had used every input, so only more inputs would narrow its bounds."""
+        if self.forward_passes < self.budget:
+            return (f"it used every one of its {self.n_inputs} inputs ({self.forward_passes} of its {self.budget} "
+                    f"model evaluations) before the {pct} bounds left the threshold: more inputs, not more budget, "
+                    "would narrow them; or move the threshold away from the estimate")
+        return (f"the budget of {self.budget} model evaluations ran out before the {pct} bounds left the threshold; "
+                "raise it (--robust-budget, robust_budget in ini, budget= on the marker or budget: in "
+                "a YAML suite) or move the threshold away from the estimate")
 
     def _clean(self) -> str:
         """"; clean accuracy 0.950 on the same inputs" beside an accuracy that failed, or did not

@@ -345,7 +345,7 @@ def test_a_metric_name_registered_twice_is_a_usage_error(pytester):
     pytester.makepyfile("def test_nothing():\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*metric tsrm*a name not already taken by a metric or setting*"])
+    result.stderr.fnmatch_lines(["*metric tsrm*a name not already taken by a metric, an analysis or a setting*"])
 
 
 # -- every report shows the same spending -------------------------------------------------------------

@@ -98,3 +98,65 @@ def data():
             assert got["verdict"] == library["verdict"], (metric, door, got, library)
             for k in NUMBERS[1:]:
                 assert got[k] == pytest.approx(library[k], rel=1e-9, abs=1e-12), (metric, door, k, got, library)
+
+
+#: analysis -> its keywords in a call (as Python source): the analyses have two doors, the library
+#: function and the fixture, and go through the same one (``Metric.accept``) as the checks.
+ANALYSES = {
+    "q_curve": "perturbation=UniformLinf(eps=0.2), qs=(1, 10), steps=6, warmup=2, inputs=8, pgd_steps=2, budget=20_000",
+    "certify": "0.25, n0=10, n=60, alpha=0.01",
+    "predict": "0.25, n=60, alpha=0.01",
+    "pa_report": "0.25, n=60, radii=[0.0, 0.1]",
+}
+
+
+def test_every_analysis_gives_the_same_numbers_through_the_library_and_the_fixture(pytester):
+    pytester.makeconftest(small_net_conftest(N))
+    pytester.makepyfile(test_analyses="import pytest\nfrom pytest_robust import UniformLinf\n\n\n" + "\n\n".join(
+        f"def test_fixture_{name}(robust, robust_model, robust_data):\n"
+        f"    robust.{name}(robust_model, robust_data, {source}, seed={SEED})\n" for name, source in ANALYSES.items()))
+    run = pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "out")
+    assert (pytester.path / "out" / "results.json").exists(), run.stdout.str() + run.stderr.str()
+    results = {r["metric"]: r for r in json.loads((pytester.path / "out" / "results.json").read_text())["results"]}
+    for name, source in ANALYSES.items():
+        value = eval(f"pr.{name}(SmallNet().eval(), image_data(n={N}), {source}, seed={SEED})",
+                     {"pr": pr, "SmallNet": SmallNet, "image_data": image_data, "UniformLinf": pr.UniformLinf})
+        library = value if isinstance(value, pr.Result) else value.to_result()
+        got = results[name]
+        assert got["verdict"] == library.verdict == "estimate", name
+        for k in NUMBERS[1:]:
+            assert got[k] == pytest.approx(getattr(library, k), rel=1e-9, abs=1e-12), (name, k)
+
+
+@pytest.mark.parametrize("name", sorted(ANALYSES))
+def test_a_misspelt_keyword_of_an_analysis_gets_the_doors_message_in_the_library_and_the_fixture(pytester, name):
+    with pytest.raises(pr.ArgumentError) as err:
+        getattr(pr, name)(SmallNet().eval(), image_data(n=4), sede=3)
+    library = str(err.value)
+    assert library.startswith(f"unknown keyword(s) sede (did you mean seed?) on {name}(...); valid keywords of "
+                              f"{name}(...): ")
+    pytester.makeconftest(small_net_conftest(4))
+    pytester.makepyfile(test_misspelt=f"""
+def test_it(robust, robust_model, robust_data):
+    robust.{name}(robust_model, robust_data, sede=3)
+""")
+    run = pytester.runpytest("-p", "no:cacheprovider")
+    run.stdout.fnmatch_lines([f"*unknown keyword(s) sede (did you mean seed?) on robust.{name}(...); valid keywords of "
+                              f"robust.{name}(...): *"])
+
+
+@pytest.mark.parametrize("key", ["report", "profile"])
+def test_a_per_run_setting_on_a_marker_is_a_usage_error_naming_where_it_belongs(pytester, key):
+    pytester.makeconftest(small_net_conftest(4))
+    pytester.makepyfile(test_per_run=f"""
+import pytest
+from pytest_robust import UniformLinf
+
+@pytest.mark.robust(tsrm=0.5, perturbation=UniformLinf(eps=0.1), {key}="somewhere")
+def test_it():
+    pass
+""")
+    run = pytester.runpytest("-p", "no:cacheprovider")
+    assert run.ret == pytest.ExitCode.USAGE_ERROR
+    flag = "--robust-report" if key == "report" else "--robust-profile"
+    run.stderr.fnmatch_lines([f"*{key}= on robust(tsrm=...): {key} * {flag}*, not per check*"])

@@ -235,6 +235,25 @@ def test_a_second_run_on_a_report_directory_in_use_stops_before_any_check(pytest
     assert not (pytester.path / "out" / LOCK_NAME).exists()  # a finished run leaves no lock behind
 
 
+def test_a_report_directory_that_cannot_be_written_is_a_usage_error_before_any_check(pytester, monkeypatch):
+    """A read-only file system (simulated: root may write anywhere here) stops the run at exit 4,
+    naming the directory, instead of an INTERNALERROR that loses every other output."""
+    from pytest_robust.report import lock
+
+    def read_only(self):
+        raise OSError(30, "Read-only file system")
+
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(PASSING)
+    monkeypatch.setattr(lock.RunLock, "_hold", read_only)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--robust-report", "out")
+    monkeypatch.undo()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*report directory out cannot be written (Read-only file system): name a writable "
+                                 "directory with --robust-report*"])
+    assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
+
+
 def test_a_rerun_in_a_report_directory_removes_the_previous_run_s_files_it_does_not_write(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(PASSING)

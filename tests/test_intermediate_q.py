@@ -405,7 +405,7 @@ def test_auto_is_monte_carlo_at_small_q_at_path_samplings_budget():
 def test_path_sampling_reports_progress_after_every_transition():
     """A group of inputs can run for minutes (497 CIFAR-sized inputs: 346 s before the first line):
     progress is reported after every warm-up and path transition, so it shows after FIRST_AFTER."""
-    from pytest_robust.engine.progress import progress_sink
+    from pytest_robust import progress_sink
 
     calls = []
     with progress_sink(calls.append):

@@ -1,4 +1,4 @@
-"""normalize=(mean, std) and logits=: the model interface (pytest_robust/model_io.py).
+"""normalize=(mean, std) and logits=: the model interface (pytest_robust/engine/interface.py).
 
 The central promise: a check with normalize= gives exactly the numbers of the same check on an
 explicit torch.nn.Sequential(torchvision Normalize, model), bit for bit, for all six checks, while

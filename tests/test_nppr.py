@@ -16,14 +16,14 @@ import warnings
 
 import pytest
 import torch
-from toy_models import SmallNet, image_data
+from toy_models import SmallNet, bare_run, image_data
 
+from pytest_robust.checks.nppr import DECLARATION as NPPR
 from pytest_robust.checks.nppr.check import nppr
 from pytest_robust.checks.nppr.data import split_data
 from pytest_robust.checks.nppr.fit import FrozenGMM
 from pytest_robust.checks.nppr.gmm import GMMConfig, GMMPerturbation
 from pytest_robust.engine import cache
-from pytest_robust.engine.run import Run
 from pytest_robust.errors import RobustDataError, RobustWarning, SettingError
 
 D = 16  # input width of the weak linear model
@@ -245,7 +245,7 @@ def test_fit_split_and_evaluation_split_are_disjoint_and_seeded():
     x[:, 0] = torch.arange(40) / 100 + 0.3  # make every row identifiable
 
     def split(seed):
-        return split_data(Run("nppr", WeakLinear(), (x, y), seed=seed), None, 0.5, (0.0, 1.0))
+        return split_data(bare_run("nppr", WeakLinear(), (x, y), NPPR, seed=seed), None, 0.5, (0.0, 1.0))
 
     fit, ev, _, index = split(3)
     assert len(fit) == len(ev) == 20

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from test_model_interface import images, small_net
+from toy_models import bare_run
 
 from pytest_robust import certified_accuracy
-from pytest_robust.engine.run import Run
 from pytest_robust.errors import ArgumentError
 from pytest_robust.report.inputs import per_input_csv, without_pixels
 from pytest_robust.report.per_input import worst
@@ -29,7 +29,7 @@ def test_worst_inputs_rank_outcomes_then_estimates_in_the_metrics_direction():
 
 
 def test_a_malformed_table_is_the_metrics_bug_named():
-    with Run("mine", small_net(), images()) as run:
+    with bare_run("mine", small_net(), images()) as run:
         with pytest.raises(ArgumentError,
                            match='metric mine: details\\["per_input"\\] columns must have equal lengths'):
             run.result(estimate=0.5, lower=0.4, upper=0.6, draws=1, perturbation="-",

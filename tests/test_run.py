@@ -7,14 +7,13 @@ from __future__ import annotations
 import sys
 
 import pytest
-from toy_models import ThresholdModel, threshold_data
+from toy_models import ThresholdModel, bare_run, threshold_data
 
 import pytest_robust as pr
 from pytest_robust.engine import collective
 from pytest_robust.engine.inspect import model as model_inspection
-from pytest_robust.engine.run import Run
 
-COLLECTIVES = ("gather_objects", "sum_int", "agree_min", "interleave", "gather_rows", "gather_blocks")
+COLLECTIVES = ("gather_objects", "sum_int", "interleave", "gather_rows", "gather_blocks")
 
 
 def _count(monkeypatch, module, names) -> dict:
@@ -47,7 +46,7 @@ def test_the_model_is_inspected_once_per_check(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:.*tied top logits")
 def test_the_result_gathers_its_accounting_in_one_collective_call(monkeypatch):
-    with Run("toy", ThresholdModel(0.5), threshold_data(), budget=100) as run:
+    with bare_run("toy", ThresholdModel(0.5), threshold_data(), budget=100) as run:
         run.clean_accuracy()
         calls = _count(monkeypatch, collective, COLLECTIVES)
         result = run.result(estimate=1.0, lower=1.0, upper=1.0, draws=16, perturbation="none")
@@ -57,7 +56,7 @@ def test_the_result_gathers_its_accounting_in_one_collective_call(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:.*tied top logits")
 def test_a_result_after_the_run_closed_is_refused():
-    with Run("toy", ThresholdModel(0.5), threshold_data(), budget=100) as run:
+    with bare_run("toy", ThresholdModel(0.5), threshold_data(), budget=100) as run:
         run.clean_accuracy()
     with pytest.raises(RuntimeError, match="after the run closed"):
         run.result(estimate=1.0, lower=1.0, upper=1.0, draws=16, perturbation="none")

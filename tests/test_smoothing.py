@@ -466,7 +466,7 @@ def test_closed_form_helpers_validate_their_arguments():
 
 
 def test_long_runs_report_progress():
-    from pytest_robust.engine.progress import progress_sink
+    from pytest_robust import progress_sink
 
     seen = []
     data = inputs_with_pa([0.999, 0.5], 0.25)

@@ -16,17 +16,17 @@ TINY = 1e-9  # seconds: past after the first step of any check
 
 #: Checks with budgets far beyond what one step spends, and thresholds they cannot decide at once.
 CHECKS = {
-    "tsrm": lambda m, d: pr.tsrm(m, d, perturbation=BOX, threshold=0.35, budget=1_000_000),
-    "corruption_accuracy": lambda m, d: pr.corruption_accuracy(
-        m, d, threshold=0.35, corruptions=["gaussian_noise"], severities=[3], budget=1_000_000),
-    "certified_accuracy": lambda m, d: pr.certified_accuracy(
-        m, d, threshold=0.2, radius=0.05, sigma=0.25, max_draws=100_000, budget=10_000_000),
-    "nppr": lambda m, d: pr.nppr(m, d, threshold=0.35, eps=0.2, latent_dim=4, components=2, fit_steps=2,
-                                 fit_batch_size=8, fit_draws=2, draws_per_input=10_000, budget=1_000_000),
-    "intermediate_q": lambda m, d: pr.intermediate_q(
-        m, d, perturbation=BOX, q=1, estimator="mc", max_loss=1.2, chains=4, steps=8, budget=1_000_000),
-    "adversarial_accuracy": lambda m, d: pr.adversarial_accuracy(
-        m, d, threshold=0.1, eps=0.05, steps=4, targets=1, square_queries=5, budget=1_000_000),
+    "tsrm": lambda m, d, **k: pr.tsrm(m, d, perturbation=BOX, threshold=0.35, budget=1_000_000, **k),
+    "corruption_accuracy": lambda m, d, **k: pr.corruption_accuracy(
+        m, d, threshold=0.35, corruptions=["gaussian_noise"], severities=[3], budget=1_000_000, **k),
+    "certified_accuracy": lambda m, d, **k: pr.certified_accuracy(
+        m, d, threshold=0.2, radius=0.05, sigma=0.25, max_draws=100_000, budget=10_000_000, **k),
+    "nppr": lambda m, d, **k: pr.nppr(m, d, threshold=0.35, eps=0.2, latent_dim=4, components=2, fit_steps=2,
+                                      fit_batch_size=8, fit_draws=2, draws_per_input=10_000, budget=1_000_000, **k),
+    "intermediate_q": lambda m, d, **k: pr.intermediate_q(
+        m, d, perturbation=BOX, q=1, estimator="mc", max_loss=1.2, chains=4, steps=8, budget=1_000_000, **k),
+    "adversarial_accuracy": lambda m, d, **k: pr.adversarial_accuracy(
+        m, d, threshold=0.1, eps=0.05, steps=4, targets=1, square_queries=5, budget=1_000_000, **k),
 }
 #: Inputs per check: the gated adversarial check stops between chunks of 16 inputs, so it gets several.
 INPUTS = {"adversarial_accuracy": 192}
@@ -38,8 +38,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest_robust.errors.RobustWarn
 def test_the_time_limit_stops_every_check_with_its_evidence(name):
     x, y = image_data(n=INPUTS.get(name, 64))
     full = CHECKS[name](SmallNet().eval(), (x, y)) if name == "intermediate_q" else None
-    with clock.time_limit(TINY):
-        r = CHECKS[name](SmallNet().eval(), (x, y))
+    r = CHECKS[name](SmallNet().eval(), (x, y), time_limit=TINY)
     assert r.details["time_limit"]["stopped"] and r.details["time_limit"]["seconds"] == TINY
     assert "time limit of 1e-09 s stopped it" in r.message()
     assert r.lower <= r.estimate <= r.upper and r.forward_passes > 0

@@ -17,6 +17,7 @@ from pytest_robust import (
     ArgumentError,
     Corruption,
     GaussianNoise,
+    Result,
     RobustDataError,
     RobustWarning,
     SettingError,
@@ -28,7 +29,6 @@ from pytest_robust import (
     tsrm,
 )
 from pytest_robust.engine import cache
-from pytest_robust.engine.items import data_keys
 from pytest_robust.perturbations.corruptions import CorruptionGrid
 from pytest_robust.settings.keys import Settings
 
@@ -534,8 +534,8 @@ def fit_images():
 @pytest.mark.parametrize("keys", [("img", "klass"), ("pixels", "answer")])
 def test_data_keys_name_the_input_and_label_of_mapping_items(keys):
     data = _Mapped(keys)
-    with data_keys(keys):
-        by_map = tsrm(SmallNet().eval(), data, perturbation=UniformLinf(eps=0.1), threshold=None, budget=512)
+    by_map = tsrm(SmallNet().eval(), data, perturbation=UniformLinf(eps=0.1), threshold=None, budget=512,
+                  data_keys=keys)
     by_pair = tsrm(SmallNet().eval(), (data.x, data.y), perturbation=UniformLinf(eps=0.1), threshold=None, budget=512)
     assert (by_map.estimate, by_map.lower, by_map.upper) == (by_pair.estimate, by_pair.lower, by_pair.upper)
 
@@ -543,9 +543,9 @@ def test_data_keys_name_the_input_and_label_of_mapping_items(keys):
 @pytest.mark.parametrize("keys, missing", [(("img", "label"), "'label'"), (("image", "klass"), "'image'"),
                                            (("a", "b"), "'a', 'b'")])
 def test_data_keys_that_an_item_lacks_are_named_with_the_fix(keys, missing):
-    with data_keys(keys), pytest.raises(RobustDataError) as err:
+    with pytest.raises(RobustDataError) as err:
         tsrm(SmallNet().eval(), _Mapped(("img", "klass")), perturbation=UniformLinf(eps=0.1), threshold=None,
-             budget=512)
+             budget=512, data_keys=keys)
     text = str(err.value)
     assert f"a mapping with keys ['id', 'img', 'klass'], without {missing} named by data_keys=" in text
     assert "data_keys=(input_key, label_key)" in text and "--robust-data-keys" in text
@@ -756,3 +756,17 @@ def test_a_marker_s_warnings_point_at_the_declaring_test(pytester):
     out = result.stdout.str()
     assert re.search(r"test_site.py:[5-7]: RobustWarning", out), out  # the marker or the test's def
     assert "pytest_robust" not in out.split("warnings summary")[-1].split("-- Docs")[0], out
+
+
+# -- an inconclusive check says what would narrow it -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spent, advice", [(120, "more inputs, not more budget, would narrow them"),
+                                           (5000, "raise it (--robust-budget")])
+def test_an_inconclusive_check_without_its_own_reason_names_inputs_or_budget_by_what_ran_out(spent, advice):
+    """A custom check that evaluated its 40 inputs with budget left is told that only more inputs
+    would narrow it; one whose budget ran out is told to raise the budget."""
+    r = Result("mine", 0.5, 0.4, 0.6, 0.5, 0.95, "inconclusive", 40, spent, spent, 1.0, "cpu", 0, "noise", 5000)
+    message = r.message()
+    assert advice in message
+    assert ("every one of its 40 inputs" in message) == (spent < 5000)

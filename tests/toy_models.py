@@ -19,6 +19,17 @@ from pytest_robust.perturbations import UniformLinf
 FULL_BOX = UniformLinf(eps=0.5)
 
 
+def bare_run(metric: str, model, data, declaration=None, **kwargs):
+    """A ``Run`` of ``metric`` built by hand, as ``library.evaluate`` builds one: with ``declaration``
+    (default: a check with no parameters) and the default context."""
+    from pytest_robust.checks.registry import Metric
+    from pytest_robust.engine.context import RunContext
+    from pytest_robust.engine.run import Run
+
+    return Run(metric, model, data, declaration=declaration or Metric(lambda run: None), context=RunContext(),
+               **kwargs)
+
+
 def threshold_data(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """n copies of the input 0.5 (shape (n, 1)), all labelled 1."""
     return torch.full((n, 1), 0.5), torch.ones(n, dtype=torch.long)

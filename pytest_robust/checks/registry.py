@@ -14,6 +14,10 @@ follows from that one declaration:
   device, normalize, logits)`` (``library.function``);
 - the help text (``Metric.help``) and the reports' display name (``Metric.title``).
 
+An analysis (``gate=False``: the q-curve, CERTIFY, PREDICT, the pA report) is declared the same way
+and goes through the same door; it has no threshold and no marker (``checks.ANALYSES``), and its body
+may return a per-input object with ``to_result(confidence)`` (a ``Certification``) instead of a Result.
+
 The threshold's keyword is the metric's name on a marker (``tsrm=0.9``) and ``threshold`` in a
 call (``tsrm(model, data, perturbation=..., threshold=0.9)``), unless the declaration names one
 (``threshold_key="max_loss"``: ``q=100, max_loss=0.5`` on a marker, and ``q=100, max_loss=0.5``
@@ -29,7 +33,7 @@ from typing import Callable
 
 from pytest_robust.errors import ArgumentError
 from pytest_robust.settings import validation
-from pytest_robust.settings.keys import KEY_NAMES, parse_layer
+from pytest_robust.settings.keys import CHECK_KEY_NAMES, PER_RUN, parse_layer
 
 
 class _Required:
@@ -129,13 +133,19 @@ class Metric:
     (``procedures.paired``): "bernoulli" (the check draws from its perturbation with the Bernoulli
     procedure), "outcomes" (its per-input table's outcomes) or "values" (its per-input estimates);
     None: the check has no paired form.
+
+    ``gate=False`` declares an analysis: no threshold, no paired form, no marker (its verdict is
+    "estimate"). ``positional`` names parameters a call may also give positionally after (model,
+    data) (``certify(model, data, 0.25)``). ``budget=None``: the work is set by the parameters, not
+    capped (no ``budget`` keyword); ``budget_per`` names a parameter the budget applies to each element
+    of (the q-curve's budget is per value of ``qs``).
     """
 
     body: str | Callable
     params: tuple[Param, ...] = ()
     title: str = ""
     direction: str = ">="
-    budget: int = 100_000
+    budget: int | None = 100_000
     threshold_key: str | None = None
     settings: tuple[str, ...] = ()
     streams: str = ""
@@ -143,6 +153,9 @@ class Metric:
     perturbation: str | Callable | None = None
     paired: str | None = None
     doc: str = ""
+    gate: bool = True
+    positional: tuple[str, ...] = ()
+    budget_per: str = ""
 
     def __post_init__(self):
         validation.choice(">=", "<=")("direction", self.direction)
@@ -150,6 +163,13 @@ class Metric:
     def keywords(self, name: str) -> tuple[str, tuple[str, ...]]:
         """(the threshold's keyword on a marker, the parameters' keywords) of metric ``name``."""
         return self.threshold_key or name, tuple(p.name for p in self.params)
+
+    def threshold_keyword(self, name: str, spelling: str) -> str | None:
+        """The threshold's keyword of metric ``name`` on a marker (``spelling="marker"``) or in a call;
+        None for an analysis."""
+        if not self.gate:
+            return None
+        return (self.threshold_key or name) if spelling == "marker" else self.call_threshold()
 
     def paired_keys(self) -> tuple[str, ...]:
         """The keywords of the paired form: ("reference", "max_drop") for an "at least" check,
@@ -176,7 +196,7 @@ class Metric:
         return reference, check(key, margin)
 
     def accept(self, name: str, keywords: dict, *, spelling: str = "marker", where: str | None = None,
-               settings: tuple[str, ...] = KEY_NAMES) -> CheckSpec:
+               settings: tuple[str, ...] = CHECK_KEY_NAMES) -> CheckSpec:
         """The one door: which ``keywords`` check ``name`` takes, as a ``CheckSpec``.
 
         The same rule for a marker and a YAML check (``spelling="marker"``: the threshold is
@@ -188,11 +208,14 @@ class Metric:
         overrides no setting. A value of None (or ``REQUIRED``) is a keyword not given. ``where``
         names the check in messages (default ``robust(name=...)`` or ``name(...)``). Invalid values
         raise the validators' ``SettingError``."""
-        threshold_key = (self.threshold_key or name) if spelling == "marker" else self.call_threshold()
+        threshold_key = self.threshold_keyword(name, spelling)
         where = where or (f"robust({name}=...)" if spelling == "marker" else f"{name}(...)")
-        own = (threshold_key,) + tuple(p.name for p in self.params) + self.paired_keys()
+        own = ((threshold_key,) if self.gate else ()) + tuple(p.name for p in self.params) + self.paired_keys()
         allowed = tuple(dict.fromkeys(own + tuple(settings)))
         unknown = [k for k in keywords if k not in allowed]
+        per_run = [k for k in unknown if k in PER_RUN]
+        if per_run:
+            raise ArgumentError(f"{per_run[0]}= on {where}: {per_run[0]} {PER_RUN[per_run[0]]}, not per check")
         if unknown:
             raise ArgumentError(f"unknown keyword(s) {', '.join(k + suggest(k, allowed) for k in unknown)} on {where}; "
                                 + self.valid_keywords(name, spelling, where, settings))
@@ -206,7 +229,7 @@ class Metric:
             raise ArgumentError(f"{where}: {threshold_key}=None needs a paired comparison instead: reference= (a "
                                 f"fixture returning the reference model) and {self.paired_keys()[1]}=; or give "
                                 f"{threshold_key}= a threshold")
-        needed = (() if pairing or spelling == "call" else (threshold_key,)) + self.required
+        needed = (() if pairing or spelling == "call" or not self.gate else (threshold_key,)) + self.required
         missing = [k for k in needed if k not in given]
         if missing:
             raise ArgumentError(f"{where} needs {', '.join(k + '=' for k in missing)}; "
@@ -220,12 +243,13 @@ class Metric:
         return CheckSpec(name, threshold, params, overrides, paired)
 
     def valid_keywords(self, name: str, spelling: str = "marker", where: str | None = None,
-                       settings: tuple[str, ...] = KEY_NAMES) -> str:
+                       settings: tuple[str, ...] = CHECK_KEY_NAMES) -> str:
         """'valid keywords of ...': the threshold's, the parameters' and the paired form's keywords,
         then the settings."""
-        threshold_key = (self.threshold_key or name) if spelling == "marker" else self.call_threshold()
+        threshold_key = self.threshold_keyword(name, spelling)
         where = where or (f"robust({name}=...)" if spelling == "marker" else f"{name}(...)")
-        own = [threshold_key] + [p.name for p in self.params if p.name != name] + list(self.paired_keys())
+        own = ([threshold_key] if self.gate else []) + [p.name for p in self.params if p.name != name]
+        own += list(self.paired_keys())
         text = f"valid keywords of {where}: {', '.join(own)}"
         return text + (f"; settings: {', '.join(settings)}" if settings else "")
 
@@ -270,9 +294,10 @@ class Metric:
 
     def help(self, name: str) -> str:
         """One line per keyword: the threshold, then every parameter with its default and doc."""
-        lines = [f"{name} ({self.title or name}): {self.doc}",
-                 f"  {self.threshold_key or name}=  the threshold "
-                 f"({'at most' if self.direction == '<=' else 'at least'})"]
+        lines = [f"{name} ({self.title or name}): {self.doc}"]
+        if self.gate:
+            lines.append(f"  {self.threshold_key or name}=  the threshold "
+                         f"({'at most' if self.direction == '<=' else 'at least'})")
         lines += [f"  {p.name}=  {p.doc} (default: {p.default!r})" for p in self.params]
         return "\n".join(lines)
 

@@ -14,10 +14,11 @@ only when a check runs.
 
 from __future__ import annotations
 
+from pytest_robust.checks import ANALYSES
 from pytest_robust.checks.registry import CheckSpec, Metric, suggest
 from pytest_robust.errors import ArgumentError, MarkerError, SettingError
 from pytest_robust.results import Result
-from pytest_robust.settings.keys import KEY_NAMES, Settings
+from pytest_robust.settings.keys import CHECK_KEY_NAMES, KEY_NAMES, Settings
 
 
 def register(metrics: dict, found: dict, source: str) -> None:
@@ -29,14 +30,15 @@ def register(metrics: dict, found: dict, source: str) -> None:
             raise SettingError(f"pytest_robust_metrics ({source})", name, "metric names that are identifiers")
         if not isinstance(metric, Metric):
             raise SettingError(f"metric {name} ({source})", metric, "a pytest_robust.Metric")
-        if name in metrics or name in KEY_NAMES:
-            raise SettingError(f"metric {name} ({source})", name, "a name not already taken by a metric or setting")
+        if name in metrics or name in KEY_NAMES or name in ANALYSES:
+            raise SettingError(f"metric {name} ({source})", name,
+                               "a name not already taken by a metric, an analysis or a setting")
         metrics[name] = metric
 
 
 def valid_keywords(metrics: dict) -> str:
     """The metrics a marker may name, and the settings it may override."""
-    return f"metrics: {', '.join(metrics)}; settings: {', '.join(KEY_NAMES)}"
+    return f"metrics: {', '.join(metrics)}; settings: {', '.join(CHECK_KEY_NAMES)}"
 
 
 def parse_marker(args: tuple, kwargs: dict, metrics: dict) -> CheckSpec:
@@ -81,21 +83,24 @@ def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: st
     result.details["title"] = metric.title if metric is not None and metric.title else spec.metric
     if settings is not None:
         result.confidence, result.seed = settings.confidence, settings.seed
-        result.budget = budget_of(settings, metric) if metric is not None else settings.budget or 0
+        result.budget = (budget_of(settings, metric) if metric is not None else settings.budget) or 0
     return result
 
 
-def budget_of(settings: Settings, metric: Metric) -> int:
-    """The check's budget: the configured one, else the metric's default."""
+def budget_of(settings: Settings, metric: Metric) -> int | None:
+    """The check's budget: the configured one, else the metric's default (None: an uncapped analysis)."""
+    if metric.budget is None:
+        return None
     return metric.budget if settings.budget is None else settings.budget
 
 
-def run(spec: CheckSpec, metrics: dict, model, data, settings: Settings, device):
-    """Evaluate one spec with resolved settings on a resolved device; returns a ``Result``."""
+def run(spec: CheckSpec, metrics: dict, model, data, settings: Settings, device, context):
+    """Evaluate one spec with resolved settings on a resolved device under ``context`` (a
+    ``context.RunContext`` built from ``settings``); returns a ``library.Evaluation``."""
     from pytest_robust.checks.library import evaluate
 
     metric = metrics[spec.metric]
     paired = None if spec.paired is None else (spec.paired["reference"], spec.paired["margin"])
     return evaluate(spec.metric, metric, model, data, spec.threshold, metric.resolved(spec.params, settings),
-                    confidence=settings.confidence, budget=budget_of(settings, metric), seed=settings.seed,
-                    batch_size=settings.batch_size, device=device, paired=paired)
+                    context=context, confidence=settings.confidence, budget=budget_of(settings, metric),
+                    seed=settings.seed, batch_size=settings.batch_size, device=device, paired=paired)

@@ -1,8 +1,8 @@
 """The time a check may take (the ``time_limit`` setting, seconds per check) and the time it is
 projected to take.
 
-The pytest layer installs the limit around each check (``time_limit``, a context-local value, as
-``precision.execution`` installs the execution settings); each ``Run`` starts a ``Clock`` from it.
+Each ``Run`` starts a ``Clock`` from the limit of its ``context.RunContext`` (a library call's
+``time_limit=``, the ``time_limit`` setting under pytest).
 The procedures ask ``Clock.expired`` where they can stop with valid evidence: between steps of the
 Bernoulli stream (anytime-valid bounds hold at any stopping time), between rounds of the
 per-input sequential tests (undecided inputs count against the check), between looks of the q
@@ -15,36 +15,22 @@ without one, than ``SLOW_CHECK`` seconds).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import time
 import warnings
 
 from pytest_robust.engine import collective
 from pytest_robust.errors import RobustWarning
 
-_LIMIT: contextvars.ContextVar = contextvars.ContextVar("robust_time_limit", default=None)
-
 #: Without a time limit, a check whose budget is projected to take longer than this (seconds) warns.
 SLOW_CHECK = 600.0
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float | None):
-    """Checks started inside the block stop after ``seconds`` each (None: no limit)."""
-    token = _LIMIT.set(seconds)
-    try:
-        yield
-    finally:
-        _LIMIT.reset(token)
-
-
 class Clock:
-    """A check's elapsed time against its limit (``limit`` seconds, the ``time_limit`` in force;
+    """A check's elapsed time against its limit (``limit`` seconds, the check's ``time_limit``;
     None: none), from ``started`` (``time.perf_counter``)."""
 
-    def __init__(self):
-        self.limit: float | None = _LIMIT.get()
+    def __init__(self, limit: float | None = None):
+        self.limit = limit
         self.started = time.perf_counter()
         self.stopped = False  # the limit stopped the check
         self._first: tuple[float, int] | None = None  # (time, work done) at the first pace point

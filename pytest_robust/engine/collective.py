@@ -13,9 +13,9 @@ The rules that make this correct on GPUs as well as CPUs:
   gathers and NCCL collectives use the current device; two ranks on one GPU hang).
 - **Empty shares are valid.** Gathers take shares of any size, zero included: a rank whose share
   of a step is empty still joins every collective, so no peer waits for it.
-- **Agreed sizes.** ``agree_min`` gives every rank the smallest of the ranks' values: a batch size
-  halved by an out-of-memory error on one rank is halved on all of them, so the ranks' steps stay
-  the same size.
+- **Agreed sizes.** A run's accounting (``gather_objects``) carries every rank's batch size, and the
+  smallest is every rank's from then on: a batch halved by an out-of-memory error on one rank is
+  halved on all of them.
 
 With one process (no group initialised) every function returns its input, so code is written once
 for both cases. No other module of the package calls ``torch.distributed`` (a test asserts it).
@@ -103,15 +103,6 @@ def sum_int(value: int) -> int:
     total = _travel(torch.tensor([int(value)], dtype=torch.int64))
     _dist().all_reduce(total)
     return int(total.item())
-
-
-def agree_min(value: int) -> int:
-    """The smallest of the ranks' integer values, on every rank (e.g. the batch size)."""
-    if not initialised():
-        return value
-    least = _travel(torch.tensor([int(value)], dtype=torch.int64))
-    _dist().all_reduce(least, op=_dist().ReduceOp.MIN)
-    return int(least.item())
 
 
 def gather_objects(obj) -> list:

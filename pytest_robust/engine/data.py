@@ -27,9 +27,10 @@ class TensorData:
         return len(self.y)
 
 
-def load_data(data) -> TensorData:
+def load_data(data, keys: tuple[str, str] | None = None) -> TensorData:
     """Materialise an (x, y) pair, a torch Dataset of (x, y) items or of mappings (``input_and_label``),
-    or a DataLoader into tensors, detached from any autograd graph.
+    or a DataLoader into tensors, detached from any autograd graph; mapping items are read by ``keys``
+(the check's ``data_keys``), else by their common names.
 
     A single input with one label (an unbatched (x, y) pair, a Dataset item) is refused with the
     fix (add the batch dimension), never read as len(x) inputs. A Dataset or DataLoader is read in
@@ -40,11 +41,11 @@ def load_data(data) -> TensorData:
     """
     if isinstance(data, TensorData):
         return data
-    x, y = _read(data)
+    x, y = _read(data, keys)
     return _checked(torch.as_tensor(x).detach(), torch.as_tensor(y).detach())  # inputs may carry requires_grad
 
 
-def _read(data) -> tuple:
+def _read(data, keys) -> tuple:
     """(x, y) of an (x, y) pair, a Dataset or a DataLoader (``load_data``), not yet checked."""
 
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list)):
@@ -54,11 +55,11 @@ def _read(data) -> tuple:
             loader = check_loader_order(data)
         else:
             loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False)
-        check_reads_repeat(loader.dataset)
+        check_reads_repeat(loader.dataset, keys)
         xs, ys = [], []
         with host_rng(0):
             for batch in loader:
-                inputs, labels = input_and_label(batch)
+                inputs, labels = input_and_label(batch, keys)
                 xs.append(torch.as_tensor(inputs))
                 ys.append(torch.as_tensor(labels))
         if not xs:

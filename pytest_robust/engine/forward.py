@@ -41,7 +41,7 @@ class Forward:
     (or host) out-of-memory error halves the batch and retries the same rows: none lost, none
     repeated, and the counts include only the rows that completed.
 
-    Model interface (``model_io``): ``normalize`` (a ``Normalizer`` or None) maps the
+    Model interface (``engine.interface``): ``normalize`` (a ``Normalizer`` or None) maps the
     working-dtype input to (x - mean) / std before anything else, so the model sees what
     ``Sequential(Normalize(mean, std), model)`` would; ``selector`` (the ``logits`` setting) picks the
     logits out of the model's output (a tensor, ``.logits``, a ``"logits"`` key, or as chosen).
@@ -53,6 +53,9 @@ class Forward:
     perturbation iterates, gradients with respect to the input and every statistic stay in
     float32 or wider, whatever precision the model computes in. ``ties`` counts rows whose two
     largest logits are equal (a device tensor, read once at the end).
+
+    Progress: ``report_progress(**fields)`` tells the check's progress line (``progress``, from its
+    ``context.RunContext``; None: no line) how the work goes.
     """
 
     model: torch.nn.Module
@@ -68,12 +71,19 @@ class Forward:
     deferred: bool = False
     finite: torch.Tensor | bool = True
     clean: torch.Tensor | None = None  # the check's clean inputs: scanned to explain non-finite logits
+    progress: Callable | None = None  # the check's progress line (context.RunContext.progress)
     passes: int = 0
     backward_passes: int = 0
     halvings: int = 0
     ties: torch.Tensor | int = 0
     by_phase: dict = field(default_factory=dict)
     current: str = "gate"
+
+    def report_progress(self, **fields) -> None:
+        """Fields for the progress line, if the check has one; values may be callables, evaluated
+        only when the line shows them."""
+        if self.progress is not None:
+            self.progress(fields)
 
     @contextlib.contextmanager
     def phase(self, name: str):

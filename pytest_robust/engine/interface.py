@@ -2,8 +2,8 @@
 holds the logits.
 
 Like the execution settings (``engine.precision``), these describe the model, not the requirement,
-so every check, built-in or third party, picks them up from the current ``ModelInterface``, set
-with ``normalize=`` / ``logits=`` on a built-in metric function, with
+so every check, built-in or third party, runs under the ``ModelInterface`` of its
+``context.RunContext``, set with ``normalize=`` / ``logits=`` on a check's library function, with
 
     with pytest_robust.model_interface(normalize="imagenet"):
         tsrm(model, data, UniformLinf(eps=8/255), 0.9)
@@ -32,10 +32,6 @@ fixture call).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import functools
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
@@ -70,47 +66,6 @@ class ModelInterface:
         chosen = self.logits
         shown = getattr(chosen, "__qualname__", repr(chosen)) if callable(chosen) else chosen
         return {"normalize": None if self.normalize is None else [list(p) for p in self.normalize], "logits": shown}
-
-
-_CURRENT: contextvars.ContextVar = contextvars.ContextVar("robust_model_interface", default=ModelInterface())
-
-
-def current() -> ModelInterface:
-    """The model interface in force (no normalisation, logits found automatically, outside any block)."""
-    return _CURRENT.get()
-
-
-@contextlib.contextmanager
-def model_interface(normalize=None, logits=None):
-    """Run the checks inside the block with this normalisation and logits selector (validated here)."""
-    token = _CURRENT.set(ModelInterface(normalize, logits))
-    try:
-        yield current()
-    finally:
-        _CURRENT.reset(token)
-
-
-def accepts_interface(fn):
-    """Decorate a metric function so that it also takes ``normalize=`` and ``logits=`` (keyword
-    only): given, they replace the current interface's for the call; absent, the current one holds
-    (the pytest layer sets it from the settings)."""
-    signature = inspect.signature(fn)
-    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in ("normalize", "logits")]
-    params = list(signature.parameters.values())
-    tail = [p for p in params if p.kind == inspect.Parameter.VAR_KEYWORD]
-    params = [p for p in params if p.kind != inspect.Parameter.VAR_KEYWORD] + extra + tail
-
-    @functools.wraps(fn)
-    def wrapper(*args, normalize=None, logits=None, **kwargs):
-        if normalize is None and logits is None:
-            return fn(*args, **kwargs)
-        now = current()
-        with model_interface(now.normalize if normalize is None else normalize,
-                             now.logits if logits is None else logits):
-            return fn(*args, **kwargs)
-
-    wrapper.__signature__ = signature.replace(parameters=params)
-    return wrapper
 
 
 # -- the normalisation ---------------------------------------------------------------------------

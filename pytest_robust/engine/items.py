@@ -4,8 +4,6 @@ the data inspections (``inspect.data``)."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from collections.abc import Mapping
 
 from pytest_robust.errors import RobustDataError
@@ -17,29 +15,15 @@ INPUT_KEYS = ("image", "pixel_values", "input", "inputs", "x")
 LABEL_KEYS = ("label", "labels", "target", "targets", "y")
 
 
-_DATA_KEYS: contextvars.ContextVar = contextvars.ContextVar("robust_data_keys", default=None)
-
-
-@contextlib.contextmanager
-def data_keys(keys: tuple[str, str] | None):
-    """Inside the block, mapping items are read by ``keys`` = (input key, label key) (the
-    ``data_keys`` setting; None: by ``INPUT_KEYS`` and ``LABEL_KEYS``). ``recording.evaluate`` sets it
-    from the settings of each check, so it works on markers, the command line, ini and YAML."""
-    token = _DATA_KEYS.set(None if keys is None else tuple(keys))
-    try:
-        yield
-    finally:
-        _DATA_KEYS.reset(token)
-
-
-def input_and_label(item) -> tuple:
+def input_and_label(item, keys: tuple[str, str] | None = None) -> tuple:
     """(input, label) of a data item or batch: an (input, label) pair, or a mapping with the keys
-    named by ``data_keys`` when set, else with one of ``INPUT_KEYS`` and one of ``LABEL_KEYS``;
+    ``keys`` = (input key, label key) (the check's ``data_keys`` setting, ``context.RunContext``)
+    when given, else with one of ``INPUT_KEYS`` and one of ``LABEL_KEYS``;
     anything else is a RobustDataError naming what was found and how to name the keys."""
     if isinstance(item, (tuple, list)) and len(item) == 2:
         return item[0], item[1]
     if isinstance(item, Mapping):
-        named = _DATA_KEYS.get()
+        named = keys
         keys = sorted(map(str, item))
         if named is not None:
             missing = [k for k in named if k not in item]

@@ -1,7 +1,7 @@
 """How the model is executed during a check: precision, memory layout, compilation, determinism.
 
 These are properties of the run, not of the requirement, so they are not arguments of any metric:
-every check (built-in or third party) picks them up from the current ``Execution``, set with
+every check (built-in or third party) runs under the ``Execution`` of its ``context.RunContext``, set with
 
     with pytest_robust.execution(precision="bf16"):
         tsrm(model, data, UniformLinf(eps=0.1), 0.9)
@@ -24,16 +24,12 @@ YAML file, ``precision="bf16"`` on a marker).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 from dataclasses import dataclass
 
 import torch
 
 from pytest_robust.settings import validation
-
-#: Accepted values of the precision setting.
-
 
 
 @dataclass(frozen=True)
@@ -49,25 +45,6 @@ class Execution:
         validation.choice(*validation.PRECISION_CHOICES)("precision", self.precision)
         for name in ("channels_last", "compile", "deterministic"):
             object.__setattr__(self, name, validation.boolean(name, getattr(self, name)))
-
-
-_CURRENT: contextvars.ContextVar = contextvars.ContextVar("robust_execution", default=Execution())
-
-
-def current() -> Execution:
-    """The execution settings in force (defaults outside any ``execution`` block)."""
-    return _CURRENT.get()
-
-
-@contextlib.contextmanager
-def execution(precision: str = "fp32", channels_last: bool = False, compile: bool = False,
-              deterministic: bool = False):
-    """Run the checks inside the block with these execution settings (validated here)."""
-    token = _CURRENT.set(Execution(precision, channels_last, compile, deterministic))
-    try:
-        yield current()
-    finally:
-        _CURRENT.reset(token)
 
 
 @contextlib.contextmanager

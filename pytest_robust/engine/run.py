@@ -10,12 +10,16 @@ A metric module writes only its plan, its evaluation and its statistics; a ``Run
   dtype is converted, with a note in details. With the check's perturbation, the inputs are
   checked against its box, its size and its use of the generator, on the check's device
   (``inspect.perturbation.inspect_inputs``);
-- the model interface (``interface.current()``: ``normalize=(mean, std)`` applied inside the
+- the check's settings beyond its arguments, resolved once at its door into one frozen
+  ``context.RunContext`` (``run.context``), which the run hands to the parts that need them: the data
+  reader (``data_keys``), the forward wrapper (interface, execution, progress) and the clock
+  (``time_limit``);
+- the model interface (``context.interface``: ``normalize=(mean, std)`` applied inside the
   model call, so data, perturbations and sizes stay in pixel units; the ``logits=`` selector),
   stated in the Result (``details["model_interface"]``, and the space in ``details["space"]``,
   which every message names); data whose transform pipeline normalises is refused
   (``inspect.data.check_data_normalisation``);
-- the execution settings (``precision.current()``: precision/autocast, channels-last, compile,
+- the execution settings (``context.execution``: precision/autocast, channels-last, compile,
   deterministic kernels), stated in the Result (``precision``, ``details["execution"]``); a run
   with ``certificate=True`` (randomized smoothing) warns when the logits are not float32;
 - the guarded model (``engine.guard.guarded``: eval mode, no parameter gradients, state and global RNG
@@ -25,7 +29,7 @@ A metric module writes only its plan, its evaluation and its statistics; a ``Run
   and warned about above ``TIE_WARNING``;
 - distribution over torch.distributed ranks, all through ``collective`` (``shard`` / ``gather``
   for per-input work, ``span`` / ``gather_rows`` for rows; per-draw work shards blocks with
-  ``collective.gather_blocks`` and agrees its batch size with ``agreed_batch_size``);
+  ``collective.gather_blocks``);
 - timing and the ``Result``, with the verdict from ``results.decide``; a per-input table in
   ``details["per_input"]`` is checked (``per_input.check_table``) and, on image inputs, the
   thumbnails of its worst inputs go to ``Result.gallery`` (``gallery.gallery``: one draw each of the
@@ -36,15 +40,12 @@ without a backward pass). ``Result.forward_passes`` is what was spent (summed ov
 ``Result.budget`` the cap, and ``details["evaluations"]`` splits the spending by phase.
 
 A check's body does not build its Run: ``library.evaluate`` builds it from the check's
-declaration and calls the body inside it. A body looks like::
+declaration and its context and calls the body inside it. A body looks like::
 
     def evaluate(run, sigma, copies):
         with run.forward.phase("gate"):
             hits = correct_predictions(run.forward.logits(run.ds.x), run.ds.y)
         return run.result(estimate=..., lower=..., upper=..., draws=..., perturbation=...)
-
-(analyses that are not declared checks, such as ``checks.q.curve``, build a Run with a
-``declaration`` of their own shape).
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from pytest_robust.engine import collective, interface, precision
 from pytest_robust.engine.clock import Clock
+from pytest_robust.engine.context import RunContext
 from pytest_robust.engine.data import TensorData, load_data, place
 from pytest_robust.engine.device import resolve_device
 from pytest_robust.engine.forward import Forward, correct_predictions
@@ -94,26 +95,21 @@ def near_chance(classes: int) -> float:
     return min(2 * chance, chance + 0.1 * (1 - chance))
 
 
-#: What a run assumes of a check without a declaration (an analysis such as the q-curve); a
-#: declaration (``checks.registry.Metric``) gives its direction, certificate, streams and title.
-UNDECLARED = SimpleNamespace(direction=">=", certificate=False, streams="", title="")
-
-
 class Run:
     """One check's evaluation context (see the module docstring). Use as a context manager."""
 
-    def __init__(self, metric: str, model, data, *, threshold=None, confidence=0.95, budget=100_000,
-                 seed=0, batch_size=1024, device=None, perturbation=None, declaration=None):
+    def __init__(self, metric: str, model, data, *, declaration, context: RunContext, threshold=None,
+                 confidence=0.95, budget=100_000, seed=0, batch_size=1024, device=None, perturbation=None):
         check_model(model)
-        declared = declaration or UNDECLARED
+        declared, self.context = declaration, context
         self.metric, self.model, self.direction, certificate = metric, model, declared.direction, declared.certificate
         self.streams, self.title = declared.streams or metric, declared.title or metric
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
                                    batch_size=batch_size, direction=self.direction)
         self.device = resolve_device(device, model)
-        self.interface = interface.current()
+        self.interface = context.interface
         check_data_normalisation(data, perturbation, self.interface.normalize)
-        self.ds = load_data(data)
+        self.ds = load_data(data, context.data_keys)
         self.details: dict = {}
         self.model_dtype = model_dtype(model)
         self.dtype = working_dtype(self.model_dtype, self.ds.x.dtype)
@@ -124,8 +120,8 @@ class Run:
         self.ds = place(self.ds, self.device)
         self.perturbation = perturbation
         if perturbation is not None:
-            inspect_inputs(self.ds, perturbation)
-        self.execution = precision.current()
+            inspect_inputs(self.ds, perturbation, self.interface.normalize is not None)
+        self.execution = context.execution
         autocast = autocast_dtype(self.execution.precision, self.device)
         self.precision = describe_precision(self.model_dtype, autocast)
         normalize = self.interface.normalize
@@ -134,12 +130,12 @@ class Run:
                                autocast=autocast, channels_last=self.execution.channels_last,
                                normalize=None if normalize is None else interface.Normalizer(
                                    normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
-                               selector=self.interface.logits, clean=self.ds.x)
+                               selector=self.interface.logits, clean=self.ds.x, progress=context.progress)
         if certificate and self.precision not in ("float32", "float64"):
             self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
             warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)
         self.started = time.perf_counter()
-        self.clock = Clock()  # the time_limit in force (engine.clock): procedures stop when it passes
+        self.clock = Clock(context.time_limit)  # procedures stop when it passes (engine.clock)
         self._stack = contextlib.ExitStack()
         self.info: dict = {}
         self._clean: float | None = None
@@ -222,12 +218,6 @@ class Run:
         """The rows each rank computed for its ``span``, concatenated in rank order (so in row
         order), on every rank; ``local`` itself with one process."""
         return collective.gather_rows(local)
-
-    def agreed_batch_size(self) -> int:
-        """The batch size every rank uses for its next step: the smallest of the ranks' (an
-        out-of-memory error that halved one rank's batch halves everyone's)."""
-        self.forward.batch_size = collective.agree_min(self.forward.batch_size)
-        return self.forward.batch_size
 
     # -- the clean pass ---------------------------------------------------------------------------
 

@@ -31,7 +31,6 @@ import torch
 from pytest_robust.engine import collective
 from pytest_robust.engine.data import TensorData
 from pytest_robust.engine.forward import correct_predictions
-from pytest_robust.engine.progress import report_progress
 from pytest_robust.engine.run import Run
 from pytest_robust.perturbations.base import Perturbation
 from pytest_robust.results import Result
@@ -213,7 +212,7 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
         if gate is not None and gate.decision is None:
             gate.update(hits)
         run.clock.pace(label or run.title, drawn, draws, "draws")
-        report_progress(
+        run.forward.report_progress(
             metric=label or run.title, draws=drawn, budget=draws, forward_passes=run.forward.passes,
             bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha),
         )

@@ -31,7 +31,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from pytest_robust.engine.progress import report_progress
 from pytest_robust.procedures.bernoulli import step
 from pytest_robust.report.per_input import is_good
 from pytest_robust.results import Result, decide
@@ -53,7 +52,7 @@ def bernoulli(run, ref, perturbation, margin: float) -> Result:
         refs.append(r)
         drawn += len(c)
         gate.update(r.astype(float) - c.astype(float))
-        report_progress(metric=f"{run.title} vs reference", draws=drawn, budget=draws,
+        run.forward.report_progress(metric=f"{run.title} vs reference", draws=drawn, budget=draws,
                         forward_passes=run.forward.passes + ref.forward.passes)
     used = gate.used
     c, r = np.concatenate(cand)[:used], np.concatenate(refs)[:used]

@@ -54,9 +54,20 @@ class RunLock:
         self.created = False  # whether acquire created the directory (release removes it if still empty)
 
     def acquire(self) -> None:
-        """Hold the directory, or raise ``DirectoryInUse`` naming the run that holds it."""
+        """Hold the directory, or raise ``DirectoryInUse`` naming the run that holds it; a directory
+        that cannot be created or written (a read-only file system, no permission) is a
+        ``RobustError`` naming it, before any check runs."""
         self.created = not self.directory.exists()
-        ensure_directory(self.directory)
+        try:
+            ensure_directory(self.directory)
+            self._hold()
+        except OSError as err:
+            raise RobustError(
+                f"report directory {self.directory} cannot be written ({err.strerror or err}): name a writable "
+                "directory with --robust-report (or robust_report in ini), or leave it out") from None
+
+    def _hold(self) -> None:
+        """Open and lock the lock file (``acquire``)."""
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             if not _try_lock(fd):

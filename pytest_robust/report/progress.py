@@ -21,7 +21,7 @@ INTERVAL_PLAIN = 30.0
 
 
 class Progress:
-    """A progress sink for ``engine.progress.progress_sink``: fields -> an occasional status line, written
+    """A progress line for ``context.RunContext.progress``: fields -> an occasional status line, written
     with ``capture`` (pytest's capture manager, None: not capturing) suspended."""
 
     def __init__(self, terminal, label: str, capture=None):

@@ -135,6 +135,13 @@ KEYS = (
 )
 KEY_NAMES = tuple(k.name for k in KEYS)
 assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"
+#: Keys that hold for a whole run, never for one check: where each is set instead.
+PER_RUN = {
+    "profile": "is chosen per run with --robust-profile (or robust_profile in ini)",
+    "report": "is one directory per session: use --robust-report or robust_report in ini",
+}
+#: The keys one check may override (a marker, a YAML check, a fixture call).
+CHECK_KEY_NAMES = tuple(k for k in KEY_NAMES if k not in PER_RUN)
 
 
 def parse_layer(values: dict, source: str) -> dict:

@@ -12,7 +12,7 @@ from typing import Callable
 from pytest_robust.checks.registry import CheckSpec, suggest
 from pytest_robust.checks.spec import budget_of, parse_marker
 from pytest_robust.errors import MarkerError, SettingError, SuiteError
-from pytest_robust.settings.keys import COMMAND_LINE_SOURCE, KEY_NAMES, Settings, parse_layer
+from pytest_robust.settings.keys import COMMAND_LINE_SOURCE, KEY_NAMES, PER_RUN, Settings, parse_layer
 from pytest_robust.settings.validation import positive_float
 from pytest_robust.suites.document import KeyPath, SuiteDocument, _shown
 from pytest_robust.suites.factories import Factory, factory, perturbation_of
@@ -38,8 +38,7 @@ NOT_IN_SUITES = {
     "'module:callable' (at the top level, or per check)",
     "data": "names a fixture for robust markers; a suite gives its data factory with data: "
     "'module:callable' (at the top level, or per check)",
-    "profile": "is chosen per run with --robust-profile (or robust_profile in ini)",
-    "report": "is one directory per session: use --robust-report or robust_report in ini",
+    **PER_RUN,
 }
 
 

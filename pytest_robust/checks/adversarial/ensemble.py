@@ -58,7 +58,6 @@ from pytest_robust.attacks.losses import cross_entropy, dlr_targeted, other_clas
 from pytest_robust.attacks.norms import Ball, ball
 from pytest_robust.attacks.square import square
 from pytest_robust.engine.forward import Forward, correct_predictions
-from pytest_robust.engine.progress import report_progress
 from pytest_robust.engine.streams import RowStreams
 from pytest_robust.perturbations.base import feasible_box
 
@@ -262,7 +261,7 @@ def attack(forward: Forward, x: torch.Tensor, y: torch.Tensor, streams: RowStrea
     g = _Group(forward, schedule.ball(), x, y, lo, hi, streams, torch.full_like(y, -1), correct.clone(),
                correct.clone(), x.clone())
     _stages(g, schedule, logits)
-    report_progress(metric="adversarial accuracy", stage="attack", forward_passes=forward.passes)
+    forward.report_progress(metric="adversarial accuracy", stage="attack", forward_passes=forward.passes)
     outcome = torch.where(correct, torch.where(g.stage >= 0, BROKEN, ROBUST), MISCLASSIFIED)
     survived_gradients = correct & ((g.stage < 0) | (g.stage == SQUARE))
     return {"outcome": outcome, "stage": g.stage, "flat": g.flat & survived_gradients, "example": g.example}

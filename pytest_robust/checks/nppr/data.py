@@ -52,7 +52,7 @@ def split_data(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorD
                 "a data object (an (x, y) pair, Dataset or DataLoader); a fixture name is resolved "
                 "only by the pytest layer",
             )
-        fit_ds = load_data(fit_data)
+        fit_ds = load_data(fit_data, run.context.data_keys)
         fit_ds = TensorData(fit_ds.x.to(run.dtype), fit_ds.y)
         overlap = _shared_rows(fit_ds.x, ds.x)
         if overlap:
@@ -81,8 +81,9 @@ def split_data(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorD
     if tuple(split[0].x.shape[1:]) != tuple(split[1].x.shape[1:]):
         raise RobustDataError(f"fit_data inputs have shape {tuple(split[0].x.shape[1:])}, the data "
                               f"{tuple(split[1].x.shape[1:])}")
-    check_in_box(split[0].x, bounds, "fit_data")
-    check_in_box(split[1].x, bounds, "data")
+    normalized = run.interface.normalize is not None
+    check_in_box(split[0].x, bounds, "fit_data", normalized)
+    check_in_box(split[1].x, bounds, "data", normalized)
     return split
 
 

@@ -1,7 +1,8 @@
 """Intermediate-q robustness (Rice et al., NeurIPS 2021): everything about the q check lives in this
-folder: the declaration (here, torch-free), the check (``check``), its plan, draws, per-input estimates
-and gate (``plan``, ``draws``, ``estimate``), the q-curve (``curve``), the samplers (``qnorm``: path
-sampling; ``mcmc``: HMC and Metropolis transitions and their diagnostics)."""
+folder: the declarations of the check and of the q-curve analysis (here, torch-free), the check
+(``check``), its plan, draws, per-input estimates and gate (``plan``, ``draws``, ``estimate``), the
+q-curve (``curve``), the samplers (``qnorm``: path sampling; ``mcmc``: HMC and Metropolis transitions
+and their diagnostics)."""
 
 from pytest_robust.checks.registry import REQUIRED, FromSetting, Metric, Param, perturbation
 from pytest_robust.errors import SettingError
@@ -58,4 +59,26 @@ DECLARATION = Metric(
               "is evaluated"),
     ),
     doc="mean intermediate-q loss Z_q <= max_loss",
+)
+
+
+def _qs(key, value):
+    """The q-curve's values of q: a non-empty sequence of numbers > 0, sorted, each once."""
+    if isinstance(value, (int, float, str)) or not hasattr(value, "__len__") or not len(value):
+        raise SettingError(key, value, "a non-empty sequence of numbers > 0, e.g. (1, 10, 100, 1000)")
+    return sorted({_q(key, v) for v in value})
+
+
+#: The q check's parameters that the q-curve takes too.
+_CURVE_SHARED = ("perturbation", "estimator", "chains", "steps", "leapfrog", "mh_steps", "warmup", "path_len",
+                 "target_accept", "loss", "pgd_steps", "pgd_restarts", "inputs", "full_context")
+
+CURVE = Metric(
+    "pytest_robust.checks.q.curve:evaluate", title="q-curve", direction="<=", gate=False, budget=100_000,
+    budget_per="qs",
+    params=(DECLARATION.param("perturbation"),
+            Param("qs", _qs, (1, 10, 100, 1000), "the values of q on the curve"),
+            *(DECLARATION.param(k) for k in _CURVE_SHARED if k != "perturbation")),
+    doc="the mean over inputs of Z_q for several q (path sampling and Monte Carlo) and the q = infinity end; the "
+        "budget caps model evaluations per value of q",
 )

@@ -7,68 +7,49 @@ q -> infinity (Rice, Bair, Zhang & Kolter, NeurIPS 2021). Units: the loss's (nat
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from pytest_robust.checks.q import DECLARATION
+from pytest_robust.checks.library import function
+from pytest_robust.checks.q import CURVE
 from pytest_robust.checks.q.draws import draw, run_pgd
 from pytest_robust.checks.q.estimate import Estimate, estimate
-from pytest_robust.checks.q.plan import SAMPLER_NAMES, SAMPLER_OPTIONS, Plan, describe, parse_q, prepare
-from pytest_robust.checks.registry import Metric
-from pytest_robust.engine.inspect.warnings import records_warnings
+from pytest_robust.checks.q.plan import SAMPLER_NAMES, Plan, describe, prepare
 from pytest_robust.engine.run import Run
-from pytest_robust.errors import ArgumentError, SettingError
-from pytest_robust.perturbations.base import as_perturbation
 from pytest_robust.results import Result
-from pytest_robust.settings import validation
 from pytest_robust.stats.group_sequential import two_stage_bound
 
 
-@records_warnings
-def q_curve(model: torch.nn.Module, data, *, perturbation, qs=(1, 10, 100, 1000), confidence: float = 0.95,
-            budget: int = 100_000, seed: int = 0, batch_size: int = 1024, device=None, **options) -> Result:
-    """The q-curve: mean over inputs of Z_q for every q in ``qs`` by path sampling and Monte Carlo,
-    with the q = infinity end (PGD, or the largest loss visited), on one set of inputs.
+def evaluate(run: Run, perturbation, qs, loss, inputs, **options) -> Result:
+    """The q-curve (the body of ``q_curve``): mean over inputs of Z_q for every q in ``qs`` by path
+    sampling and Monte Carlo, with the q = infinity end (PGD, or the largest loss visited), on one
+    set of inputs.
 
     Returns a ``Result`` with metric "q_curve" and verdict "estimate": ``estimate``/``lower``/
     ``upper`` belong to the largest q; ``details["table"]`` has one row per q; ``details["curves"]``
-    holds the curve, written as a PNG when a report directory is set. ``budget`` caps model
-    evaluations per value of q (as if each were its own check; PGD runs once for all); ``options``
-    are the q check's other parameters (``loss``, ``inputs``, ``estimator``, ``chains``, ...),
-    validated by its declaration.
+    holds the curve, written as a PNG when a report directory is set. The budget caps model
+    evaluations per value of q (as if each were its own check; PGD runs once for all; the
+    declaration's ``budget_per``); ``options`` are the q check's sampler parameters (``estimator``,
+    ``chains``, ...).
     """
-    unknown = sorted(set(options) - set(SAMPLER_OPTIONS) - {"loss", "inputs"})
-    if unknown:
-        raise ArgumentError(f"q_curve() got unknown keyword(s) {', '.join(unknown)}; it takes perturbation=, qs=, the "
-                            f"common keywords and {', '.join(['loss', 'inputs', *SAMPLER_OPTIONS])}")
-    options = DECLARATION.validate(options)
-    if isinstance(qs, (int, float)) or not len(qs):
-        raise SettingError("qs", qs, "a non-empty sequence of numbers > 0, e.g. (1, 10, 100, 1000)")
-    qs = sorted({parse_q(v) for v in qs})
-    perturbation = as_perturbation(perturbation)
-    with Run("q_curve", model, data, confidence=confidence, budget=validation.positive_int("budget", budget) * len(qs),
-             seed=seed, batch_size=batch_size, device=device, perturbation=perturbation,
-             declaration=Metric("", title="q-curve", direction="<=")) as run:
-        plan, cost = prepare(run, perturbation, options.pop("loss", None), options.pop("inputs", None), len(qs),
-                             options)
-        every = list(range(len(plan.blocks)))
-        estimates = [estimate(plan.config, q, draw(plan, q, every)) for q in qs]
-        adversarial = run_pgd(plan, every)
-        q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
-        q_inf = float((adversarial if adversarial is not None
-                       else np.max([e.max_visited for e in estimates], axis=0)).mean())
-        table = [_curve_row(est, plan.n_total, run.args.confidence) for est in estimates]
-        last = table[-1]
-        return run.result(
-            estimate=last["estimate"], lower=last["lower"], upper=last["upper"], draws=sum(e.draws for e in estimates),
-            n_inputs=len(plan.index), perturbation=repr(plan.perturbation),
-            note=_curve_note(plan, estimates, table, q_inf, q_inf_name),
-            details={
-                "qs": qs, "table": table, "q_infinity": q_inf, "q_infinity_method": q_inf_name,
-                "method": describe(plan.config), "loss": repr(plan.loss), "inputs_total": plan.n_total,
-                "input_index": plan.index.tolist(), "evaluations_per_input": cost["per_input"],
-                "curves": {"q_curve": _curve(plan, estimates, table, q_inf, q_inf_name)},
-            },
-        )
+    plan, cost = prepare(run, perturbation, loss, inputs, len(qs), options)
+    every = list(range(len(plan.blocks)))
+    estimates = [estimate(plan.config, q, draw(plan, q, every)) for q in qs]
+    adversarial = run_pgd(plan, every)
+    q_inf_name = "PGD adversarial loss" if adversarial is not None else "largest loss visited"
+    q_inf = float((adversarial if adversarial is not None
+                   else np.max([e.max_visited for e in estimates], axis=0)).mean())
+    table = [_curve_row(est, plan.n_total, run.args.confidence) for est in estimates]
+    last = table[-1]
+    return run.result(
+        estimate=last["estimate"], lower=last["lower"], upper=last["upper"], draws=sum(e.draws for e in estimates),
+        n_inputs=len(plan.index), perturbation=repr(plan.perturbation),
+        note=_curve_note(plan, estimates, table, q_inf, q_inf_name),
+        details={
+            "qs": qs, "table": table, "q_infinity": q_inf, "q_infinity_method": q_inf_name,
+            "method": describe(plan.config), "loss": repr(plan.loss), "inputs_total": plan.n_total,
+            "input_index": plan.index.tolist(), "evaluations_per_input": cost["per_input"],
+            "curves": {"q_curve": _curve(plan, estimates, table, q_inf, q_inf_name)},
+        },
+    )
 
 
 def _curve_row(est: Estimate, n_total: int, confidence: float) -> dict:
@@ -112,3 +93,6 @@ def _curve_note(plan: Plan, estimates: list, table: list, q_inf: float, q_inf_na
         note += (f"; on a random subset of {n} of {plan.n_total} inputs "
                  f"(budget {plan.run.args.budget // len(table)} evaluations per q)")
     return note
+
+
+q_curve = function("q_curve", CURVE)

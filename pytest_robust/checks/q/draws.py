@@ -16,7 +16,6 @@ import torch
 from pytest_robust.attacks import pgd
 from pytest_robust.checks.q.plan import BLOCK_INPUTS, DRAW_CHUNK, Plan, pgd_applies
 from pytest_robust.checks.q.qnorm import evaluator, path_sampling
-from pytest_robust.engine.progress import report_progress
 from pytest_robust.engine.streams import RowStreams, repeat_rows, stream_generator
 from pytest_robust.errors import NotDifferentiable
 from pytest_robust.procedures.per_input import over_blocks
@@ -33,7 +32,7 @@ def _path_group(plan: Plan, q: float, group: list[int]) -> list[dict]:
     trace = path_sampling(
         space, evaluate, q, cfg.steps, cfg.sampler, cfg.chains,
         plan.streams("q-warmup", group, cfg.chains), plan.streams("q-path", group, cfg.chains),
-        progress=lambda: report_progress(metric=f"q-loss (q={q:g})", stage="path sampling",
+        progress=lambda: plan.run.forward.report_progress(metric=f"q-loss (q={q:g})", stage="path sampling",
                                          forward_passes=plan.run.forward.passes),
     )
     sizes = [(plan.blocks[b].stop - plan.blocks[b].start) * cfg.chains for b in group]
@@ -73,7 +72,8 @@ def _mc_group(plan: Plan, q: float, group: list[int]) -> list[np.ndarray]:
                         for b in group])
         y = torch.cat([plan.y[plan.blocks[b]] for b in group])
         parts.append(plan.loss.log_values(plan.run.forward.logits(xs), repeat_rows(y, d)).reshape(len(y), d))
-        report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo", forward_passes=plan.run.forward.passes)
+        plan.run.forward.report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo",
+                                         forward_passes=plan.run.forward.passes)
     logs = torch.cat(parts, dim=1).double().cpu().numpy()
     return np.split(logs, np.cumsum([plan.blocks[b].stop - plan.blocks[b].start for b in group])[:-1])
 

@@ -269,11 +269,3 @@ def describe(config: Config) -> str:
         f"{SAMPLER_NAMES[smp.kind]}, {config.chains} chains x {config.steps} steps x {smp.moves} {moves} "
         f"per input, warm-up {smp.warmup}"
     )
-
-
-def parse_q(value) -> float:
-    accepted = "a finite number > 0 (1: the average loss; larger q weighs high losses more)"
-    try:
-        return validation.positive_float("q", value)
-    except SettingError:
-        raise SettingError("q", value, accepted) from None

@@ -11,7 +11,10 @@ PREDICT, per input: the top two classes' counts n_A >= n_B among n draws; return
 unless the two-sided binomial test of n_A out of n_A + n_B at p = 1/2 has p-value > alpha.
 
 Units: ``sigma`` and every radius are in the space of the tensors the model receives (pixel units
-when the normalisation is inside the model). Draws and class counts: ``smoothing_draws``.
+when the normalisation is inside the model). Draws and class counts: ``draws``.
+
+Both are analyses, declared in ``checks.smoothing`` (``CERTIFY``, ``PREDICT``) and called through the
+one door like every check: ``certify`` and ``predict`` are their library functions.
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from pytest_robust.checks.registry import Metric
-from pytest_robust.checks.smoothing import certificates
+from pytest_robust.checks.library import function
+from pytest_robust.checks.smoothing import CERTIFY, PREDICT, certificates
 from pytest_robust.checks.smoothing.draws import class_counts
 from pytest_robust.engine.run import Run
 from pytest_robust.results import Result
@@ -32,18 +34,6 @@ from pytest_robust.stats import clopper_pearson_lower, clopper_pearson_upper
 
 #: Prediction code of an abstention in ``certify`` and ``predict``.
 ABSTAIN = -1
-#: The shapes of the CERTIFY and PREDICT runs: certificates (a warning when the logits are not float32).
-CERTIFY = Metric("", title="CERTIFY accuracy", certificate=True)
-PREDICT = Metric("", title="PREDICT", certificate=True)
-
-
-def validate_fixed(sigma, alpha, **sizes) -> tuple[float, float]:
-    sigma = validation.positive_float("sigma", sigma)
-    alpha = validation.open_unit("alpha", alpha)
-    for key, value in sizes.items():
-        validation.positive_int(key, value)
-    return sigma, alpha
-
 
 @dataclass
 class _FixedSize:
@@ -60,6 +50,23 @@ class _FixedSize:
     label: np.ndarray
     prediction: np.ndarray
     correct: np.ndarray
+
+
+    def _summary(self, metric: str, title: str, k: int, confidence: float, draws: int, procedure: str,
+                 curves: dict) -> Result:
+        """The Result of ``k`` of the inputs correct (and not abstained), with Clopper-Pearson bounds
+        over inputs at ``confidence``, verdict "estimate"."""
+        n_in, alpha_over_inputs = len(self.label), 1.0 - confidence
+        return Result(
+            metric=metric, estimate=k / n_in, lower=clopper_pearson_lower(k, n_in, alpha_over_inputs),
+            upper=clopper_pearson_upper(k, n_in, alpha_over_inputs), threshold=None, confidence=confidence,
+            verdict="estimate", n_inputs=n_in, draws=draws, forward_passes=self.forward_passes, seconds=self.seconds,
+            device=self.device, seed=self.seed,
+            perturbation=f"Gaussian smoothing sigma={self.sigma:g}, {procedure}, alpha={self.alpha:g}", budget=draws,
+            note=f"{int((self.prediction == ABSTAIN).sum())} of {n_in} inputs abstained; per-input results are in the "
+                 f"{type(self).__name__} object",
+            details={"title": title, **({"curves": curves} if curves else {})},
+        )
 
 
 @dataclass
@@ -95,37 +102,19 @@ class Certification(_FixedSize):
         """A report-ready summary (metric "certify", verdict "estimate"): the smoothed classifier's
         certified-correct fraction at radius 0 with Clopper-Pearson bounds over inputs, and the
         certified-accuracy-against-radius curve (a PNG in the report directory)."""
-        n_in, k = len(self.label), int(self.certified(0.0).sum())
-        alpha_over_inputs = 1.0 - confidence
         radii = sorted({0.0, *np.round(self.radius[self.correct], 4).tolist()})
-        return Result(
-            metric="certify", estimate=k / n_in,
-            lower=clopper_pearson_lower(k, n_in, alpha_over_inputs),
-            upper=clopper_pearson_upper(k, n_in, alpha_over_inputs),
-            threshold=None, confidence=confidence, verdict="estimate", n_inputs=n_in,
-            draws=int(self.draws.sum()), forward_passes=self.forward_passes, seconds=self.seconds,
-            device=self.device, seed=self.seed,
-            perturbation=(f"Gaussian smoothing sigma={self.sigma:g}, CERTIFY n0={self.n0}, n={self.n}, "
-                          f"alpha={self.alpha:g}"),
-            budget=int(self.draws.sum()),
-            note=f"{int((self.prediction == ABSTAIN).sum())} of {n_in} inputs abstained; per-input results are "
-                 "in the Certification object",
-            details={
-                "title": CERTIFY.title,
-                "curves": {"certified_accuracy": {
-                    "title": f"CERTIFY: certified accuracy against radius (sigma={self.sigma:g})",
-                    "xlabel": "L2 radius (input units)", "ylabel": "certified accuracy",
-                    "x": radii, "series": {"certified accuracy": [self.certified_accuracy(r) for r in radii]},
-                }},
-            },
-        )
+        return self._summary(
+            "certify", CERTIFY.title, int(self.certified(0.0).sum()), confidence, int(self.draws.sum()),
+            f"CERTIFY n0={self.n0}, n={self.n}",
+            {"certified_accuracy": {
+                "title": f"CERTIFY: certified accuracy against radius (sigma={self.sigma:g})",
+                "xlabel": "L2 radius (input units)", "ylabel": "certified accuracy",
+                "x": radii, "series": {"certified accuracy": [self.certified_accuracy(r) for r in radii]},
+            }})
 
 
-def certify(
-    model: torch.nn.Module, data, sigma: float, n0: int = 100, n: int = 100_000, alpha: float = 0.001, *,
-    seed: int = 0, batch_size: int = 1024, device=None,
-) -> Certification:
-    """Cohen's CERTIFY for every input, batched across inputs.
+def certify_all(run: Run, sigma: float, n0: int, n: int, alpha: float) -> Certification:
+    """Cohen's CERTIFY for every input, batched across inputs (the body of ``certify``).
 
     Per input: c_A = the most frequent class among draws 0..n0-1 of its noise stream; k = how many
     of the n fresh draws n0..n0+n-1 fall in c_A; p_lower = BetaInv(alpha; k, n - k + 1) (one-sided
@@ -133,10 +122,7 @@ def certify(
     ``sigma`` is in the units of the model's inputs. Defaults are Cohen's (n0=100, n=100 000,
     alpha=0.001). Certified accuracy at any radius: ``result.certified_accuracy(r)``.
     """
-    sigma, alpha = validate_fixed(sigma, alpha, n0=n0, n=n)
-    with Run("certify", model, data, budget=None, seed=seed, batch_size=batch_size, device=device,
-             declaration=CERTIFY) as run:
-        counts = class_counts(run, sigma, [(0, n0), (n0, n0 + n)], "CERTIFY")
+    counts = class_counts(run, sigma, [(0, n0), (n0, n0 + n)], "CERTIFY")
     choice = counts[:, 0].argmax(axis=1)
     k = counts[np.arange(len(choice)), 1, choice]
     lower_of = {c: clopper_pearson_lower(c, n, alpha) for c in np.unique(k).tolist()}
@@ -163,19 +149,20 @@ class Prediction(_FixedSize):
     runner_up_count: np.ndarray
     p_value: np.ndarray
 
+    def to_result(self, confidence: float = 0.95) -> Result:
+        """A report-ready summary (metric "predict", verdict "estimate"): the fraction of inputs the
+        smoothed classifier predicts correctly (an abstention is not correct), with Clopper-Pearson
+        bounds over inputs."""
+        return self._summary("predict", PREDICT.title, int(self.correct.sum()), confidence,
+                             self.n * len(self.label), f"PREDICT n={self.n}", {})
 
-def predict(
-    model: torch.nn.Module, data, sigma: float, n: int = 10_000, alpha: float = 0.001, *, seed: int = 0,
-    batch_size: int = 1024, device=None,
-) -> Prediction:
-    """Cohen's PREDICT for every input: the top two classes' counts n_A >= n_B among n noisy draws;
-    return the top class unless the two-sided binomial test of n_A out of n_A + n_B at p = 1/2 has
-    p-value > alpha (then abstain). The returned class differs from the smoothed classifier's with
-    probability <= alpha. ``sigma`` is in the units of the model's inputs."""
-    sigma, alpha = validate_fixed(sigma, alpha, n=n)
-    with Run("predict", model, data, budget=None, seed=seed, batch_size=batch_size, device=device,
-             declaration=PREDICT) as run:
-        counts = class_counts(run, sigma, [(0, n)], "PREDICT")[:, 0]
+
+def predict_all(run: Run, sigma: float, n: int, alpha: float) -> Prediction:
+    """Cohen's PREDICT for every input (the body of ``predict``): the top two classes' counts
+    n_A >= n_B among n noisy draws; return the top class unless the two-sided binomial test of n_A
+    out of n_A + n_B at p = 1/2 has p-value > alpha (then abstain). The returned class differs from
+    the smoothed classifier's with probability <= alpha. ``sigma`` is in the units of the model's inputs."""
+    counts = class_counts(run, sigma, [(0, n)], "PREDICT")[:, 0]
     order = np.argsort(-counts, axis=1, kind="stable")
     rows = np.arange(len(counts))
     top, runner_up = counts[rows, order[:, 0]], counts[rows, order[:, 1]]
@@ -187,3 +174,7 @@ def predict(
         seconds=time.perf_counter() - run.started, forward_passes=sum(run.spent().values()), label=label,
         prediction=prediction, top_count=top, runner_up_count=runner_up, p_value=p_value, correct=prediction == label,
     )
+
+
+certify = function("certify", CERTIFY)
+predict = function("predict", PREDICT)

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from pytest_robust.engine.forward import Forward
-from pytest_robust.engine.progress import report_progress
 from pytest_robust.engine.run import Run
 from pytest_robust.engine.streams import stream_seed
 
@@ -138,7 +137,7 @@ def _counts(forward: Forward, x: torch.Tensor, index, sigma: float, phases, seed
         if counts is None:
             counts = torch.zeros(len(x) * len(phases) * width, dtype=torch.long, device=device)
         counts.index_add_(0, tags * width + pred, torch.ones_like(pred))
-        report_progress(metric=metric, draws=forward.passes, budget=total)
+        forward.report_progress(metric=metric, draws=forward.passes, budget=total)
     if counts is None:  # no inputs on this rank
         return np.zeros((0, len(phases), 0), dtype=np.int64)
     return counts.view(len(x), len(phases), width)[:, :, :-1].numpy(force=True)

@@ -11,16 +11,12 @@ the units of the model's inputs. ACR is reported only next to ``ACR_WARNING``.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from pytest_robust.checks.registry import Metric
-from pytest_robust.checks.smoothing import certificates
-from pytest_robust.checks.smoothing.cohen import validate_fixed
+from pytest_robust.checks.library import function
+from pytest_robust.checks.smoothing import PA_REPORT, certificates
 from pytest_robust.checks.smoothing.draws import class_counts
-from pytest_robust.engine.inspect.warnings import records_warnings
 from pytest_robust.engine.run import Run
 from pytest_robust.results import Result
-from pytest_robust.settings import validation
 from pytest_robust.stats import clopper_pearson_lower, clopper_pearson_upper
 
 ACR_WARNING = (
@@ -32,12 +28,7 @@ ACR_WARNING = (
 )
 
 
-@records_warnings
-def pa_report(
-    model: torch.nn.Module, data, sigma: float, n: int = 10_000, radii=None, alpha: float = 1e-3,
-    convert_to=((100, 0.01), (100_000, 0.001)), *,
-    confidence: float = 0.95, seed: int = 0, batch_size: int = 1024, device=None,
-) -> Result:
+def evaluate(run: Run, sigma: float, n: int, radii, alpha: float, convert_to) -> Result:
     """The empirical distribution of p_A and what it implies (Sun et al., ICML 2025, section 7 and
     appendix B).
 
@@ -58,34 +49,29 @@ def pa_report(
     pooled draws at ``confidence`` (valid for the stratified design: n draws of every input).
     n = 10 000 resolves p_A to about +-0.003 near 0.98; the seed uses 100 000.
     """
-    sigma, alpha = validate_fixed(sigma, alpha, n=n)
-    conversions = [(validation.positive_int("n'", m), validation.open_unit("alpha'", a)) for m, a in convert_to]
     largest = certificates.radius_from_counts(n, n, alpha, sigma)
     if radii is None:
         radii = np.round(np.linspace(0.0, largest, 21), 4).tolist()
-    radii = [validation.non_negative_float("radius", r) for r in radii]
-    with Run("pa_report", model, data, confidence=confidence, budget=None, seed=seed, batch_size=batch_size,
-             device=device, declaration=Metric("", title="mean pA", certificate=True)) as run:
-        counts = class_counts(run, sigma, [(0, n)], "pA report")[:, 0]
-        k = counts[np.arange(len(counts)), run.ds.y.cpu().numpy()]
-        pa, total, level = k / n, int(k.sum()), run.alpha
-        measured = []
-        for r in radii:
-            need = certificates.min_count_to_certify(r, sigma, n, alpha)
-            measured.append(0.0 if need is None else float(np.mean(k >= need)))
-        measured_label = f"measured at n={n}, alpha={alpha:g}"
-        step = max(1, len(radii) // 4)  # up to four radii, evenly spread, in the one-line note
-        notes = ", ".join(f"r={r:g}: {a:.3f}" for r, a in list(zip(radii, measured))[::step][:4])
-        return run.result(
-            estimate=total / (n * len(k)), lower=clopper_pearson_lower(total, n * len(k), level),
-            upper=clopper_pearson_upper(total, n * len(k), level), draws=n * len(k),
-            perturbation=f"Gaussian smoothing sigma={sigma:g} (pA report, n={n} draws per input)",
-            note=(
-                f"estimate = mean pA (accuracy under the noise); median pA {float(np.median(pa)):.4f}, "
-                f"P(pA >= 0.5) = {float(np.mean(pa >= 0.5)):.3f}; certified accuracy ({measured_label}) {notes}"
-            ),
-            details=_pa_details(k, n, sigma, alpha, radii, measured, measured_label, conversions, largest),
-        )
+    counts = class_counts(run, sigma, [(0, n)], "pA report")[:, 0]
+    k = counts[np.arange(len(counts)), run.ds.y.cpu().numpy()]
+    pa, total, level = k / n, int(k.sum()), run.alpha
+    measured = []
+    for r in radii:
+        need = certificates.min_count_to_certify(r, sigma, n, alpha)
+        measured.append(0.0 if need is None else float(np.mean(k >= need)))
+    measured_label = f"measured at n={n}, alpha={alpha:g}"
+    step = max(1, len(radii) // 4)  # up to four radii, evenly spread, in the one-line note
+    notes = ", ".join(f"r={r:g}: {a:.3f}" for r, a in list(zip(radii, measured))[::step][:4])
+    return run.result(
+        estimate=total / (n * len(k)), lower=clopper_pearson_lower(total, n * len(k), level),
+        upper=clopper_pearson_upper(total, n * len(k), level), draws=n * len(k),
+        perturbation=f"Gaussian smoothing sigma={sigma:g} (pA report, n={n} draws per input)",
+        note=(
+            f"estimate = mean pA (accuracy under the noise); median pA {float(np.median(pa)):.4f}, "
+            f"P(pA >= 0.5) = {float(np.mean(pa >= 0.5)):.3f}; certified accuracy ({measured_label}) {notes}"
+        ),
+        details=_pa_details(k, n, sigma, alpha, radii, measured, measured_label, convert_to, largest),
+    )
 
 
 def _pa_details(k: np.ndarray, n: int, sigma: float, alpha: float, radii: list, measured: list, measured_label: str,
@@ -134,3 +120,6 @@ def _pa_details(k: np.ndarray, n: int, sigma: float, alpha: float, radii: list, 
             },
         },
     }
+
+
+pa_report = function("pa_report", PA_REPORT)

@@ -36,7 +36,6 @@ import torch
 from pytest_robust.checks.smoothing import certificates
 from pytest_robust.checks.smoothing.draws import Shard, draw_noisy
 from pytest_robust.engine.forward import correct_predictions
-from pytest_robust.engine.progress import report_progress
 from pytest_robust.engine.run import Run
 from pytest_robust.results import decide
 from pytest_robust.stats import SequentialGate, clopper_pearson_p_values
@@ -185,7 +184,7 @@ def run_round(run: Run, plan: GatePlan, state: GateState, tests: LocalTests, sha
             elif state.drawn[i] < allowance[i]:
                 active.append(i)
         run.clock.pace("certified accuracy", int(state.evaluated.sum()), plan.budget)
-        report_progress(metric="certified accuracy", draws=int(state.drawn.sum()), budget=plan.budget,
+        run.forward.report_progress(metric="certified accuracy", draws=int(state.drawn.sum()), budget=plan.budget,
                         inputs_done=lambda: int((state.verdict != OPEN).sum()), inputs=len(state.verdict),
                         forward_passes=run.forward.passes)
 

@@ -61,9 +61,9 @@ def check_loader_order(loader: torch.utils.data.DataLoader) -> torch.utils.data.
     )
 
 
-def check_reads_repeat(dataset) -> None:
+def check_reads_repeat(dataset, keys: tuple[str, str] | None = None) -> None:
     """RobustWarning when a map-style dataset returns a different input on a second read of
-    item 0 (a random augmentation left in the evaluation data)."""
+    item 0 (a random augmentation left in the evaluation data); mapping items are read by ``keys``."""
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
         return
     try:
@@ -75,7 +75,7 @@ def check_reads_repeat(dataset) -> None:
         first = dataset[0]
     with host_rng(1):
         second = dataset[0]
-    a, b = (torch.as_tensor(input_and_label(item)[0]) for item in (first, second))
+    a, b = (torch.as_tensor(input_and_label(item, keys)[0]) for item in (first, second))
     if a.shape != b.shape or not torch.equal(a, b):
         warnings.warn(
             "the dataset returns a different input each time item 0 is read (a random augmentation "

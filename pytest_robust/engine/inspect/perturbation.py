@@ -159,20 +159,21 @@ def check_size(perturbation, x: torch.Tensor) -> None:
                 effect=", so draws spread over the whole box")
 
 
-def inspect_inputs(ds, perturbation) -> None:
+def inspect_inputs(ds, perturbation, normalized: bool = False) -> None:
     """The checks that need both data and perturbation: inputs inside its box, a size that fits
-    the box, and a perturbation that draws from its generator. Runs once per check, before any
-    evaluation."""
-    check_in_box(ds.x, getattr(perturbation, "bounds", None))
+    the box, and a perturbation that draws from its generator (``normalized``: the check normalises
+    inside the model call). Runs once per check, before any evaluation."""
+    check_in_box(ds.x, getattr(perturbation, "bounds", None), normalized=normalized)
     check_size(perturbation, ds.x)
     check_uses_generator(perturbation, ds.x)
 
 
-def check_in_box(x: torch.Tensor, bounds, name: str = "data") -> None:
+def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool = False) -> None:
     """Raise RobustDataError when inputs lie outside the perturbation's box ``bounds``: a
     perturbed input is clipped to the box, so such inputs would be silently moved (by more than
     eps) before the model sees them. 0..255 images get the conversion as their fix; with
-    ``normalize=`` in force, normalised data gets "give the images before normalisation".
+    ``normalized`` (the check has ``normalize=``), normalised data gets "give the images before
+    normalisation".
     Bounds of a shape that does not fit the inputs are an ArgumentError (``box_for``)."""
     if bounds is None:
         return
@@ -190,9 +191,7 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data") -> None:
             f"perturbation's box is {shown}: divide the images by 255 (torchvision's ToTensor() does) "
             "so that inputs and eps are in [0, 1] pixel units"
         )
-    from pytest_robust.engine.interface import current
-
-    advice = NORMALISATION_ADVICE if current().normalize is None else NORMALISED_INSIDE_ADVICE
+    advice = NORMALISED_INSIDE_ADVICE if normalized else NORMALISATION_ADVICE
     raise RobustDataError(
         f"{name}: inputs range from {low:g} to {high:g}, outside the perturbation's box {shown}; every "
         f"perturbed input would be clipped into the box, silently changing the data. {advice}"
