@@ -21,11 +21,15 @@ to k alpha false fails (or false passes). With holm the family is the session's 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pytest_robust.errors import SettingError
-from pytest_robust.recording import SPECS
-from pytest_robust.settings.validation import choice
+from pytest_robust.recording import SETTINGS, SPECS
+from pytest_robust.report.terminal import familywise_lines
+from pytest_robust.settings.keys import Settings
+from pytest_robust.settings.validation import choice, open_unit
 from pytest_robust.stats.familywise import holm, level
 
 #: The methods of ``--robust-familywise`` (ini ``robust_familywise``).
@@ -53,6 +57,49 @@ def gate_confidence(confidence: float, alpha: float, collected: int) -> float:
     """The confidence a check runs at under Holm with ``collected`` checks known up front: 1 -
     min(its own alpha, the family's alpha) / k (module docstring)."""
     return 1.0 - min(1.0 - confidence, alpha) / max(collected, 1)
+
+
+def gate_family(config: pytest.Config, items: list[pytest.Item]) -> tuple[Settings, int]:
+    """After collection, under holm: count the family (``family_size``) and gate every declared
+    check at its family level (``gate_confidence``): the session's confidence, ``confidence=`` on
+    markers and each YAML check's settings. Returns the session's settings as declared (before the
+    gating) and the family's size."""
+    declared = config.stash[SETTINGS]
+    alpha, k = 1.0 - declared.confidence, family_size(items)
+    source = "--robust-familywise holm"
+
+    def gated(confidence) -> float:
+        return gate_confidence(open_unit("confidence", confidence), alpha, k)
+
+    config.stash[SETTINGS] = declared.replace({"confidence": gated(declared.confidence)}, source)
+    for item in items:
+        for spec in item.stash.get(SPECS, []):
+            if spec.overrides.get("confidence") is not None:
+                spec.overrides["confidence"] = gated(spec.overrides["confidence"])
+        check = getattr(item, "check", None)  # a YAML suite check carries its resolved settings
+        if check is not None and dataclasses.is_dataclass(check) and hasattr(check, "settings"):
+            item.check = dataclasses.replace(
+                check, settings=check.settings.replace({"confidence": gated(check.settings.confidence)}, source))
+    return declared, k
+
+
+def adjust(results: list[dict], declared: Settings, collected: int) -> tuple[dict, list[str], bool]:
+    """Holm's step-down over the session's family at the end (``holm_adjust``), before any report
+    is written: (the family's summary, the terminal's lines, whether the run must fail: a test
+    passed on a verdict the adjustment does not confirm, under ``inconclusive = fail``).
+    ``collected`` is the family known at collection on this process; the results carry the size
+    their own process knew (xdist workers), and the largest counts."""
+    stamped = [r["details"].get("familywise", {}).get("collected") for r in results]
+    collected = max([c for c in stamped if isinstance(c, int)] + [collected])
+    alpha = float(f"{1.0 - declared.confidence:.12g}")  # 0.05, not 0.050000000000000044
+    family = holm_adjust(results, alpha, collected, declared.inconclusive)
+    lines = familywise_lines(family)
+    fails = declared.inconclusive == "fail" and any(
+        r["was"] == "pass" and r["outcome"] in ("passed", "xpassed") for r in family["retracted"])
+    if fails:
+        lines.append("  --robust-familywise holm: failing the run (a test passed on a verdict that the family-wise "
+                     "adjustment does not confirm)")
+    return family, lines, fails
 
 
 def _claims(result: dict) -> tuple[dict, str]:
@@ -83,43 +130,49 @@ def holm_adjust(results: list[dict], alpha: float, collected: int, inconclusive:
                 "recorded with enforce=False: its verdict gates nothing" if r["verdict"] != "skipped"
                 else "its test was skipped before it ran")}
     family = max(collected, len(members))
-    gate_level = alpha / max(collected, 1)
     claims = [_claims(r) for r in members]
     steps = {side: holm([c[side] for c, _ in claims], alpha, family) for side in ("fail", "pass")}
     summary = {"method": "holm", "alpha": alpha, "family": family, "collected": collected,
-               "members": len(members), "gate_level": gate_level, "inconclusive": inconclusive,
+               "members": len(members), "gate_level": alpha / max(collected, 1), "inconclusive": inconclusive,
                "confirmed": {"fail": 0, "pass": 0}, "retracted": [], "allowed": []}
-    for i, (r, (p, source)) in enumerate(zip(members, claims)):
-        held = {side: steps[side][i] for side in ("fail", "pass")}
-        holm_says = next((side for side in ("fail", "pass") if held[side] is not None), None)
-        own_level = 1.0 - r["confidence"] if r["estimate"] is not None else None
-        note = {"method": "holm", "member": True, "alpha": alpha, "family": family, "collected": collected,
-                "gate_level": own_level, "p_fail": p["fail"], "p_pass": p["pass"], "p_source": source,
-                "holm_step_fail": held["fail"], "holm_step_pass": held["pass"], "holm": holm_says,
-                "holm_level": None if holm_says is None else level(alpha, family, held[holm_says])}
-        verdict = r["verdict"]
-        if verdict in ("pass", "fail") and held[verdict] is None:
-            done = sum(s is not None for s in steps[verdict])
-            reason = (f"Holm's step-down over the family of {family} checks with a threshold at alpha={alpha:g} does "
-                      f"not confirm this {verdict}: it confirms {done} {verdict} claim(s) and stops at the level "
-                      f"{level(alpha, family, done + 1):.3g}, above which lies this check's p-value "
-                      f"{p[verdict]:.3g}. Its test was gated at {own_level:.3g} while it ran, a level the family does "
-                      f"not support: the family is larger than the {collected} checks known at collection "
-                      "(robust.<metric>(..., threshold=...) calls count only when they run), or the check ran at a "
-                      "confidence= of its own; declare the checks as markers or YAML suite checks so that the family "
-                      "is known up front")
-            note.update(retracted=verdict, verdict_before=verdict)
-            r["verdict"] = "inconclusive"
-            r["details"]["inconclusive_reason"] = reason
-            summary["retracted"].append({"test_id": r.get("test_id", ""), "metric": r["metric"], "was": verdict,
-                                         "outcome": r.get("outcome", ""), "p": p[verdict]})
-        elif verdict in ("pass", "fail"):
-            summary["confirmed"][verdict] += 1
-        elif holm_says is not None:
-            note["allowed"] = (f"Holm's step-down allows a {holm_says} (p = {p[holm_says]:.3g} <= "
-                               f"{note['holm_level']:.3g} at step {held[holm_says]}), which the test's gate at "
-                               f"{own_level:.3g} could not know while the test ran: reported, not enforced")
-            summary["allowed"].append({"test_id": r.get("test_id", ""), "metric": r["metric"], "claim": holm_says,
-                                       "p": p[holm_says]})
-        r["details"]["familywise"] = note
+    for i, (r, claim) in enumerate(zip(members, claims)):
+        r["details"]["familywise"] = _judge(r, claim, {side: steps[side][i] for side in steps}, steps, summary)
     return summary
+
+
+def _judge(r: dict, claim: tuple[dict, str], held: dict, steps: dict, summary: dict) -> dict:
+    """Holm's word on one member ``r`` of the family (``holm_adjust``): its note, with the verdict
+    retracted (made "inconclusive", with the reason) when Holm does not confirm it, and the summary's
+    counts of confirmed, retracted and allowed claims updated."""
+    (p, source), alpha, family, collected = claim, summary["alpha"], summary["family"], summary["collected"]
+    holm_says = next((side for side in ("fail", "pass") if held[side] is not None), None)
+    own_level = 1.0 - r["confidence"] if r["estimate"] is not None else None
+    note = {"method": "holm", "member": True, "alpha": alpha, "family": family, "collected": collected,
+            "gate_level": own_level, "p_fail": p["fail"], "p_pass": p["pass"], "p_source": source,
+            "holm_step_fail": held["fail"], "holm_step_pass": held["pass"], "holm": holm_says,
+            "holm_level": None if holm_says is None else level(alpha, family, held[holm_says])}
+    verdict = r["verdict"]
+    if verdict in ("pass", "fail") and held[verdict] is None:
+        done = sum(s is not None for s in steps[verdict])
+        r["details"]["inconclusive_reason"] = (
+            f"Holm's step-down over the family of {family} checks with a threshold at alpha={alpha:g} does "
+            f"not confirm this {verdict}: it confirms {done} {verdict} claim(s) and stops at the level "
+            f"{level(alpha, family, done + 1):.3g}, above which lies this check's p-value "
+            f"{p[verdict]:.3g}. Its test was gated at {own_level:.3g} while it ran, a level the family does "
+            f"not support: the family is larger than the {collected} checks known at collection "
+            "(robust.<metric>(..., threshold=...) calls count only when they run), or the check ran at a "
+            "confidence= of its own; declare the checks as markers or YAML suite checks so that the family "
+            "is known up front")
+        note.update(retracted=verdict, verdict_before=verdict)
+        r["verdict"] = "inconclusive"
+        summary["retracted"].append({"test_id": r.get("test_id", ""), "metric": r["metric"], "was": verdict,
+                                     "outcome": r.get("outcome", ""), "p": p[verdict]})
+    elif verdict in ("pass", "fail"):
+        summary["confirmed"][verdict] += 1
+    elif holm_says is not None:
+        note["allowed"] = (f"Holm's step-down allows a {holm_says} (p = {p[holm_says]:.3g} <= "
+                           f"{note['holm_level']:.3g} at step {held[holm_says]}), which the test's gate at "
+                           f"{own_level:.3g} could not know while the test ran: reported, not enforced")
+        summary["allowed"].append({"test_id": r.get("test_id", ""), "metric": r["metric"], "claim": holm_says,
+                                   "p": p[holm_says]})
+    return note

@@ -17,7 +17,16 @@ from pytest_robust import cancel
 from pytest_robust.checks import spec as checks
 from pytest_robust.errors import MarkerError, RobustError, SettingError
 from pytest_robust.fixture import RobustFixture
-from pytest_robust.recording import COMMAND_LINE, SETTINGS, SPECS, attach, declared, metrics, record_unrun
+from pytest_robust.recording import (
+    COMMAND_LINE,
+    SETTINGS,
+    SPECS,
+    attach,
+    build_registry,
+    declared,
+    metrics,
+    record_unrun,
+)
 from pytest_robust.session import ResultCollector, run_environment
 from pytest_robust.settings.keys import KEYS, Settings, read_yaml, resolve
 from pytest_robust.settings.validation import baseline_name, choice, directory_path, file_path
@@ -234,7 +243,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _check_device_exists(settings.device)
     _check_baselines(config)
     config.stash[SETTINGS] = settings
-    config.addinivalue_line("markers", marker_doc(metrics(config)))  # registration errors: usage errors, now
+    config.addinivalue_line("markers", marker_doc(build_registry(config)))  # registration errors: usage errors, now
     collector = ResultCollector(config)
     collector.claim_report_directory()
     config.pluginmanager.register(collector, "robust-results")

@@ -33,12 +33,23 @@ COMMAND_LINE = pytest.StashKey[dict]()
 SPECS = pytest.StashKey[list]()
 ITEM_RESULTS = pytest.StashKey[list]()
 RECORDED = pytest.StashKey[set]()
+#: The registered metrics (``metrics``), with how many hook implementations declared them.
+REGISTRY = pytest.StashKey[tuple]()
 
 
 def metrics(config: pytest.Config) -> dict:
-    """Every registered metric: the built-ins and those of plugins and conftest.py files loaded so
-    far (``pytest_robust_metrics`` hook), in registration order. A name registered twice or a value
-    that is not a ``Metric`` is a usage error."""
+    """Every registered metric (``build_registry``): built once at configure, and again only when a
+    conftest.py loaded later (in a sub-directory, at collection) declares metrics of its own."""
+    declared_by = len(config.pluginmanager.hook.pytest_robust_metrics.get_hookimpls())
+    if config.stash.get(REGISTRY, (None, -1))[1] != declared_by:
+        build_registry(config)
+    return config.stash[REGISTRY][0]
+
+
+def build_registry(config: pytest.Config) -> dict:
+    """The registry: the built-in metrics and those of plugins and conftest.py files loaded so far
+    (``pytest_robust_metrics`` hook), in registration order, kept in the config's stash. A name
+    registered twice or a value that is not a ``Metric`` is a usage error."""
     found: dict = {}
     implementations = config.pluginmanager.hook.pytest_robust_metrics.get_hookimpls()
     try:
@@ -46,6 +57,7 @@ def metrics(config: pytest.Config) -> dict:
             checks.register(found, impl.function(), impl.plugin_name)
     except SettingError as err:
         raise pytest.UsageError(f"pytest-robust: {err}") from None
+    config.stash[REGISTRY] = (found, len(implementations))
     return found
 
 
@@ -92,6 +104,29 @@ def attach(item: pytest.Item, report: pytest.TestReport, outcome: str) -> None:
     if item.stash.get(ITEM_RESULTS, None):
         report.robust_results = [dict(r, test_id=item.nodeid, outcome=outcome) for r in item.stash[ITEM_RESULTS]]
         item.stash[ITEM_RESULTS] = []
+
+
+def interrupted_reports(running: pytest.Item | None, under_way: dict[str, list[dict]], what: str) -> list:
+    """The failed reports of a run that ``what`` (SIGTERM, Ctrl-C) interrupted: the robust test this
+    process was ``running`` (its check under way and those that had not started are "interrupted";
+    a test without robust checks is left to pytest), and each test ``under_way`` on an xdist worker
+    (node id -> its declared checks, ``declared``), so that every report shows where the run stopped."""
+    message = f"interrupted by {what}: the run stopped during this test"
+    reports = []
+    if running is not None:
+        record_unrun(running, "interrupted",
+                     f"the run was interrupted by {what} during its test, before this check ran")
+        report = pytest.TestReport(nodeid=running.nodeid, location=running.location, keywords={}, outcome="failed",
+                                   longrepr=message, when="call", sections=[], user_properties=running.user_properties)
+        attach(running, report, "interrupted")
+        reports += [report] if hasattr(report, "robust_results") else []
+    reason = f"the run was interrupted by {what} while its test ran on an xdist worker"
+    for nodeid, unfinished in under_way.items():
+        reports.append(pytest.TestReport(nodeid=nodeid, location=(nodeid.split("::")[0], None, nodeid),
+                                         keywords={}, outcome="failed", longrepr=message, when="call", sections=[]))
+        reports[-1].robust_results = [dict(r, verdict="interrupted", details={**r["details"], "error": reason},
+                                           outcome="interrupted") for r in unfinished]
+    return reports
 
 
 def declared(item: pytest.Item) -> list[dict] | None:

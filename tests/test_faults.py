@@ -16,8 +16,8 @@ from test_plugin import CONFTEST, PASSING
 
 from pytest_robust.engine import cache
 from pytest_robust.errors import RobustError
+from pytest_robust.files import write_atomic
 from pytest_robust.report import store
-from pytest_robust.report.files import write_atomic
 from pytest_robust.report.inputs import gallery_file, per_input_csv
 from pytest_robust.report.lock import LOCK_NAME, RunLock
 from pytest_robust.report.markdown import summary_markdown

@@ -15,7 +15,7 @@ from toy_models import bare_run
 from pytest_robust import certified_accuracy
 from pytest_robust.errors import ArgumentError
 from pytest_robust.report.inputs import per_input_csv, without_pixels
-from pytest_robust.report.per_input import worst
+from pytest_robust.results import worst
 
 
 def test_worst_inputs_rank_outcomes_then_estimates_in_the_metrics_direction():

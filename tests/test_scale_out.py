@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -155,3 +156,27 @@ def test_progress_lines_without_s_through_the_terminal_reporter(pytester, fast_p
     result = pytester.runpytest("--robust-batch-size", "256")
     result.stdout.fnmatch_lines(["robust progress *::test_passes: TSRM 256/100000 draws, "
                                  "~* s left if it spends the budget, 256 forward passes, bounds [[]0.*, *]*"])
+
+
+def test_two_launchers_on_one_machine_act_as_two_nodes_with_one_writer(pytester):
+    """``pytest_robust.launch --nnodes 2 --node-rank 0/1`` started twice (as on two machines, here on
+    one): the ranks meet at the rendezvous, reach the single process's numbers, and only global
+    rank 0 (node 0) writes the reports."""
+    pytester.makeconftest(CONFTEST + "\nimport sys\nsys.path.insert(0, %r)\n" % str(Path(__file__).parent))
+    pytester.makepyfile(PASSING)
+    port = _free_port()
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "pytest_robust.launch", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
+         "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "pytest", "-p", "no:cacheprovider",
+         "--robust-report", f"node{node}"], cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True) for node in (0, 1)]
+    outputs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outputs
+    sharded = json.loads((pytester.path / "node0" / "results.json").read_text())["results"]
+    assert not (pytester.path / "node1" / "results.json").exists()
+    pytester.runpytest("-p", "no:cacheprovider", "--robust-report", "single")
+    alone = json.loads((pytester.path / "single" / "results.json").read_text())["results"]
+    for check, base in zip(sharded, alone, strict=True):
+        assert (check["verdict"], check["draws"], check["estimate"], check["upper"]) == \
+            (base["verdict"], base["draws"], base["estimate"], base["upper"]), check["metric"]
+        assert len(check["details"]["evaluations_per_rank"]) == 2

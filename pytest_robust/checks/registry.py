@@ -45,6 +45,18 @@ class _Required:
 REQUIRED = _Required()
 
 
+def _is_given(value) -> bool:
+    """Whether a keyword's value counts as given: None, ``REQUIRED`` and ``FromSetting`` do not."""
+    return value is not None and value is not REQUIRED and not isinstance(value, FromSetting)
+
+
+def _overrides(given: dict, settings: tuple[str, ...], own: tuple, source: str) -> dict:
+    """The settings among ``given`` that are not the check's own keywords, validated (``parse_layer``)."""
+    overrides = {k: v for k, v in given.items() if k in settings and k not in own}
+    parse_layer(overrides, source)
+    return overrides
+
+
 def load(target: str | Callable) -> Callable:
     """``target`` itself, or the object at its import path "module:name" (imported now)."""
     if callable(target):
@@ -211,7 +223,26 @@ class Metric:
         threshold_key = self.threshold_keyword(name, spelling)
         where = where or (f"robust({name}=...)" if spelling == "marker" else f"{name}(...)")
         own = ((threshold_key,) if self.gate else ()) + tuple(p.name for p in self.params) + self.paired_keys()
-        allowed = tuple(dict.fromkeys(own + tuple(settings)))
+        self._refuse_unknown(name, keywords, own + tuple(settings), spelling, where, settings)
+        given = {k: v for k, v in keywords.items() if _is_given(v)}
+        pairing = self._requested_pairing(where, threshold_key, given, keywords, spelling)
+        needs_threshold = self.gate and pairing is None and spelling == "marker"
+        missing = [k for k in ((threshold_key,) if needs_threshold else ()) + self.required if k not in given]
+        if missing:
+            raise ArgumentError(f"{where} needs {', '.join(k + '=' for k in missing)}; "
+                                + self.valid_keywords(name, spelling, where, settings))
+        params = {p.name: p.validate(given[p.name]) for p in self.params if p.name in given}
+        overrides = _overrides(given, settings, own, "on the robust marker" if spelling == "marker"
+                               else f"argument of {where}")
+        threshold = given.get(threshold_key) if pairing is None else None
+        return CheckSpec(name, None if threshold is None else self.threshold(threshold_key, threshold), params,
+                         overrides, None if pairing is None else {"reference": pairing[0], "margin": pairing[1]})
+
+    def _refuse_unknown(self, name: str, keywords: dict, allowed: tuple, spelling: str, where: str,
+                        settings: tuple[str, ...]) -> None:
+        """An ``ArgumentError`` for keywords outside ``allowed``: a per-run setting names where it
+        belongs; any other names the closest valid keyword and every valid one."""
+        allowed = tuple(dict.fromkeys(allowed))
         unknown = [k for k in keywords if k not in allowed]
         per_run = [k for k in unknown if k in PER_RUN]
         if per_run:
@@ -219,28 +250,20 @@ class Metric:
         if unknown:
             raise ArgumentError(f"unknown keyword(s) {', '.join(k + suggest(k, allowed) for k in unknown)} on {where}; "
                                 + self.valid_keywords(name, spelling, where, settings))
-        given = {k: v for k, v in keywords.items() if v is not None and v is not REQUIRED
-                 and not isinstance(v, FromSetting)}
-        reference, margin = (given.get(k) for k in self.paired_keys()) if self.paired else (None, None)
-        pairing = self.pairing(where, threshold_key, given.get(threshold_key), reference, margin) \
-            if self.paired else None
-        if spelling == "marker" and pairing is None and threshold_key in keywords and threshold_key not in given \
-                and self.paired:
+
+    def _requested_pairing(self, where: str, threshold_key: str | None, given: dict, keywords: dict,
+                           spelling: str) -> tuple | None:
+        """(reference, margin) when ``given`` asks for the paired form (``pairing``), else None; on a
+        marker, a threshold of None without the paired form is an ``ArgumentError``."""
+        if not self.paired:
+            return None
+        reference, margin = (given.get(k) for k in self.paired_keys())
+        pairing = self.pairing(where, threshold_key, given.get(threshold_key), reference, margin)
+        if spelling == "marker" and pairing is None and threshold_key in keywords and threshold_key not in given:
             raise ArgumentError(f"{where}: {threshold_key}=None needs a paired comparison instead: reference= (a "
                                 f"fixture returning the reference model) and {self.paired_keys()[1]}=; or give "
                                 f"{threshold_key}= a threshold")
-        needed = (() if pairing or spelling == "call" or not self.gate else (threshold_key,)) + self.required
-        missing = [k for k in needed if k not in given]
-        if missing:
-            raise ArgumentError(f"{where} needs {', '.join(k + '=' for k in missing)}; "
-                                + self.valid_keywords(name, spelling, where, settings))
-        params = {p.name: p.validate(given[p.name]) for p in self.params if p.name in given}
-        overrides = {k: v for k, v in given.items() if k in settings and k not in params and k not in own}
-        parse_layer(overrides, "on the robust marker" if spelling == "marker" else f"argument of {where}")
-        threshold = None if pairing or threshold_key not in given else self.threshold(threshold_key,
-                                                                                        given[threshold_key])
-        paired = None if pairing is None else {"reference": pairing[0], "margin": pairing[1]}
-        return CheckSpec(name, threshold, params, overrides, paired)
+        return pairing
 
     def valid_keywords(self, name: str, spelling: str = "marker", where: str | None = None,
                        settings: tuple[str, ...] = CHECK_KEY_NAMES) -> str:

@@ -8,7 +8,7 @@ class, and the caller's settings (any JSON-able dict). An entry is trusted only 
 carries exactly the expected key, and its payload still has the SHA-256 stored with it
 (``payload_checksum``: an entry altered after it was written, even one that still loads, is
 caught); anything else is reported as invalid, and the caller refits.
-Writes go to a temporary file renamed into place (``report.files.replacing``), so concurrent writers
+Writes go to a temporary file renamed into place (``files.replacing``), so concurrent writers
 (xdist workers) and a full disk never leave a half-written entry.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_robust.report.files import replacing
+from pytest_robust.files import replacing
 
 #: Bumped whenever the layout of stored entries changes; part of every key.
 FORMAT = 2
@@ -98,6 +98,6 @@ def load(path: Path, key: str) -> tuple[dict | None, str]:
 
 
 def store(path: Path, key: str, entry: dict) -> None:
-    """Write ``entry`` (tensors and plain values) with its key, atomically (``report.files.replacing``)."""
+    """Write ``entry`` (tensors and plain values) with its key, atomically (``files.replacing``)."""
     with replacing(path) as f:
         torch.save({**entry, "format": FORMAT, "key": key, "checksum": payload_checksum(entry)}, f)

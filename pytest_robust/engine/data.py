@@ -73,7 +73,25 @@ def _read(data, keys) -> tuple:
 
 def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
     """The data as ``TensorData`` once its shapes, dtypes and values make sense (``load_data``)."""
+    _check_rows(x, y)
+    _check_label_shape(x, y)
+    if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
+        whole = y.dtype.is_floating_point and bool((y == y.round()).all()) and bool((y >= 0).all())
+        raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}"
+                              + (": they hold whole numbers, pass y.long()" if whole else ""))
+    if not x.dtype.is_floating_point:
+        raise RobustDataError(
+            f"inputs must be floating point (got {x.dtype}): convert images with "
+            "torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
+        )
+    if (y < 0).any():
+        raise RobustDataError(f"labels must be >= 0, got minimum {int(y.min())}")
+    check_finite(x)
+    return TensorData(x, y.long())
 
+
+def _check_rows(x: torch.Tensor, y: torch.Tensor) -> None:
+    """x holds one row per input, at least one, and is not a single input with one label."""
     if x.ndim == 0:
         raise RobustDataError("x must hold one row per input, (n, ...), got a single number (a 0-d tensor)")
     if len(x) == 0:
@@ -85,6 +103,11 @@ def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
             f"would be read as {len(x)} inputs of shape {tuple(x.shape[1:])}: add the batch dimension "
             "(x.unsqueeze(0), y.view(1)), or pass the whole dataset"
         )
+
+
+def _check_label_shape(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Labels are one class index per input, shape (n,): one-hot, multi-hot and (n, 1) labels are
+    named with their fix."""
     if y.ndim == 2 and len(y) == len(x) and y.shape[1] > 1 and bool(((y == 0) | (y == 1)).all()):
         one_hot = bool((y.sum(dim=1) == 1).all())
         raise RobustDataError(
@@ -101,29 +124,6 @@ def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
             f"labels must have shape (n,) with n = len(x) = {len(x)}, got {tuple(y.shape)}"
             + (" (a 0-d label: y.view(1))" if y.ndim == 0 else "")
         )
-    if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
-        whole = y.dtype.is_floating_point and bool((y == y.round()).all()) and bool((y >= 0).all())
-        raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}"
-                              + (": they hold whole numbers, pass y.long()" if whole else ""))
-    if not x.dtype.is_floating_point:
-        raise RobustDataError(
-            f"inputs must be floating point (got {x.dtype}): convert images with "
-            "torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
-        )
-    if (y < 0).any():
-        raise RobustDataError(f"labels must be >= 0, got minimum {int(y.min())}")
-    check_finite(x)
-    return TensorData(x, y.long())
-
-
-
-
-
-
-
-
-
-
 
 
 #: Share of the device's free memory the data may take to be moved there whole.

@@ -37,6 +37,12 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
         param = next(iter(model.parameters()), None) if model is not None else None
         on_gpu = param is not None and param.device.type == "cuda"
         device = param.device if on_gpu else torch.device("cuda", torch.cuda.current_device())
+    _check_exists(device, spec)
+    return device
+
+
+def _check_exists(device: torch.device, spec: str) -> None:
+    """An ``ArgumentError`` for a device this machine does not have (never a silent fallback)."""
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ArgumentError(f"device {spec!r} requested but torch sees no CUDA device on this machine")
@@ -46,7 +52,6 @@ def resolve_device(spec=None, model: torch.nn.Module | None = None) -> torch.dev
             )
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ArgumentError("device 'mps' requested but MPS is not available on this machine")
-    return device
 
 
 def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Clean and perturbed pictures of a check's worst inputs, small enough to ride on its Result.
 
 A report is written after the checks, without the data, so a per-input check on image inputs
-((N, 1 or 3, H, W)) keeps what its gallery needs in ``Result.gallery``: for its ``per_input.WORST``
-worst inputs (``per_input.worst``) the clean input and **one illustrative draw** of the check's
+((N, 1 or 3, H, W)) keeps what its gallery needs in ``Result.gallery``: for its ``results.WORST``
+worst inputs (``results.worst``) the clean input and **one illustrative draw** of the check's
 perturbation, from a random stream of its own (seed, "gallery", input index), so the picture
 repeats with the seed and costs no model evaluation. It is not necessarily the draw that broke
 the input (that one is not kept); the caption says which perturbation drew it. Thumbnails are
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from pytest_robust.engine.data import TensorData
 from pytest_robust.engine.streams import stream_generator
-from pytest_robust.report import per_input
+from pytest_robust.results import worst
 
 #: Longest side of a thumbnail, in pixels.
 MAX_SIDE = 64
@@ -52,8 +52,8 @@ def gallery(table: dict, direction: str, perturbation, ds: TensorData, seed: int
     to its row in ``ds`` (default: the index itself)."""
     if perturbation is None or not is_image_batch(ds.x) or not table["index"]:
         return None
-    worst = per_input.worst(table, direction)
-    index = [r["index"] for r in worst]
+    chosen = worst(table, direction)
+    index = [r["index"] for r in chosen]
     at = torch.as_tensor([i if rows is None else rows[i] for i in index], device=ds.x.device)
     clean = ds.x[at]
     with torch.no_grad():
@@ -66,8 +66,8 @@ def gallery(table: dict, direction: str, perturbation, ds: TensorData, seed: int
     return {
         "index": index,
         "label": ds.y[at].tolist(),
-        "outcome": [r["outcome"] for r in worst],
-        "estimate": [r.get("estimate") for r in worst],
+        "outcome": [r["outcome"] for r in chosen],
+        "estimate": [r.get("estimate") for r in chosen],
         "perturbation": repr(perturbation),
         "shape": list(small.shape[1:]),
         "clean": _encoded(small[: len(index)]),

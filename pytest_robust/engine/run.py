@@ -72,8 +72,7 @@ from pytest_robust.engine.inspect.perturbation import inspect_inputs
 from pytest_robust.engine.precision import autocast_dtype, describe_precision, model_dtype, working_dtype
 from pytest_robust.engine.streams import stream_generator
 from pytest_robust.errors import ArgumentError, RobustWarning, SettingError
-from pytest_robust.report.per_input import check_table
-from pytest_robust.results import LOW_ACCURACY, Result, decide
+from pytest_robust.results import LOW_ACCURACY, Result, check_table, decide
 from pytest_robust.settings.validation import check_run_args
 
 #: Share of evaluated rows with tied top logits above which a check warns (ties count as errors).

@@ -32,8 +32,7 @@ from dataclasses import replace
 import numpy as np
 
 from pytest_robust.procedures.bernoulli import step
-from pytest_robust.report.per_input import is_good
-from pytest_robust.results import Result, decide
+from pytest_robust.results import Result, decide, is_good
 from pytest_robust.stats import t_quantile
 from pytest_robust.stats.paired import PairedGate, confidence_sequence, p_values
 

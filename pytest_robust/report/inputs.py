@@ -1,7 +1,7 @@
 """Per-input results in the reports: the CSV file, the worst inputs in summary.md, the gallery's
 file name and pixels, and results.json without those pixels.
 
-Built from what each result carries (``details["per_input"]``, see ``pytest_robust.report.per_input``,
+Built from what each result carries (``details["per_input"]``, see ``pytest_robust.results``,
 and ``gallery``, see ``pytest_robust.engine.gallery``), for any metric that fills them in. Pure Python
 plus numpy for the pixels: no torch on the controller.
 """
@@ -12,9 +12,8 @@ import base64
 import csv
 import io
 
-from pytest_robust.report.files import csv_cell, file_stem, md_text
-from pytest_robust.report.per_input import columns, rows, worst
-from pytest_robust.results import Result
+from pytest_robust.report.text import csv_cell, file_stem, md_text
+from pytest_robust.results import Result, columns, rows, worst
 
 #: Columns of the CSV file before each table's own.
 CSV_HEAD = ("test", "model", "metric", "perturbation")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from pytest_robust.errors import RobustError
-from pytest_robust.report.files import ensure_directory
+from pytest_robust.files import ensure_directory
 
 LOCK_NAME = ".robust-run.lock"
 

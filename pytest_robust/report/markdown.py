@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pytest_robust.report import store
-from pytest_robust.report.files import md_text
 from pytest_robust.report.inputs import worst_inputs_markdown
+from pytest_robust.report.text import md_text
 from pytest_robust.results import NOT_PASSED, STATUSES, Result
 
 
@@ -54,6 +54,31 @@ def _row(r: Result, icon: dict) -> str:
             f"{r.forward_passes}/{r.budget} | {r.seconds:.1f} s |")
 
 
+def _counts_line(parsed: list, comparison: list[dict] | None, baseline: dict | None) -> str:
+    """The verdicts counted in one sentence, with the comparison's counts when there is one."""
+    counts = {status: sum(r.status == status for r in parsed) for status in STATUSES}
+    return (f"{counts['pass']} passed, {counts['fail']} failed, {counts['inconclusive']} inconclusive, "
+            f"{counts['estimate']} estimates, {counts['error']} errors, {counts['skipped']} skipped, "
+            f"{counts['xfail']} expected failures."
+            + (f" {counts['interrupted']} interrupted: the run was cancelled." if counts["interrupted"] else "")
+            + (f" Against {'the baseline' if baseline is None else 'baseline ' + md_text(baseline['name'])}: "
+               f"{md_text(store.counts(comparison))}." if comparison else ""))
+
+
+def _messages(parsed: list) -> list[str]:
+    """The messages of the checks that did not pass, and every check's warnings."""
+    lines = []
+    failing = [r for r in parsed if r.status in NOT_PASSED]
+    if failing:
+        lines += ["", "### Checks that did not pass", ""]
+        lines += [
+            f"- {md_text(r.test_id)}{' (expected failure)' if r.status == 'xfail' else ''}: {md_text(r.message())}"
+            for r in failing
+        ]
+    warned = [f"- {md_text(r.test_id)}: {md_text(w)}" for r in parsed for w in r.details.get("warnings", [])]
+    return lines + (["", "### Warnings", ""] + warned if warned else [])
+
+
 def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | None = None,
                      baseline: dict | None = None) -> str:
     """The counts of verdicts (and, with a ``comparison`` against ``baseline``, of regressions),
@@ -64,32 +89,12 @@ def summary_markdown(results: list[dict], env: dict, comparison: list[dict] | No
     icon = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "estimate": "ℹ️ estimate",
             "error": "💥 error", "skipped": "⏭️ skipped", "xfail": "➖ expected failure",
             "interrupted": "⏹️ interrupted"}
-    counts = {status: sum(r.status == status for r in parsed) for status in STATUSES}
-    lines = [
-        "## Robustness checks",
-        "",
-        f"{counts['pass']} passed, {counts['fail']} failed, {counts['inconclusive']} inconclusive, "
-        f"{counts['estimate']} estimates, {counts['error']} errors, {counts['skipped']} skipped, "
-        f"{counts['xfail']} expected failures."
-        + (f" {counts['interrupted']} interrupted: the run was cancelled." if counts["interrupted"] else "")
-        + (f" Against {'the baseline' if baseline is None else 'baseline ' + md_text(baseline['name'])}: "
-           f"{md_text(store.counts(comparison))}." if comparison else ""),
-        "",
-        "| check | metric | perturbation | estimate | deciding bound | threshold | verdict "
-        "| evaluations/budget | time |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = ["## Robustness checks", "", _counts_line(parsed, comparison, baseline), "",
+             "| check | metric | perturbation | estimate | deciding bound | threshold | verdict "
+             "| evaluations/budget | time |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [_row(r, icon) for r in parsed]
-    failing = [r for r in parsed if r.status in NOT_PASSED]
-    if failing:
-        lines += ["", "### Checks that did not pass", ""]
-        lines += [
-            f"- {md_text(r.test_id)}{' (expected failure)' if r.status == 'xfail' else ''}: {md_text(r.message())}"
-            for r in failing
-        ]
-    warned = [f"- {md_text(r.test_id)}: {md_text(w)}" for r in parsed for w in r.details.get("warnings", [])]
-    if warned:
-        lines += ["", "### Warnings", ""] + warned
+    lines += _messages(parsed)
     lines += check_tables(parsed)
     lines += worst_inputs_markdown(results)
     notes = sorted({r.note for r in parsed if r.note})

@@ -22,8 +22,9 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from pytest_robust.report.files import file_stem, replacing
+from pytest_robust.files import replacing
 from pytest_robust.report.inputs import gallery_file, thumbnails
+from pytest_robust.report.text import file_stem
 
 #: Heatmap cells with fewer draws than this are greyed out: their 95% interval is wider than about
 #: +-0.17 around 0.5 (Clopper-Pearson), too wide to compare cells.

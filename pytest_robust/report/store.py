@@ -26,8 +26,8 @@ import json
 import time
 from pathlib import Path
 
+from pytest_robust.files import write_atomic
 from pytest_robust.report.environment import baseline_key
-from pytest_robust.report.files import write_atomic
 from pytest_robust.report.inputs import without_pixels
 from pytest_robust.results import NO_IDENTITY, Result
 
@@ -207,3 +207,34 @@ def counts(comparison: list[dict]) -> str:
                                                     ("new", ""), ("missing", ""), ("not matched", ""),
                                                     ("not comparable", "")) if count(s)]
     return ", ".join(always + more)
+
+
+def summary_lines(baseline: dict, comparison: list[dict], failing: bool) -> list[str]:
+    """What the terminal says of a comparison with ``baseline``: one line of counts, one per regressed
+    check, and, when ``failing`` (--robust-compare-fail) with regressions, why the run fails."""
+    regressed = [c for c in comparison if c["status"] == "regressed"]
+    lines = [f"robust baseline {baseline['name']!r} (commit {baseline['commit'][:12] or 'unknown'}, "
+             f"saved {baseline['saved']}): {counts(comparison)}"]
+    lines += [f"  REGRESSED {c['key']}: {c['baseline']} -> {c['current']}" for c in regressed]
+    if regressed and failing:
+        lines.append("  --robust-compare-fail: failing the run (bounds of the two runs do not overlap; see "
+                     "docs/reports-and-baselines.md, 'Baselines'); each regression is a failed testcase in "
+                     "pytest's reports")
+    return lines
+
+
+def regressions(results: list[dict], comparison: list[dict], name: str) -> list[dict]:
+    """One failed testcase per regressed check against baseline ``name``: its node id
+    ``<test id>::robust-regression[<metric>::<perturbation>]``, location and message (the two runs'
+    numbers), for pytest's JUnit file, terminal counts and short summary."""
+    by_key = dict(zip(keys(results), results))
+    cases = []
+    for row in (c for c in comparison if c["status"] == "regressed"):
+        key, result = row["key"], by_key[row["key"]]
+        test_id = result["test_id"] or "programmatic"
+        nodeid = f"{test_id}::robust-regression[{key[len(test_id) + 2:]}]"
+        cases.append({"nodeid": nodeid, "location": (test_id.split("::")[0], None, nodeid.split("::", 1)[-1]),
+                      "message": f"{result['details'].get('title') or result['metric']} regressed against baseline "
+                                 f"{name!r}: {row['baseline']} -> {row['current']} under {result['perturbation']} "
+                                 "(the two runs' bounds do not overlap; --robust-compare-fail)"})
+    return cases

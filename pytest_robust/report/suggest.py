@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from pytest_robust.report.files import md_text
+from pytest_robust.report.text import md_text
 from pytest_robust.results import Result, percent
 
 #: The grid suggested thresholds are rounded to (down for accuracies, up for losses).

@@ -7,12 +7,12 @@ pytest layer turns it into a ``pytest.UsageError`` that also names where the val
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_robust.errors import SettingError
+from pytest_robust.files import dangling_link
 
 #: The ``precision`` settings: the dtype each runs the model under with autocast (None: the model's
 #: own dtype, no autocast), and "auto" (bf16 on a CUDA device that supports it, else fp32).
@@ -329,13 +329,3 @@ def logits_selector(key: str, value):
         text = value.strip()
         return int(text) if text.lstrip("-").isdigit() else text
     raise SettingError(key, value, "a key or attribute name (str), an index (int) or a callable output -> logits")
-
-
-def dangling_link(directory: Path) -> str | None:
-    """What is wrong when ``directory`` or a parent is a symbolic link that points nowhere (with
-    the fix), else None: ``os.makedirs`` would say only "File exists"."""
-    for p in (directory, *directory.parents):
-        if p.is_symlink() and not p.exists():
-            return (f"{p} is a symbolic link to {os.readlink(p)}, which does not exist: create the directory it "
-                    f"points to, or remove the link (rm {p}) to let pytest-robust create a directory there")
-    return None

@@ -213,25 +213,8 @@ def _check(ctx: _Context, index: int, raw) -> Check:
     """Validate one entry of ``checks`` and resolve it into a ``Check``."""
     doc, path = ctx.doc, ("checks", index)
     doc.expect(path, raw, dict, "a check: a mapping such as {name: a, tsrm: 0.9, perturbation: {UniformLinf: ...}}")
-    if "name" not in raw:
-        raise doc.error(path, "every check needs a name: (its test id), e.g. name: uniform-0.1")
-    name = doc.expect(path + ("name",), raw["name"], str, "text (the test id)")
-    if not name.strip() or name != name.strip() or "::" in name or "\n" in name:
-        raise doc.error(path + ("name",), f"{name!r} cannot be a test id: use non-empty text without '::' "
-                                          "and without leading or trailing spaces")
-    if name in ctx.names:
-        raise doc.error(path + ("name",), f"duplicate check name {name!r} (also checks[{ctx.names[name]}])")
-    ctx.names[name] = index
-    metrics = [k for k in raw if k in ctx.metrics]
-    for key in raw if not metrics else ():
-        if difflib.get_close_matches(key, list(ctx.metrics), n=1):  # a misspelt metric, e.g. "tsr"
-            raise doc.error(path + (key,), f"unknown key{suggest(key, ctx.metrics)}; metrics: "
-                                           f"{_metric_examples(ctx.metrics)}")
-    if len(metrics) != 1:
-        found = f"several ({', '.join(metrics)})" if metrics else "none"
-        raise doc.error(path, f"a check names exactly one metric with its threshold ({_metric_examples(ctx.metrics)}); "
-                              f"found {found}: write one check per metric")
-    metric_name = metrics[0]
+    name = _check_name(ctx, path, raw, index)
+    metric_name = _metric_of(ctx, path, raw)
     metric = ctx.metrics[metric_name]
     threshold_key, params = metric.keywords(metric_name)
     allowed = tuple(dict.fromkeys((metric_name, threshold_key) + params + metric.paired_keys() + CHECK_KEYS
@@ -268,6 +251,35 @@ def _check(ctx: _Context, index: int, raw) -> Check:
         profile=ctx.profile,
         profiles=_only_profiles(ctx, path + ("profiles",), raw.get("profiles")),
     )
+
+
+def _check_name(ctx: _Context, path: KeyPath, raw: dict, index: int) -> str:
+    """The check's name (its test id): non-empty text, without '::', unique in the suite."""
+    doc = ctx.doc
+    if "name" not in raw:
+        raise doc.error(path, "every check needs a name: (its test id), e.g. name: uniform-0.1")
+    name = doc.expect(path + ("name",), raw["name"], str, "text (the test id)")
+    if not name.strip() or name != name.strip() or "::" in name or "\n" in name:
+        raise doc.error(path + ("name",), f"{name!r} cannot be a test id: use non-empty text without '::' "
+                                          "and without leading or trailing spaces")
+    if name in ctx.names:
+        raise doc.error(path + ("name",), f"duplicate check name {name!r} (also checks[{ctx.names[name]}])")
+    ctx.names[name] = index
+    return name
+
+
+def _metric_of(ctx: _Context, path: KeyPath, raw: dict) -> str:
+    """The one metric a check names (a misspelt one is named with the closest metric)."""
+    metrics = [k for k in raw if k in ctx.metrics]
+    for key in raw if not metrics else ():
+        if difflib.get_close_matches(key, list(ctx.metrics), n=1):  # a misspelt metric, e.g. "tsr"
+            raise ctx.doc.error(path + (key,), f"unknown key{suggest(key, ctx.metrics)}; metrics: "
+                                               f"{_metric_examples(ctx.metrics)}")
+    if len(metrics) != 1:
+        found = f"several ({', '.join(metrics)})" if metrics else "none"
+        raise ctx.doc.error(path, f"a check names exactly one metric with its threshold "
+                                  f"({_metric_examples(ctx.metrics)}); found {found}: write one check per metric")
+    return metrics[0]
 
 
 def _metric_examples(registered: dict) -> str:

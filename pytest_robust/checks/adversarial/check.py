@@ -80,8 +80,7 @@ from pytest_robust.errors import RobustWarning
 from pytest_robust.perturbations.noise import UniformL1, UniformL2, UniformLinf
 from pytest_robust.procedures.bernoulli import Stream, summary
 from pytest_robust.procedures.per_input import over_blocks, rate_result
-from pytest_robust.report import per_input
-from pytest_robust.results import Result
+from pytest_robust.results import WORST, Result
 from pytest_robust.stats.betting import SequentialGate
 
 #: Inputs whose random numbers come from one stream, numbered by the block's place in the attack
@@ -179,7 +178,7 @@ def ball(eps, bounds, norm="linf", **_) -> UniformLinf | UniformL2 | UniformL1:
 
 class _Found:
     """The misclassified points the attack found, shown by the gallery in place of a random draw:
-    kept for image inputs only, and only for the ``per_input.WORST`` broken inputs of lowest index
+    kept for image inputs only, and only for the ``results.WORST`` broken inputs of lowest index
     (the ones the gallery can show: it orders broken inputs by index)."""
 
     def __init__(self, schedule: Schedule):
@@ -189,16 +188,16 @@ class _Found:
         """Add the rows ``broken`` (a mask) of a group, ``index`` their inputs' positions: only the
         WORST of lowest index are copied to the host."""
         rows = broken.nonzero().squeeze(1)
-        rows = rows[index[rows].argsort()[: per_input.WORST]]
+        rows = rows[index[rows].argsort()[: WORST]]
         for i, point in zip(index[rows].tolist(), example[rows].cpu()):
             self.points[int(i)] = point
-        self.points = dict(sorted(self.points.items())[: per_input.WORST])
+        self.points = dict(sorted(self.points.items())[: WORST])
 
     def merged(self) -> "_Found":
         """Every rank's points (the same on every rank)."""
         for part in collective.gather_objects(self.points):
             self.points.update(part)
-        self.points = dict(sorted(self.points.items())[: per_input.WORST])
+        self.points = dict(sorted(self.points.items())[: WORST])
         return self
 
     def draw(self, clean: torch.Tensor, generator, index: torch.Tensor, y) -> torch.Tensor:
