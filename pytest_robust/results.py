@@ -119,7 +119,7 @@ class Result:
     ``model`` names the model (its fixture name in pytest) and ``test_id`` the test that ran it.
     ``precision`` says what computed the logits: the model's dtype ("float32", "bfloat16") or
     "autocast bfloat16" under ``--robust-precision``; the message names it unless it is float32.
-    With ``normalize=``, ``details["space"]`` says where the sizes live ("pixel units, normalised
+    With ``normalize=``, ``details["space"]`` says where the sizes live ("pixel units, normalized
     inside the model (mean ...; std ...)") and the message names it after the perturbation.
     A per-input check lists its inputs in ``details["per_input"]`` (``per_input``) and, on image
     inputs, carries thumbnails of the worst in ``gallery`` (``gallery.gallery``; drawn as a PNG in

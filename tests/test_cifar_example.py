@@ -141,7 +141,7 @@ def test_loader_names_the_expected_file_when_data_is_missing(example, tmp_path):
         cifar10_resnet.load_split(tmp_path, "test")
 
 
-def test_model_is_the_cifar_resnet18_with_normalisation_inside(example, random_weights):
+def test_model_is_the_cifar_resnet18_with_normalization_inside(example, random_weights):
     cifar10_resnet, _ = example
     model = cifar10_resnet.load_model(random_weights)
     assert not model.training

@@ -42,4 +42,4 @@ def test_pytest_example_runs_its_checks(pytester):
     results = json.loads((pytester.path / "rep" / "results.json").read_text())["results"]
     assert sorted(r["metric"] for r in results) == ["certified_accuracy", "tsrm"]
     assert all(r["verdict"] in ("pass", "fail", "inconclusive") for r in results), result.stdout.str()
-    assert all("pixel units, normalised inside the model" in r["details"]["space"] for r in results)
+    assert all("pixel units, normalized inside the model" in r["details"]["space"] for r in results)

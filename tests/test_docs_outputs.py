@@ -18,7 +18,7 @@ ROOT = Path(__file__).parents[1]
 QUICK_STARTS = [ROOT / "README.md", ROOT / "docs" / "quick-start.md"]
 
 
-def normalised(text: str) -> list[str]:
+def normalized(text: str) -> list[str]:
     """Lines without what varies between runs (durations, the padding of pytest's rules)."""
     out = []
     for line in text.splitlines():
@@ -54,7 +54,7 @@ def test_the_quick_start_output_is_what_the_quick_start_prints(page, pytester, m
     for ci_marker in ("CI", "BUILD_NUMBER"):  # on CI pytest does not shorten the summary lines the docs show
         monkeypatch.delenv(ci_marker, raising=False)
     real = pytester.runpytest("test_robustness.py", "-p", "no:cacheprovider").stdout.str()
-    missing = in_order(normalised(shown)[1:], normalised(real))
+    missing = in_order(normalized(shown)[1:], normalized(real))
     assert not missing, f"{page.name}: not printed:\n" + "\n".join(missing) + "\n\nthe real output:\n" + real
 
 

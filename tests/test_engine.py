@@ -249,7 +249,7 @@ def test_guarded_yields_info_and_restores():
 
 
 def test_training_mode_without_mode_dependent_layers_is_silent_but_restored():
-    """Training mode only matters for dropout/normalisation layers: no warning otherwise."""
+    """Training mode only matters for dropout/normalization layers: no warning otherwise."""
     model = ThresholdModel(0.5).train()
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -737,7 +737,7 @@ def test_spatial_rejects_bad_parameters(kwargs, match):
 def test_spatial_metropolis_leaves_its_discrete_target_invariant():
     """MH on the Spatial space with a loss that depends on the shifts only: p(shift) ∝ l^t.
     Starting from mu (t = 0 target), 30 steps at t = 0 keep every marginal uniform; at t = 2
-    the shift frequencies converge to l^t normalised."""
+    the shift frequencies converge to l^t normalized."""
     n = 6000
     s = Spatial(translate=2)
     space = s.parameter_space(torch.zeros(n, 1, 4, 4))

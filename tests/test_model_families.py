@@ -1,6 +1,6 @@
 """Real Hugging Face and timm models through every check: a tiny transformers ViTForImageClassification
 built from a ViTConfig (its output is an ImageClassifierOutput with .logits) and a timm model built
-with pretrained=False (nothing is downloaded), each normalised the recommended way (normalize=)."""
+with pretrained=False (nothing is downloaded), each normalized the recommended way (normalize=)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def images(n: int = 12):
     return torch.rand(n, 3, 8, 8, generator=gen), torch.randint(0, 4, (n,), generator=gen)
 
 
-#: Each family with its own normalisation: the ViT image processor's 0.5 / 0.5, timm's pretrained_cfg.
+#: Each family with its own normalization: the ViT image processor's 0.5 / 0.5, timm's pretrained_cfg.
 FAMILIES = {
     "transformers-vit": (vit, lambda m: (0.5, 0.5)),
     "timm-test_resnet": (timm_model, lambda m: (m.pretrained_cfg["mean"], m.pretrained_cfg["std"])),
@@ -41,11 +41,11 @@ FAMILIES = {
 @pytest.mark.parametrize("check", list(SIX))
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_check_runs_on_real_hugging_face_and_timm_models(family, check):
-    build, normalisation = FAMILIES[family]
+    build, normalization = FAMILIES[family]
     model = build()
-    result = SIX[check](model, images(), normalize=normalisation(model))
+    result = SIX[check](model, images(), normalize=normalization(model))
     assert 0.0 <= result.lower <= result.estimate <= result.upper <= (1.0 if result.direction == ">=" else 1e9)
-    assert result.forward_passes > 0 and "normalised inside the model" in result.message()
+    assert result.forward_passes > 0 and "normalized inside the model" in result.message()
     if "per_input" in result.details:
         assert (result.gallery is not None
                 and len(result.gallery["index"]) == min(10, len(result.details["per_input"]["index"])))

@@ -58,9 +58,9 @@ SIX = {
                                                                    square_queries=20, **k),
 }
 #: Details that differ between two runs of the same numbers: wall time, how the model was given,
-#: the feature layer's name (the explicit wrapper prefixes it with "1.") and the normalisation probe
-#: run with normalize= (outside the budget: inspect.normalisation).
-NOT_NUMBERS = ("fit", "model_interface", "space", "warnings", "feature_layer", "normalisation_probe")
+#: the feature layer's name (the explicit wrapper prefixes it with "1.") and the normalization probe
+#: run with normalize= (outside the budget: inspect.normalization).
+NOT_NUMBERS = ("fit", "model_interface", "space", "warnings", "feature_layer", "normalization_probe")
 
 
 def numbers(result) -> dict:
@@ -75,10 +75,10 @@ def test_normalize_gives_the_numbers_of_an_explicit_sequential_bit_for_bit(check
     inside = SIX[check](net, data, normalize=(MEAN, STD))
     explicit = SIX[check](torch.nn.Sequential(Normalize(MEAN, STD), net).eval(), data)
     assert numbers(inside) == numbers(explicit)
-    assert inside.details["space"].startswith("pixel units, normalised inside the model")
-    assert "in pixel units, normalised inside the model (mean 0.485, 0.456, 0.406; std 0.229, 0.224, 0.225)" \
+    assert inside.details["space"].startswith("pixel units, normalized inside the model")
+    assert "in pixel units, normalized inside the model (mean 0.485, 0.456, 0.406; std 0.229, 0.224, 0.225)" \
         in inside.message()
-    assert explicit.details["space"] == "" and "normalised" not in explicit.message()
+    assert explicit.details["space"] == "" and "normalized" not in explicit.message()
 
 
 def test_the_context_manager_and_the_imagenet_preset_mean_the_same():
@@ -141,39 +141,39 @@ class Images(torch.utils.data.Dataset):
         return (self.transform(x) if self.transform else x), self.y[i]
 
 
-def normalising_loader():
+def normalizing_loader():
     data = Images(Compose([Normalize(MEAN, STD)]))
     return torch.utils.data.DataLoader(torch.utils.data.Subset(data, range(12)), batch_size=4)
 
 
 def test_normalize_in_the_data_pipeline_is_named_with_the_fix():
     with pytest.raises(RobustDataError) as err:
-        tsrm(small_net(), normalising_loader(), perturbation=UniformLinf(eps=0.05), budget=256)
+        tsrm(small_net(), normalizing_loader(), perturbation=UniformLinf(eps=0.05), budget=256)
     text = str(err.value)
     assert "transform pipeline contains Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])" in text
     assert "drop it from the data" in text and "normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))" in text
 
 
 def test_normalize_in_the_data_and_on_the_check_is_refused_as_twice():
-    with pytest.raises(RobustDataError, match="normalised twice"):
-        tsrm(small_net(), normalising_loader(), perturbation=UniformLinf(eps=0.05), budget=256, normalize="imagenet")
+    with pytest.raises(RobustDataError, match="normalized twice"):
+        tsrm(small_net(), normalizing_loader(), perturbation=UniformLinf(eps=0.05), budget=256, normalize="imagenet")
 
 
-def test_randomized_smoothing_on_normalising_data_is_refused():
+def test_randomized_smoothing_on_normalizing_data_is_refused():
     with pytest.raises(RobustDataError, match="Normalize"):
         certified_accuracy(small_net(), Images(Normalize(MEAN, STD)), threshold=None, radius=0.1, sigma=0.25,
                            max_draws=64, budget=2048)
 
 
 def test_normalize_in_the_data_with_a_box_of_its_own_warns():
-    box = (-3.0, 3.0)  # the user chose normalised units
-    with pytest.warns(RobustWarning, match="taken to be in normalised units"):
+    box = (-3.0, 3.0)  # the user chose normalized units
+    with pytest.warns(RobustWarning, match="taken to be in normalized units"):
         tsrm(small_net(), Images(Normalize(MEAN, STD)), perturbation=UniformLinf(eps=0.05, bounds=box), budget=256)
 
 
-def test_normalised_tensors_with_normalize_are_told_to_give_pixels():
+def test_normalized_tensors_with_normalize_are_told_to_give_pixels():
     x, y = images()
-    with pytest.raises(RobustDataError, match="normalize= is set, so the check normalises inside the model call"):
+    with pytest.raises(RobustDataError, match="normalize= is set, so the check normalizes inside the model call"):
         tsrm(small_net(), ((x - 0.45) / 0.225, y), perturbation=UniformLinf(eps=0.05), budget=256, normalize="imagenet")
 
 
@@ -270,7 +270,7 @@ def test_settings_reach_markers_and_messages(pytester, monkeypatch):
     results = json.loads((pytester.path / "rep" / "results.json").read_text())["results"]
     assert results[0]["details"]["model_interface"] == {"normalize": [list(MEAN), list(STD)], "logits": 0}
     assert results[1]["details"]["model_interface"] == {"normalize": None, "logits": 0}
-    assert "normalised inside the model" in (pytester.path / "rep" / "summary.md").read_text()
+    assert "normalized inside the model" in (pytester.path / "rep" / "summary.md").read_text()
 
 
 def test_normalize_from_yaml_and_ini(pytester, monkeypatch):

@@ -639,8 +639,8 @@ def test_a_bad_data_keys_setting_is_a_usage_error_naming_the_key(pytester, how):
 # -- 8. a low result states the clean accuracy beside it ------------------------------------------------------
 
 
-class _ExpectsNormalised(torch.nn.Module):
-    """Right on inputs normalised by (x - 0.5) / 0.25: class 1 iff the input's mean is above 0.5.
+class _ExpectsNormalized(torch.nn.Module):
+    """Right on inputs normalized by (x - 0.5) / 0.25: class 1 iff the input's mean is above 0.5.
     Fed pixel data it always says class 1 (every pixel mean is above 0), so it is at chance."""
 
     def __init__(self):
@@ -657,15 +657,15 @@ def _halves(n=40):
     return x, (x.flatten(1).mean(1) > 0.5).long()
 
 
-def test_a_model_fed_pixels_while_it_expects_normalised_inputs_is_told_so():
+def test_a_model_fed_pixels_while_it_expects_normalized_inputs_is_told_so():
     with pytest.warns(RobustWarning, match=r"TSRM: clean accuracy 0.500: the model is near or below chance \(1/2\)"):
-        r = tsrm(_ExpectsNormalised(), _halves(), perturbation=UniformLinf(eps=0.01), threshold=0.9)
+        r = tsrm(_ExpectsNormalized(), _halves(), perturbation=UniformLinf(eps=0.01), threshold=0.9)
     assert r.verdict == "fail" and r.details["clean_accuracy"] == 0.5
     assert r.details["evaluations"]["clean"] == 40
     message = r.message()
     assert "; clean accuracy 0.500 on the same inputs: the model is near or below chance (1/2)" in message
     assert "normalize=(mean, std)" in message
-    fixed = tsrm(_ExpectsNormalised(), _halves(), perturbation=UniformLinf(eps=0.01), threshold=0.9,
+    fixed = tsrm(_ExpectsNormalized(), _halves(), perturbation=UniformLinf(eps=0.01), threshold=0.9,
                  normalize=(0.5, 0.25))
     assert (fixed.verdict == "pass" and "clean_accuracy" not in fixed.details
             and "clean" not in fixed.details["evaluations"])

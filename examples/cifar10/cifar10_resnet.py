@@ -5,14 +5,14 @@ Data. ``load_split(root, "test")`` reads ``cifar-10-batches-py/test_batch`` (the
 ``cifar-10-batches-py`` or that folder itself) with pickle and numpy: nothing is downloaded, ever.
 Images come back as float32 tensors of shape (n, 3, 32, 32) in [0, 1] pixel units, labels as int64.
 
-Model. ``CifarResNet18`` = per-channel normalisation followed by ``torchvision.models.resnet18
+Model. ``CifarResNet18`` = per-channel normalization followed by ``torchvision.models.resnet18
 (num_classes=10)`` with the usual CIFAR adaptation: ``conv1`` is a 3x3 convolution with stride 1
 (64 channels, no bias) and ``maxpool`` is removed (``nn.Identity``), so the 32x32 input is not
-shrunk to 8x8 before the first residual stage. Because the normalisation is the model's first layer,
+shrunk to 8x8 before the first residual stage. Because the normalization is the model's first layer,
 the model takes [0, 1] pixels and every eps, sigma and radius of the suite is in pixel units
 (eps = 8/255 is 8 grey levels). A weights file is the ``state_dict`` of the inner ResNet alone
 (torchvision's key names: ``conv1.weight``, ``bn1.*``, ``layer1.0.conv1.weight``, ..., ``fc.bias``),
-trained on inputs normalised with ``CIFAR10_MEAN`` and ``CIFAR10_STD``; ``train_resnet18.py``
+trained on inputs normalized with ``CIFAR10_MEAN`` and ``CIFAR10_STD``; ``train_resnet18.py``
 writes exactly that.
 """
 
@@ -75,7 +75,7 @@ def resnet18_cifar(num_classes: int = 10) -> nn.Module:
 
 
 class CifarResNet18(nn.Module):
-    """Normalisation, then ``resnet18_cifar``: takes [0, 1] pixels, returns 10 logits."""
+    """Normalization, then ``resnet18_cifar``: takes [0, 1] pixels, returns 10 logits."""
 
     def __init__(self, net: nn.Module | None = None) -> None:
         super().__init__()

@@ -60,7 +60,7 @@ def certification_data(robust_data):
 
 @pytest.fixture(scope="session")
 def robust_model(cifar10_paths, robust_device):
-    """The standard-trained ResNet-18 (normalisation inside), on the device the checks run on."""
+    """The standard-trained ResNet-18 (normalization inside), on the device the checks run on."""
     return load_model(cifar10_paths[1]).to(robust_device)
 
 

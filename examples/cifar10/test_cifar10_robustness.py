@@ -3,7 +3,7 @@
     ROBUST_CIFAR10_DIR=/data/cifar10 ROBUST_CIFAR10_WEIGHTS=/models/resnet18.pt \
         pytest examples/cifar10 --robust-device cuda --junitxml=reports/cifar10-junit.xml
 
-Every eps, sigma and radius is in [0, 1] pixel units (the normalisation is inside the model):
+Every eps, sigma and radius is in [0, 1] pixel units (the normalization is inside the model):
 eps = 8/255 is 8 grey levels, the usual CIFAR-10 budget. Each check has its own error probability
 1 - confidence (0.05 by default). The thresholds are for a standard-trained ResNet-18 at about 94%
 clean test accuracy (``train_resnet18.py``; the certified-accuracy gate is for the model trained
@@ -28,7 +28,7 @@ MIN_CLEAN_ACCURACY = 0.90
 
 def test_clean_accuracy(robust_model, robust_data, robust_device):
     """Set-up check before the gates: the weights and the data go together. A wrong data folder,
-    weights trained with another normalisation or architecture show here, not as a robustness
+    weights trained with another normalization or architecture show here, not as a robustness
     failure further down."""
     x, y = robust_data
     with torch.no_grad():
@@ -40,7 +40,7 @@ def test_clean_accuracy(robust_model, robust_data, robust_device):
     assert accuracy >= MIN_CLEAN_ACCURACY, (
         f"clean test accuracy {accuracy:.4f} on {len(y)} images < {MIN_CLEAN_ACCURACY}: check that "
         f"ROBUST_CIFAR10_WEIGHTS holds weights trained by train_resnet18.py (or the same architecture "
-        f"and normalisation, README.md) and that ROBUST_CIFAR10_DIR holds the CIFAR-10 test batch"
+        f"and normalization, README.md) and that ROBUST_CIFAR10_DIR holds the CIFAR-10 test batch"
     )
 
 

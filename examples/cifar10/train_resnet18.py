@@ -8,7 +8,7 @@ rate peaking at 0.1, random crops (4-pixel zero padding) and horizontal flips, 3
 that usually reaches 93-95% clean test accuracy in minutes on one recent GPU. ``--noise-sigma`` adds Gaussian noise
 N(0, sigma^2) to every training image in [0, 1] pixel space, unclipped, after augmentation (Cohen
 et al. 2019): the base classifier of randomized smoothing, whose certificates hold for the same
-sigma. The model is ``cifar10_resnet.CifarResNet18`` (normalisation inside), so the noise is in the
+sigma. The model is ``cifar10_resnet.CifarResNet18`` (normalization inside), so the noise is in the
 units the suite uses. Writes the inner ResNet's ``state_dict`` (what ``cifar10_resnet.load_model``
 reads) and prints the clean test accuracy after every epoch. Seeded, not bit-reproducible on GPU.
 """

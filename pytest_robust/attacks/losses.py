@@ -9,7 +9,7 @@ that is larger where the model is closer to a mistake:
   order of logit. It is positive exactly when class t beats class y. The denominator makes it
   invariant to shifting and to positive scaling of the logits, so a model with huge (saturating)
   logits still gives a useful gradient, where cross-entropy's vanishes in floating point. With 3
-  classes z_pi4 is taken as z_pi3; with 2 classes there is no third logit to normalise by and the
+  classes z_pi4 is taken as z_pi3; with 2 classes there is no third logit to normalize by and the
   loss is the plain margin z_t - z_y (which is then exact: its gradient is the constant w_t - w_y
   on a linear model);
 - ``margin(z, y)`` = z_y - max_{j != y} z_j, the quantity the Square attack drives below 0;

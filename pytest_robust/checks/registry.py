@@ -106,7 +106,9 @@ class Param:
     returns the value as the body receives it or raises ``SettingError`` (see ``validation``); None
     accepts anything. ``default`` is a value, ``REQUIRED`` or a
     ``FromSetting``. With ``fixture=True`` a string on a marker or in YAML names a fixture (or
-    factory) whose value is used, resolved when the check runs and validated then.
+    factory) whose value is used, resolved when the check runs and validated then. With
+    ``nullable=True`` None is a value of its own, not "not given" (``bounds=None``: no box), in
+    every door: a library or fixture call, a marker and YAML (``bounds: null``).
     """
 
     name: str
@@ -114,6 +116,7 @@ class Param:
     default: object = None
     doc: str = ""
     fixture: bool = False
+    nullable: bool = False
 
     @property
     def required(self) -> bool:
@@ -224,7 +227,7 @@ class Metric:
         where = where or (f"robust({name}=...)" if spelling == "marker" else f"{name}(...)")
         own = ((threshold_key,) if self.gate else ()) + tuple(p.name for p in self.params) + self.paired_keys()
         self._refuse_unknown(name, keywords, own + tuple(settings), spelling, where, settings)
-        given = {k: v for k, v in keywords.items() if _is_given(v)}
+        given = self._given(keywords)
         pairing = self._requested_pairing(where, threshold_key, given, keywords, spelling)
         needs_threshold = self.gate and pairing is None and spelling == "marker"
         missing = [k for k in ((threshold_key,) if needs_threshold else ()) + self.required if k not in given]
@@ -237,6 +240,12 @@ class Metric:
         threshold = given.get(threshold_key) if pairing is None else None
         return CheckSpec(name, None if threshold is None else self.threshold(threshold_key, threshold), params,
                          overrides, None if pairing is None else {"reference": pairing[0], "margin": pairing[1]})
+
+    def _given(self, keywords: dict) -> dict:
+        """The keywords that count as given: not None (except a nullable parameter's None), not
+        ``REQUIRED``, not a ``FromSetting``."""
+        nullable = {p.name for p in self.params if p.nullable}
+        return {k: v for k, v in keywords.items() if _is_given(v) or (v is None and k in nullable)}
 
     def _refuse_unknown(self, name: str, keywords: dict, allowed: tuple, spelling: str, where: str,
                         settings: tuple[str, ...]) -> None:
@@ -306,6 +315,9 @@ class Metric:
         out = {}
         for p in self.params:
             value = params.get(p.name)
+            if p.nullable and p.name in params and value is None:
+                out[p.name] = None
+                continue
             if value is None or isinstance(value, FromSetting):
                 value = p.default.build(settings) if isinstance(p.default, FromSetting) else p.default
                 value = p.validate(value) if isinstance(p.default, FromSetting) else value
@@ -341,4 +353,5 @@ def perturbation(key: str, value):
 
 
 #: The input box shared by the checks that clip to it.
-BOX = Param("bounds", validation.box, (0.0, 1.0), "the input box (lo, hi) the perturbed inputs are clipped to")
+BOX = Param("bounds", validation.box, (0.0, 1.0), "the input box (lo, hi) the perturbed inputs are clipped to; "
+            "None: no box (standardized features, embeddings); either end may be infinite", nullable=True)

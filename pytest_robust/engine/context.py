@@ -107,7 +107,7 @@ def execution(precision: str = "fp32", channels_last: bool = False, compile: boo
 
 @contextlib.contextmanager
 def model_interface(normalize=None, logits=None):
-    """Library calls inside the block normalise inside the model call and pick the logits so
+    """Library calls inside the block normalize inside the model call and pick the logits so
     (validated here; ``interface.ModelInterface``); a call's own ``normalize=``/``logits=`` win."""
     with _layered(interface=ModelInterface(normalize, logits)) as now:
         yield now.interface

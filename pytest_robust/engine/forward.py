@@ -197,7 +197,7 @@ class Forward:
     def called(self, x: torch.Tensor, model=None):
         """The logits of ``model(x)`` (default: the check's model; another module, such as a
         wrapper that also returns features, gets x the same way and its output is returned as it
-        is): x normalised when asked, cast to the model's dtype, under autocast when asked; a
+        is): x normalized when asked, cast to the model's dtype, under autocast when asked; a
         failure on the first batch is explained when the inputs' layout is the likely cause
         (``inspect.model.explain_model_error``)."""
         own = model is None

@@ -30,7 +30,7 @@ def _fingerprints(tensors) -> list[torch.Tensor]:
 def guarded(model: torch.nn.Module, device: torch.device):
     """Evaluate ``model`` in eval mode without gradients, restoring its state and the global RNG.
 
-    Yields a dict with ``model_was_training`` (True when dropout or normalisation layers were in
+    Yields a dict with ``model_was_training`` (True when dropout or normalization layers were in
     training mode: they are evaluated in eval mode, with a RobustWarning). Raises RobustModelError if the forward passes
     modified parameters or buffers in place.
     """

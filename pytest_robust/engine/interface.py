@@ -1,4 +1,4 @@
-"""What the model takes and what it returns: normalisation inside the model call, and which output
+"""What the model takes and what it returns: normalization inside the model call, and which output
 holds the logits.
 
 Like the execution settings (``engine.precision``), these describe the model, not the requirement,
@@ -39,13 +39,13 @@ from typing import Callable
 from pytest_robust.errors import RobustModelError, SettingError
 from pytest_robust.settings import validation
 
-#: Named normalisations: (mean, std) per channel, in [0, 1] pixel units.
+#: Named normalizations: (mean, std) per channel, in [0, 1] pixel units.
 PRESETS = validation.NORMALIZE_PRESETS
 
 
 @dataclass(frozen=True)
 class ModelInterface:
-    """The model's input normalisation ((mean, std) tuples, or None) and its logits selector."""
+    """The model's input normalization ((mean, std) tuples, or None) and its logits selector."""
 
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     logits: str | int | Callable | None = None
@@ -55,20 +55,20 @@ class ModelInterface:
         object.__setattr__(self, "logits", validation.logits_selector("logits", self.logits))
 
     def space(self) -> str:
-        """Where sizes live, for messages: "" without normalisation."""
+        """Where sizes live, for messages: "" without normalization."""
         if self.normalize is None:
             return ""
         mean, std = (", ".join(f"{v:g}" for v in part) for part in self.normalize)
-        return f"pixel units, normalised inside the model (mean {mean}; std {std})"
+        return f"pixel units, normalized inside the model (mean {mean}; std {std})"
 
     def describe(self) -> dict:
-        """JSON-able facts (results, cache keys): the normalisation and the selector's name."""
+        """JSON-able facts (results, cache keys): the normalization and the selector's name."""
         chosen = self.logits
         shown = getattr(chosen, "__qualname__", repr(chosen)) if callable(chosen) else chosen
         return {"normalize": None if self.normalize is None else [list(p) for p in self.normalize], "logits": shown}
 
 
-# -- the normalisation ---------------------------------------------------------------------------
+# -- the normalization ---------------------------------------------------------------------------
 
 
 class Normalizer:

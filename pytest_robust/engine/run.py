@@ -17,8 +17,8 @@ A metric module writes only its plan, its evaluation and its statistics; a ``Run
 - the model interface (``context.interface``: ``normalize=(mean, std)`` applied inside the
   model call, so data, perturbations and sizes stay in pixel units; the ``logits=`` selector),
   stated in the Result (``details["model_interface"]``, and the space in ``details["space"]``,
-  which every message names); data whose transform pipeline normalises is refused
-  (``inspect.data.check_data_normalisation``);
+  which every message names); data whose transform pipeline normalizes is refused
+  (``inspect.data.check_data_normalization``);
 - the execution settings (``context.execution``: precision/autocast, channels-last, compile,
   deterministic kernels), stated in the Result (``precision``, ``details["execution"]``); a run
   with ``certificate=True`` (randomized smoothing) warns when the logits are not float32;
@@ -65,9 +65,9 @@ from pytest_robust.engine.device import resolve_device
 from pytest_robust.engine.forward import Forward, correct_predictions
 from pytest_robust.engine.gallery import gallery as worst_gallery
 from pytest_robust.engine.guard import guarded
-from pytest_robust.engine.inspect.data import check_data_normalisation
+from pytest_robust.engine.inspect.data import check_data_normalization
 from pytest_robust.engine.inspect.model import check_model
-from pytest_robust.engine.inspect.normalisation import PROBE_INPUTS, probe_normalisation
+from pytest_robust.engine.inspect.normalization import PROBE_INPUTS, probe_normalization
 from pytest_robust.engine.inspect.perturbation import inspect_inputs
 from pytest_robust.engine.precision import autocast_dtype, describe_precision, model_dtype, working_dtype
 from pytest_robust.engine.streams import stream_generator
@@ -107,7 +107,7 @@ class Run:
                                    batch_size=batch_size, direction=self.direction)
         self.device = resolve_device(device, model)
         self.interface = context.interface
-        check_data_normalisation(data, perturbation, self.interface.normalize)
+        check_data_normalization(data, perturbation, self.interface.normalize)
         self.ds = load_data(data, context.data_keys)
         self.details: dict = {}
         self.model_dtype = model_dtype(model)
@@ -147,9 +147,9 @@ class Run:
         self._stack.enter_context(precision.deterministic_algorithms(self.execution.deterministic))
         self._stack.enter_context(precision.channels_last_weights(self.model, self.execution.channels_last))
         self.forward.model = precision.compiled(self.model, self.execution.compile)
-        if self.interface.normalize is not None:  # outside the budget (inspect.normalisation)
+        if self.interface.normalize is not None:  # outside the budget (inspect.normalization)
             x, y = (t[:PROBE_INPUTS].to(self.device) for t in (self.ds.x, self.ds.y))
-            self.details["normalisation_probe"] = probe_normalisation(self.forward, self.model, x, y,
+            self.details["normalization_probe"] = probe_normalization(self.forward, self.model, x, y,
                                                                       self.interface.normalize)
         return self
 
@@ -249,12 +249,12 @@ class Run:
             details["clean_accuracy"] = self.clean_accuracy()
         clean, classes = details["clean_accuracy"], self.forward.n_classes
         if isinstance(clean, (int, float)) and classes and clean <= near_chance(classes):
-            normalisation = ("check that normalize= is the model's own (mean, std)" if self.interface.normalize
-                             is not None else "give its normalisation as normalize=(mean, std) (--robust-normalize) "
+            normalization = ("check that normalize= is the model's own (mean, std)" if self.interface.normalize
+                             is not None else "give its normalization as normalize=(mean, std) (--robust-normalize) "
                              "with the data in [0, 1] pixel units")
             details["clean_accuracy_advice"] = (
                 f"the model is near or below chance (1/{classes}) on the clean inputs too, so it may expect other "
-                f"inputs: {normalisation}, and check the channel order (RGB/BGR, (N, C, H, W)) and the labels")
+                f"inputs: {normalization}, and check the channel order (RGB/BGR, (N, C, H, W)) and the labels")
             warnings.warn(f"{self.title}: clean accuracy {clean:.3f}: {details['clean_accuracy_advice']}",
                           RobustWarning, stacklevel=3)
 

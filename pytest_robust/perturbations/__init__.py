@@ -4,8 +4,8 @@ A perturbation maps a batch ``x`` of shape (n, ...) and a ``torch.Generator`` to
 of the same shape, drawing every random number from that generator (so results are reproducible
 and do not depend on how samples are batched). All sizes (``eps``, ``sigma``, ``scale``) are in the
 units of the tensors your data yields: for inputs in [0, 1] pixel space, eps=8/255 is 8 grey levels.
-If your data is normalised (x - mean) / std, either move the normalisation into the model
-(recommended: then eps stays in pixel units) or pass ``bounds`` in normalised units and scale eps
+If your data is normalized (x - mean) / std, either move the normalization into the model
+(recommended: then eps stays in pixel units) or pass ``bounds`` in normalized units and scale eps
 by 1/std yourself.
 
 ``bounds=(lo, hi)`` is the input box (default [0, 1]); each of lo and hi a number, a per-channel

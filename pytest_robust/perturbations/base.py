@@ -12,6 +12,7 @@ import torch
 from pytest_robust.engine.inspect.perturbation import box_for, check_perturbation_object
 from pytest_robust.errors import ArgumentError, RobustWarning
 from pytest_robust.results import NO_IDENTITY
+from pytest_robust.settings import validation
 
 
 def reflect(theta: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,7 +33,7 @@ def reflect(theta: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[to
     return inside, odd & (width > 0)
 
 
-def _check_size(name: str, value: float, *, allow_zero: bool) -> float:
+def checked_size(name: str, value: float, *, allow_zero: bool) -> float:
     if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
         raise ArgumentError(f"{name} must be a number, got {value!r}")
     value = float(value)
@@ -42,23 +43,9 @@ def _check_size(name: str, value: float, *, allow_zero: bool) -> float:
     return value
 
 
-def _check_bounds(bounds):
-    if bounds is None:
-        return None
-    try:
-        lo, hi = bounds
-    except (TypeError, ValueError):
-        raise ArgumentError(f"bounds must be a pair (lo, hi) or None, got {bounds!r}") from None
-    try:
-        a, b = torch.as_tensor(lo), torch.as_tensor(hi)
-        a, b = (t.reshape(-1, *[1] * (max(a.ndim, b.ndim) - 1)) if t.ndim == 1 else t for t in (a, b))
-        ordered = not torch.any(a >= b)  # a per-channel sequence against a (C, 1, 1) tensor: channel by channel
-    except (TypeError, ValueError, RuntimeError):
-        raise ArgumentError(f"bounds must be numbers or tensors (lo, hi): each a number, a per-channel sequence or a "
-                            f"tensor, of shapes that broadcast together, got {bounds!r}") from None
-    if not ordered:
-        raise ArgumentError(f"bounds must satisfy lo < hi everywhere, got {bounds!r}")
-    return lo, hi
+def checked_box(bounds):
+    """The box (lo, hi), or None for no box, by the one rule of ``settings.validation.box``."""
+    return validation.box("bounds", bounds)
 
 
 def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +58,7 @@ def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, tor
     return lo, hi
 
 
-def _bounds_repr(bounds) -> str:
+def bounds_repr(bounds) -> str:
     if bounds is None:
         return ", bounds=None"
     lo, hi = bounds
@@ -138,7 +125,7 @@ class Perturbation(ABC):
     coordinate_size: str | None = None
 
     def __init__(self, bounds=(0.0, 1.0)):
-        self.bounds = _check_bounds(bounds)
+        self.bounds = checked_box(bounds)
 
     def __repr__(self):
         """A subclass without its own ``__repr__`` is named by its class and public attributes

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from pytest_robust.perturbations.base import Perturbation, _bounds_repr, _check_size
+from pytest_robust.perturbations.base import Perturbation, bounds_repr, checked_size
 from pytest_robust.perturbations.spaces import BoxSpace, NoiseSpace
 
 
@@ -24,7 +24,7 @@ class UniformLinf(Perturbation):
 
     def __init__(self, eps: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
-        self.eps = _check_size("eps", eps, allow_zero=True)
+        self.eps = checked_size("eps", eps, allow_zero=True)
 
     def parameter_space(self, x):
         """theta = x' itself, uniform on the box [max(x - eps, lo), min(x + eps, hi)]."""
@@ -36,7 +36,7 @@ class UniformLinf(Perturbation):
         return lo + u * (hi - lo)
 
     def __repr__(self):
-        return f"UniformLinf(eps={self.eps:g}{_bounds_repr(self.bounds)})"
+        return f"UniformLinf(eps={self.eps:g}{bounds_repr(self.bounds)})"
 
 
 class GaussianNoise(Perturbation):
@@ -47,7 +47,7 @@ class GaussianNoise(Perturbation):
 
     def __init__(self, sigma: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
-        self.sigma = _check_size("sigma", sigma, allow_zero=True)
+        self.sigma = checked_size("sigma", sigma, allow_zero=True)
 
     def parameter_space(self, x):
         """theta = z ~ N(0, I), x' = clip(x + sigma z)."""
@@ -58,7 +58,7 @@ class GaussianNoise(Perturbation):
         return x + self.sigma * z
 
     def __repr__(self):
-        return f"GaussianNoise(sigma={self.sigma:g}{_bounds_repr(self.bounds)})"
+        return f"GaussianNoise(sigma={self.sigma:g}{bounds_repr(self.bounds)})"
 
 
 class CauchyNoise(Perturbation):
@@ -69,7 +69,7 @@ class CauchyNoise(Perturbation):
 
     def __init__(self, scale: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
-        self.scale = _check_size("scale", scale, allow_zero=True)
+        self.scale = checked_size("scale", scale, allow_zero=True)
 
     def parameter_space(self, x):
         """theta = z ~ standard Cauchy i.i.d., x' = clip(x + scale z)."""
@@ -80,7 +80,7 @@ class CauchyNoise(Perturbation):
         return x + self.scale * torch.tan(math.pi * (u - 0.5))
 
     def __repr__(self):
-        return f"CauchyNoise(scale={self.scale:g}{_bounds_repr(self.bounds)})"
+        return f"CauchyNoise(scale={self.scale:g}{bounds_repr(self.bounds)})"
 
 
 class UniformL2(Perturbation):
@@ -89,7 +89,7 @@ class UniformL2(Perturbation):
 
     def __init__(self, eps: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
-        self.eps = _check_size("eps", eps, allow_zero=False)
+        self.eps = checked_size("eps", eps, allow_zero=False)
 
     def sample(self, x, generator):
         g = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
@@ -99,7 +99,7 @@ class UniformL2(Perturbation):
         return x + g * radius.reshape(-1, *([1] * (x.ndim - 1)))
 
     def __repr__(self):
-        return f"UniformL2(eps={self.eps:g}{_bounds_repr(self.bounds)})"
+        return f"UniformL2(eps={self.eps:g}{bounds_repr(self.bounds)})"
 
 
 class UniformL1(Perturbation):
@@ -109,7 +109,7 @@ class UniformL1(Perturbation):
 
     def __init__(self, eps: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
-        self.eps = _check_size("eps", eps, allow_zero=False)
+        self.eps = checked_size("eps", eps, allow_zero=False)
 
     def sample(self, x, generator):
         e = torch.rand((2, *x.shape), generator=generator, device=x.device, dtype=x.dtype)
@@ -120,4 +120,4 @@ class UniformL1(Perturbation):
         return x + laplace * radius.reshape(-1, *([1] * (x.ndim - 1)))
 
     def __repr__(self):
-        return f"UniformL1(eps={self.eps:g}{_bounds_repr(self.bounds)})"
+        return f"UniformL1(eps={self.eps:g}{bounds_repr(self.bounds)})"

@@ -8,7 +8,7 @@ import math
 import torch
 
 from pytest_robust.errors import ArgumentError
-from pytest_robust.perturbations.base import ParameterSpace, Perturbation, _bounds_repr, _check_size
+from pytest_robust.perturbations.base import ParameterSpace, Perturbation, bounds_repr, checked_size
 
 #: Columns of a ``Spatial`` parameter vector.
 FLIP, ANGLE, ZOOM, SHIFT_X, SHIFT_Y = range(5)
@@ -40,7 +40,7 @@ class Spatial(Perturbation):
         if not isinstance(flip, bool):
             raise ArgumentError(f"flip must be True or False, got {flip!r}")
         self.flip = flip
-        self.rotation = _check_size("rotation", rotation, allow_zero=True)
+        self.rotation = checked_size("rotation", rotation, allow_zero=True)
         if self.rotation >= 180:
             raise ArgumentError(f"rotation must be below 180 degrees, got {rotation!r}")
         try:
@@ -94,7 +94,7 @@ class Spatial(Perturbation):
         sign = 1.0 - 2.0 * params[:, FLIP]
         inv_zoom = 1.0 / params[:, ZOOM]
         # pixel-space matrix M = F Z^-1 R(-a), R(-a) = [[cos, -sin], [sin, cos]], conjugated into
-        # normalised coordinates: entry (0, 1) scales by h / w, entry (1, 0) by w / h.
+        # normalized coordinates: entry (0, 1) scales by h / w, entry (1, 0) by w / h.
         m00 = sign * inv_zoom * cos
         m01 = -sign * inv_zoom * sin * (h / w)
         m10 = inv_zoom * sin * (w / h)
@@ -126,7 +126,7 @@ class Spatial(Perturbation):
         lo, hi = self.scale
         return (
             f"Spatial(flip={self.flip}, rotation={self.rotation:g}, scale=({lo:g}, {hi:g}), "
-            f"translate={self.translate}, padding_mode={self.padding_mode!r}{_bounds_repr(self.bounds)})"
+            f"translate={self.translate}, padding_mode={self.padding_mode!r}{bounds_repr(self.bounds)})"
         )
 
 

@@ -122,7 +122,7 @@ KEYS = (
         "deterministic kernels and no TF32 (bit-exact repeats on CUDA; the CPU is deterministic anyway)",
         flag=True),
     Key("normalize", validation.normalization,
-        "the model's input normalisation (mean, std), applied inside the model call so that data, eps, "
+        "the model's input normalization (mean, std), applied inside the model call so that data, eps, "
         "sigma, radius and box stay in [0, 1] pixel units: imagenet, or '[[0.485, 0.456, 0.406], "
         "[0.229, 0.224, 0.225]]' (per channel) or '(0.5, 0.25)'"),
     Key("logits", validation.logits_selector,

@@ -214,15 +214,47 @@ def text(key: str, value) -> str:
 
 
 def box(key: str, value):
-    """The input box (lo, hi): two numbers with lo < hi, or two tensors / per-channel sequences
-    (checked against the inputs when the check runs)."""
-    accepted = "(lo, hi): two numbers with lo < hi, or per-channel bounds, e.g. (0.0, 1.0)"
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
+    """The input box (lo, hi), or None for no box.
+
+    Each bound is a number (either may be infinite: ``(0, inf)`` bounds count features from below
+    only), a sequence of numbers or a tensor / array; lo < hi wherever both are given (the two
+    broadcast together). How the bounds lie against an input (numpy's rule: by trailing
+    dimensions) is checked against the inputs when the check runs (``inspect.perturbation.box_for``).
+    Messages name the key; the one rule for every perturbation, check, marker, YAML file and call."""
+    accepted = ("None (no box), or (lo, hi): numbers (either may be infinite, e.g. (0, inf)), sequences or tensors "
+                "that broadcast against one input, with lo < hi everywhere, e.g. (0.0, 1.0)")
+    if value is None:
+        return None
+    if isinstance(value, str) or not hasattr(value, "__len__") or len(value) != 2:
         raise SettingError(key, value, accepted)
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        if not (math.isfinite(value[0]) and math.isfinite(value[1]) and value[0] < value[1]):
-            raise SettingError(key, value, accepted)
+    import numpy as np  # only when a box is given: the plugin starts without it
+
+    lo, hi = (_bound_array(key, value, v, accepted) for v in value)
+    try:
+        ordered = bool((np.broadcast_to(lo, np.broadcast_shapes(lo.shape, hi.shape))
+                        < np.broadcast_to(hi, np.broadcast_shapes(lo.shape, hi.shape))).all())
+    except ValueError:
+        raise SettingError(key, value, accepted + f" (lo of shape {lo.shape} and hi of shape {hi.shape} do not "
+                                                  "broadcast together)") from None
+    if not ordered:
+        raise SettingError(key, value, accepted + " (lo >= hi somewhere)")
     return tuple(value)
+
+
+def _bound_array(key: str, value, bound, accepted: str):
+    """One bound as a float array (a tensor is read through numpy); NaN or a non-number is refused."""
+    import numpy as np
+
+    if isinstance(bound, bool):
+        raise SettingError(key, value, accepted)
+    data = bound.detach().cpu().numpy() if hasattr(bound, "detach") else bound
+    try:
+        array = np.asarray(data, dtype=float)
+    except (TypeError, ValueError):
+        raise SettingError(key, value, accepted) from None
+    if np.isnan(array).any():
+        raise SettingError(key, value, accepted + " (a bound is NaN)")
+    return array
 
 
 def text_list(key: str, value) -> list[str]:
@@ -282,12 +314,12 @@ def _numbers(raw) -> tuple[float, ...] | None:
     return tuple(float(v) for v in items)
 
 
-#: Named normalisations accepted by ``normalize`` (mean, std per channel).
+#: Named normalizations accepted by ``normalize`` (mean, std per channel).
 NORMALIZE_PRESETS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
 
 
 def normalization(key: str, value):
-    """``normalize``: None (or false, "none") for no normalisation; a preset name ("imagenet"); or
+    """``normalize``: None (or false, "none") for no normalization; a preset name ("imagenet"); or
     (mean, std), each a number or one per channel, as a pair, a mapping {mean, std}, or that
     written as text ("(0.5, 0.25)", "[[0.485, 0.456, 0.406], [0.229, 0.224, 0.225]]",
     "{mean: 0.5, std: 0.25}"). Returns None or ((mean, ...), (std, ...)) with every std > 0."""

@@ -25,7 +25,7 @@ def key_name(path: KeyPath) -> str:
     return text
 
 
-def _shown(value) -> str:
+def shown_value(value) -> str:
     """A value for an error message: its YAML kind and (shortened) text."""
     kind = {dict: "a mapping", list: "a list", str: "the text", bool: "the boolean"}.get(type(value))
     if kind is None:
@@ -91,7 +91,7 @@ class SuiteDocument:
     def expect(self, path: KeyPath, value, kind: type, what: str):
         """``value`` if it is a ``kind`` (booleans are never numbers), else a located error."""
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise self.error(path, f"expected {what}, got {_shown(value)}")
+            raise self.error(path, f"expected {what}, got {shown_value(value)}")
         return value
 
     def mapping(self, path: KeyPath, value, what: str) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_robust.checks.registry import suggest
 from pytest_robust.errors import ArgumentError, FactoryError
-from pytest_robust.suites.document import KeyPath, SuiteDocument, _shown, key_name
+from pytest_robust.suites.document import KeyPath, SuiteDocument, key_name, shown_value
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def import_target(doc: SuiteDocument, path: KeyPath, target, folder: Path) -> Ca
     example = "e.g. digits_model:load_model"
     if not isinstance(target, str) or target.count(":") != 1:
         hint = "; suites name factories, not fixtures" if isinstance(target, str) and target.isidentifier() else ""
-        raise doc.error(path, f"expected an import path 'module:callable' ({example}), got {_shown(target)}{hint}")
+        raise doc.error(path, f"expected an import path 'module:callable' ({example}), got {shown_value(target)}{hint}")
     module_name, attr = target.split(":")
     if not all(part.isidentifier() for part in module_name.split(".") + attr.split(".")):
         raise doc.error(path, f"{target!r} is not an import path 'module:callable' ({example})")
@@ -71,7 +71,7 @@ def import_target(doc: SuiteDocument, path: KeyPath, target, folder: Path) -> Ca
                                   f"{suggest(part, [n for n in dir(value) if not n.startswith('_')])}")
         value = getattr(value, part)
     if not callable(value):
-        raise doc.error(path, f"{target!r} is not callable (it is {_shown(value)})")
+        raise doc.error(path, f"{target!r} is not callable (it is {shown_value(value)})")
     return value
 
 
@@ -112,7 +112,7 @@ def perturbation_of(doc: SuiteDocument, path: KeyPath, raw, factories: dict[str,
         params = doc.mapping(at, params, f"the parameters of {name} as a mapping, e.g. {{eps: 0.1}}")
     else:
         raise doc.error(path, f"expected a perturbation name or {{Name: {{param: value}}}}, "
-                              f"e.g. {{UniformLinf: {{eps: 0.1}}}}; got {_shown(raw)}")
+                              f"e.g. {{UniformLinf: {{eps: 0.1}}}}; got {shown_value(raw)}")
     if name not in factories:
         known = ", ".join(factories)
         raise doc.error(at, f"unknown perturbation {name!r}{suggest(name, factories)}; known: {known}")

@@ -14,7 +14,7 @@ from pytest_robust.checks.spec import budget_of, parse_marker
 from pytest_robust.errors import MarkerError, SettingError, SuiteError
 from pytest_robust.settings.keys import COMMAND_LINE_SOURCE, KEY_NAMES, PER_RUN, Settings, parse_layer
 from pytest_robust.settings.validation import positive_float
-from pytest_robust.suites.document import KeyPath, SuiteDocument, _shown
+from pytest_robust.suites.document import KeyPath, SuiteDocument, shown_value
 from pytest_robust.suites.factories import Factory, factory, perturbation_of
 
 #: Top-level keys of a suite file and what each holds (the text is used in error messages).
@@ -148,7 +148,7 @@ def _settings(doc: SuiteDocument, path: KeyPath, values: dict) -> dict:
         try:
             parsed.update(parse_layer({key: value}, doc.where))
         except SettingError as err:
-            raise doc.error(path + (key,), f"{_shown(value)} is invalid: expected {err.accepted}") from None
+            raise doc.error(path + (key,), f"{shown_value(value)} is invalid: expected {err.accepted}") from None
     return parsed
 
 
@@ -170,7 +170,7 @@ def _profiles(doc: SuiteDocument, raw) -> dict[str, Profile]:
         try:
             scale = positive_float("budget_scale", scale)
         except SettingError as err:
-            problem = f"{_shown(scale)} is invalid: expected {err.accepted}"
+            problem = f"{shown_value(scale)} is invalid: expected {err.accepted}"
             raise doc.error(path + ("budget_scale",), problem) from None
         # keys that are no setting at all are listed against the profile's keys; settings keys
         # (including those not allowed in suites) get _settings' messages

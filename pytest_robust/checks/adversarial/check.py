@@ -77,6 +77,7 @@ from pytest_robust.engine.inspect.perturbation import check_scale
 from pytest_robust.engine.run import Run
 from pytest_robust.engine.streams import stream_generator
 from pytest_robust.errors import RobustWarning
+from pytest_robust.perturbations.base import bounds_repr
 from pytest_robust.perturbations.noise import UniformL1, UniformL2, UniformLinf
 from pytest_robust.procedures.bernoulli import Stream, summary
 from pytest_robust.procedures.per_input import over_blocks, rate_result
@@ -289,7 +290,7 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
         pictures = gallery(details["per_input"], run.direction, found_points.merged(), run.ds, run.seed)
     if pictures is not None:
         pictures["note"] = "the misclassified point the attack found (the clean input where the model errs without one)"
-    label = f"{schedule.ball().title} eps={schedule.eps:g}: {schedule.describe()}"
+    label = f"{schedule.ball().title} eps={schedule.eps:g}{bounds_repr(schedule.bounds)}: {schedule.describe()}"
     note = HONESTY + (f"; {warning}" if warning else "")
     robust = found["outcome"] == ROBUST
     if gate is None:

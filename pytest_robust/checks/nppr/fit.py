@@ -52,7 +52,7 @@ from pytest_robust.engine.device import upload
 from pytest_robust.engine.run import Run
 from pytest_robust.engine.streams import host_rng, stream_generator
 from pytest_robust.errors import ArgumentError, RobustWarning
-from pytest_robust.perturbations.base import Perturbation
+from pytest_robust.perturbations.base import Perturbation, bounds_repr
 
 #: At most this many points of the fit loss curve are kept (averaged over windows of steps).
 CURVE_POINTS = 200
@@ -98,7 +98,7 @@ def fit_key(run: Run, cfg: GMMConfig, fit: FitSettings, layer_name, bounds, fit_
     """Cache key: model weights, mixture architecture, fit settings, feature layer, box, seed, fit
     data, and what the fit's numbers depend on beyond them: the device kind (CUDA kernels and
     random streams differ from the CPU's), the precision the model ran in, and the model interface
-    (its normalisation; a callable logits selector by its qualified name)."""
+    (its normalization; a callable logits selector by its qualified name)."""
     box = None if bounds is None else [cache.tensor_fingerprint(torch.as_tensor(b)) for b in bounds]
     settings = {
         "mixture": cfg.to_dict(),
@@ -300,5 +300,5 @@ class FrozenGMM(Perturbation):
         c = self.gmm.cfg
         return (
             f"LearnedGMM(eps={c.eps:g}, norm={c.norm}, K={c.components}, latent={c.latent_dim}, "
-            f"covariance={c.covariance}, dependency={c.dependency})"
+            f"covariance={c.covariance}, dependency={c.dependency}{bounds_repr(self.box)})"
         )

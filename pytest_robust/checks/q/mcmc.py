@@ -200,7 +200,7 @@ def split_rhat(residuals: np.ndarray) -> np.ndarray:
 
 def effective_sample_size(residuals: np.ndarray) -> np.ndarray:
     """Effective sample size per input of detrended sequences (split chains, Geyer's initial
-    monotone sequence; Vehtari et al. 2021, eq. 10-11 without rank normalisation).
+    monotone sequence; Vehtari et al. 2021, eq. 10-11 without rank normalization).
 
     rho_k = 1 - (W - mean_j autocov_j(k)) / var_plus; tau = -1 + 2 sum of the initial positive,
     monotone sequence of pair sums rho_{2k} + rho_{2k+1}; ESS = J n / tau, capped at J n log10(J n)

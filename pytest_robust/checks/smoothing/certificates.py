@@ -10,9 +10,9 @@ If p_A = p_{c_A}(x) > 1/2, then g(x + delta) = c_A for every ||delta||_2 < sigma
 therefore the single condition p_y(x) > Phi(r / sigma), with no class-selection step.
 
 Units. ``sigma`` and ``radius`` are L2 distances in the space of the tensors the model receives.
-For images in [0, 1] pixel space with the normalisation inside the model, sigma = 0.25 is a
-quarter of the pixel range per coordinate (Cohen's convention). If the data are normalised
-outside the model, both sigma and the radius are in normalised units (pixel units / std).
+For images in [0, 1] pixel space with the normalization inside the model, sigma = 0.25 is a
+quarter of the pixel range per coordinate (Cohen's convention). If the data are normalized
+outside the model, both sigma and the radius are in normalized units (pixel units / std).
 
 From counts to certificates. k of n draws in the class, one-sided Clopper-Pearson at level alpha:
 

@@ -8,8 +8,8 @@ y known, "certified correct at L2 radius r" is the single condition p_y(x) > Phi
 
 Units. ``sigma`` (noise standard deviation) and ``radius`` (L2) are in the space of the tensors
 the model receives: noise is added to the data exactly as given, without clipping. Keep the
-normalisation inside the model and both stay in pixel units (sigma = 0.25 on [0, 1] images is
-Cohen's setting); normalising outside the model puts them in normalised units.
+normalization inside the model and both stay in pixel units (sigma = 0.25 on [0, 1] images is
+Cohen's setting); normalizing outside the model puts them in normalized units.
 
 Entry points:
 - ``certified_accuracy`` (here): the gate "certified accuracy at radius r >= threshold" with
@@ -82,7 +82,7 @@ def evaluate(run: Run, radius, sigma, alpha, max_draws) -> Result:
     fraction ``threshold`` of ``data``, at the stated confidence.
 
     ``sigma`` (noise standard deviation) and ``radius`` are in the units of the model's inputs
-    (pixel units when the normalisation is inside the model).
+    (pixel units when the normalization is inside the model).
 
     Per input: the anytime-valid betting test of H0: p_y <= Phi(radius / sigma) at level
     ``alpha`` (``stats.SequentialGate`` with horizon ``max_draws``: a mixture of constant bets

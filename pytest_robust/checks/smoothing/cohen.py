@@ -11,7 +11,7 @@ PREDICT, per input: the top two classes' counts n_A >= n_B among n draws; return
 unless the two-sided binomial test of n_A out of n_A + n_B at p = 1/2 has p-value > alpha.
 
 Units: ``sigma`` and every radius are in the space of the tensors the model receives (pixel units
-when the normalisation is inside the model). Draws and class counts: ``draws``.
+when the normalization is inside the model). Draws and class counts: ``draws``.
 
 Both are analyses, declared in ``checks.smoothing`` (``CERTIFY``, ``PREDICT``) and called through the
 one door like every check: ``certify`` and ``predict`` are their library functions.

@@ -2,7 +2,7 @@
 ICML 2019): what CERTIFY, PREDICT, the pA report and the certified-accuracy gate all evaluate.
 
 Units. ``sigma`` (noise standard deviation) is in the space of the tensors the model receives:
-noise is added to the data exactly as given, without clipping. Keep the normalisation inside the
+noise is added to the data exactly as given, without clipping. Keep the normalization inside the
 model and it stays in pixel units (sigma = 0.25 on [0, 1] images is Cohen's setting).
 
 Noise. Draw t of input i is x_i + sigma * eps, where eps is row t % BLOCK of block t // BLOCK of

@@ -1,6 +1,6 @@
 """Inspections of the data: finite values (``check_finite``), a loader that reads in a fixed
 order and a dataset that reads the same twice, values inside the box (``check_in_box``) and a
-normalisation hidden in the data pipeline (``check_data_normalisation``)."""
+normalization hidden in the data pipeline (``check_data_normalization``)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,23 @@ from pytest_robust.engine.items import input_and_label
 from pytest_robust.engine.streams import host_rng
 from pytest_robust.errors import RobustDataError, RobustWarning
 
-NORMALISATION_ADVICE = (
-    "keep inputs in [0, 1] pixel space and pass the model's normalisation as normalize=(mean, std) "
-    "(--robust-normalize; recommended: the check normalises inside the model call, so eps stays in pixel "
+NORMALIZATION_ADVICE = (
+    "keep inputs in [0, 1] pixel space and pass the model's normalization as normalize=(mean, std) "
+    "(--robust-normalize; recommended: the check normalizes inside the model call, so eps stays in pixel "
     "units), or pass the perturbation bounds= in your data's units (e.g. UniformLinf(eps=..., bounds=(lo, "
     "hi))), or bounds=None for no box"
 )
 
 
 #: The advice instead when normalize= is set: the data is expected in pixel units already.
-NORMALISED_INSIDE_ADVICE = (
-    "normalize= is set, so the check normalises inside the model call and expects the data in [0, 1] "
-    "pixel units: give it the images before normalisation (e.g. ToTensor() alone)"
+NORMALIZED_INSIDE_ADVICE = (
+    "normalize= is set, so the check normalizes inside the model call and expects the data in [0, 1] "
+    "pixel units: give it the images before normalization (e.g. ToTensor() alone)"
 )
 
 
 #: Attributes through which a data object reaches its transforms (DataLoader, Subset, ConcatDataset,
-#: torchvision datasets and Compose), searched for a normalising transform.
+#: torchvision datasets and Compose), searched for a normalizing transform.
 PIPELINE_ATTRIBUTES = ("dataset", "datasets", "transform", "transforms")
 
 
@@ -117,25 +117,25 @@ def _is_pixel_box(bounds) -> bool:
     return bool((lo == 0).all() and (hi == 1).all())
 
 
-def check_data_normalisation(data, perturbation, normalize) -> None:
-    """A Dataset or DataLoader whose transforms normalise its inputs: with ``normalize=`` as well
-    it would be normalised twice, and with the pixel box (0, 1) (or no box: smoothing noise) eps,
-    sigma and the box would silently be in normalised units, so both raise RobustDataError
+def check_data_normalization(data, perturbation, normalize) -> None:
+    """A Dataset or DataLoader whose transforms normalize its inputs: with ``normalize=`` as well
+    it would be normalized twice, and with the pixel box (0, 1) (or no box: smoothing noise) eps,
+    sigma and the box would silently be in normalized units, so both raise RobustDataError
     naming the transform and the fix; a perturbation with a box of its own (the user chose
-    normalised units) gets a RobustWarning with the same advice."""
+    normalized units) gets a RobustWarning with the same advice."""
     found = find_normalize(data)
     if found is None:
         return
     mean, std = (tuple(round(float(v), 6) for v in torch.as_tensor(p).flatten()) for p in (found.mean, found.std))
     fix = (f"drop it from the data (keep inputs in [0, 1] pixel units, e.g. ToTensor() alone) and pass its mean "
            f"and std to the check: normalize=({mean}, {std}) (--robust-normalize '[{list(mean)}, {list(std)}]'); "
-           "the check then normalises inside the model call and eps, sigma, radius and box stay in pixel units")
+           "the check then normalizes inside the model call and eps, sigma, radius and box stay in pixel units")
     what = f"the data's transform pipeline contains {type(found).__name__}(mean={list(mean)}, std={list(std)})"
     if normalize is not None:
-        raise RobustDataError(f"{what} and normalize= is set too, so inputs would be normalised twice: {fix}")
+        raise RobustDataError(f"{what} and normalize= is set too, so inputs would be normalized twice: {fix}")
     bounds = getattr(perturbation, "bounds", None)
     if perturbation is None or _is_pixel_box(bounds):
-        raise RobustDataError(f"{what}: perturbation sizes and the box (0, 1) would be in normalised units, not "
+        raise RobustDataError(f"{what}: perturbation sizes and the box (0, 1) would be in normalized units, not "
                               f"pixel units: {fix}")
-    warnings.warn(f"{what}; the perturbation's box {bounds!r} is taken to be in normalised units, and so are its "
+    warnings.warn(f"{what}; the perturbation's box {bounds!r} is taken to be in normalized units, and so are its "
                   f"sizes. Recommended instead: {fix}", RobustWarning, stacklevel=4)

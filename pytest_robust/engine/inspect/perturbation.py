@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from pytest_robust.engine.inspect.data import NORMALISATION_ADVICE, NORMALISED_INSIDE_ADVICE
+from pytest_robust.engine.inspect.data import NORMALIZATION_ADVICE, NORMALIZED_INSIDE_ADVICE
 from pytest_robust.engine.inspect.model import PROBE_ROWS
 from pytest_robust.errors import ArgumentError, RobustDataError, RobustWarning
 
@@ -24,11 +24,13 @@ def box_for(bounds, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
     """The box ``bounds`` = (lo, hi) as two tensors in x's dtype on x's device that broadcast
     against the batch x of shape (N, ...), or None for no box.
 
-    Each bound is a number, a per-channel sequence or tensor of length C (one value per channel
-    of (N, C, ...) inputs: the shape of mean/std lists; reshaped to (C, 1, ...)), or a tensor that
-    broadcasts to one input (e.g. (C, 1, 1) or the input's shape). Any other shape is an
-    ArgumentError naming the bounds' shape, the inputs' shape and the accepted shapes: a bound
-    must never broadcast along the wrong dimension (a length-4 bound on 4 px wide images)."""
+    Each bound is a number (either may be infinite), or a sequence or tensor that broadcasts
+    against one input's shape by numpy's rule (trailing dimensions first): a (D,) bound on tabular
+    rows (N, D) or on sequences (N, L, D) is one value per feature of the last axis, also when
+    L == D. Image batches (N, C, H, W) also take one value per channel as a sequence of C numbers
+    (the shape of mean/std lists; as (C, 1, 1)); any other 1-D bound on images is refused rather
+    than laid along the width by accident. Any other shape is an ArgumentError naming the bounds'
+    shape, the inputs' shape and the accepted shapes."""
     if bounds is None:
         return None
     return tuple(_bound_like(b, x) for b in bounds)
@@ -41,22 +43,31 @@ def _bound_like(bound, x: torch.Tensor) -> torch.Tensor:
         return torch.full((), float(bound), dtype=x.dtype, device=x.device)
     t = torch.as_tensor(bound, dtype=x.dtype, device=x.device)
     one = tuple(x.shape[1:])
-    if t.ndim == 1 and len(t) > 1 and x.ndim >= 3 and len(t) == x.shape[1]:
-        return t.reshape((len(t),) + (1,) * (x.ndim - 2))  # per channel
+    images = x.ndim == 4
+    if images and t.ndim == 1 and len(t) > 1:
+        if len(t) == one[0]:
+            return t.reshape(len(t), 1, 1)  # per channel
+        raise _misfit(t, x)
     try:
         fits = torch.broadcast_shapes(t.shape, x.shape) == x.shape and (t.ndim < x.ndim or t.shape[0] == 1)
     except RuntimeError:
         fits = False
-    if fits and not (t.ndim == 1 and len(t) > 1 and x.ndim >= 3):
+    if fits:
         return t
-    channels = one[0] if one else 1
-    per_channel = (f"a sequence of {channels} numbers (one per channel, the shape of mean/std lists), "
-                   f"a tensor of shape ({channels}, {', '.join('1' for _ in one[1:])}) "
-                   if len(one) >= 2 else f"a sequence of {channels} numbers (one per feature), ")
-    raise ArgumentError(
-        f"bounds of shape {tuple(t.shape)} do not fit inputs of shape {one} (a batch {tuple(x.shape)}): each of "
-        f"lo and hi must be a number, {per_channel}or a tensor that broadcasts to one input's shape {one}"
-    )
+    raise _misfit(t, x)
+
+
+def _misfit(t: torch.Tensor, x: torch.Tensor) -> ArgumentError:
+    """The error for a bound of t's shape that does not fit the batch x, with the shapes that do."""
+    one = tuple(x.shape[1:])
+    if x.ndim == 4:
+        accepted = (f"a sequence of {one[0]} numbers (one per channel, the shape of mean/std lists), a tensor of "
+                    f"shape ({one[0]}, 1, 1), or a tensor of one image's shape {one}")
+    else:
+        accepted = (f"{one[-1] if one else 1} numbers (one per feature of the last axis), or a tensor that "
+                    f"broadcasts to one input's shape {one} by numpy's rule (trailing dimensions first)")
+    return ArgumentError(f"bounds of shape {tuple(t.shape)} do not fit inputs of shape {one} (a batch "
+                         f"{tuple(x.shape)}): each of lo and hi must be a number, {accepted}")
 
 
 def box_width(bounds, x: torch.Tensor) -> tuple[float, str]:
@@ -161,7 +172,7 @@ def check_size(perturbation, x: torch.Tensor) -> None:
 
 def inspect_inputs(ds, perturbation, normalized: bool = False) -> None:
     """The checks that need both data and perturbation: inputs inside its box, a size that fits
-    the box, and a perturbation that draws from its generator (``normalized``: the check normalises
+    the box, and a perturbation that draws from its generator (``normalized``: the check normalizes
     inside the model call). Runs once per check, before any evaluation."""
     check_in_box(ds.x, getattr(perturbation, "bounds", None), normalized=normalized)
     check_size(perturbation, ds.x)
@@ -172,8 +183,8 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool =
     """Raise RobustDataError when inputs lie outside the perturbation's box ``bounds``: a
     perturbed input is clipped to the box, so such inputs would be silently moved (by more than
     eps) before the model sees them. 0..255 images get the conversion as their fix; with
-    ``normalized`` (the check has ``normalize=``), normalised data gets "give the images before
-    normalisation".
+    ``normalized`` (the check has ``normalize=``), normalized data gets "give the images before
+    normalization".
     Bounds of a shape that does not fit the inputs are an ArgumentError (``box_for``)."""
     if bounds is None:
         return
@@ -191,7 +202,7 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool =
             f"perturbation's box is {shown}: divide the images by 255 (torchvision's ToTensor() does) "
             "so that inputs and eps are in [0, 1] pixel units"
         )
-    advice = NORMALISED_INSIDE_ADVICE if normalized else NORMALISATION_ADVICE
+    advice = NORMALIZED_INSIDE_ADVICE if normalized else NORMALIZATION_ADVICE
     raise RobustDataError(
         f"{name}: inputs range from {low:g} to {high:g}, outside the perturbation's box {shown}; every "
         f"perturbed input would be clipped into the box, silently changing the data. {advice}"

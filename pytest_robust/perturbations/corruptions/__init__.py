@@ -37,7 +37,7 @@ from pytest_robust.engine.device import upload
 from pytest_robust.engine.inspect.perturbation import BOX_SLACK, box_for
 from pytest_robust.engine.streams import stream_generator
 from pytest_robust.errors import ArgumentError, RobustWarning
-from pytest_robust.perturbations.base import Perturbation, _bounds_repr, _check_bounds
+from pytest_robust.perturbations.base import Perturbation, bounds_repr, checked_box
 from pytest_robust.perturbations.corruptions import blur, digital, noise, weather
 from pytest_robust.perturbations.corruptions.tables import BENCHMARK, EXTRA, PRESETS, TABLES, default_preset
 
@@ -198,7 +198,7 @@ class Corruption(Perturbation):
         if outside > BOX_SLACK * float(torch.as_tensor(hi - lo).amax()):
             raise ArgumentError(
                 f"{self!r}: images must lie in the box {self.bounds} (pixel values, e.g. [0, 1] from "
-                f"ToTensor()), got values from {smallest:.4g} to {largest:.4g}. Normalise inside the model, "
+                f"ToTensor()), got values from {smallest:.4g} to {largest:.4g}. Normalize inside the model, "
                 "or pass bounds=(lo, hi) for the data's range"
             )
 
@@ -243,7 +243,7 @@ class Corruption(Perturbation):
 
     def __repr__(self):
         preset = f", preset={self.preset!r}" if self.preset else ""
-        return f"Corruption({self.name!r}, severity={self.severity}{preset}{_bounds_repr(self.bounds)})"
+        return f"Corruption({self.name!r}, severity={self.severity}{preset}{bounds_repr(self.bounds)})"
 
 
 def host_generator(generator: torch.Generator) -> torch.Generator:
@@ -277,7 +277,7 @@ class CorruptionGrid(Perturbation):
     """
 
     def __init__(self, corruptions=None, severities=None, preset: str | None = None, bounds=(0.0, 1.0)):
-        super().__init__(_check_bounds(bounds))
+        super().__init__(checked_box(bounds))
         names = corruption_names("benchmark") if corruptions is None else corruptions
         levels = (1, 2, 3, 4, 5) if severities is None else severities
         if isinstance(names, str) or not list(names):
@@ -389,4 +389,4 @@ class CorruptionGrid(Perturbation):
         names = "all 15" if self.corruptions == BENCHMARK else ", ".join(self.corruptions)
         levels = ", ".join(map(str, self.severities))
         preset = f", preset={self.preset!r}" if self.preset else ""
-        return f"CorruptionGrid(corruptions=[{names}], severities=[{levels}]{preset}{_bounds_repr(self.bounds)})"
+        return f"CorruptionGrid(corruptions=[{names}], severities=[{levels}]{preset}{bounds_repr(self.bounds)})"

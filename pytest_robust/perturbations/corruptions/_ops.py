@@ -36,7 +36,7 @@ def normal(g: torch.Generator, shape, like: torch.Tensor) -> torch.Tensor:
 
 
 def gaussian_kernel(sigma: float, truncate: float, like: torch.Tensor) -> torch.Tensor:
-    """The normalised 1-D Gaussian exp(-t^2 / (2 sigma^2)) on t = -r..r, r = ceil(truncate sigma)
+    """The normalized 1-D Gaussian exp(-t^2 / (2 sigma^2)) on t = -r..r, r = ceil(truncate sigma)
     (scikit-image's/SciPy's ``gaussian``: radius int(truncate sigma + 0.5))."""
     radius = max(int(truncate * sigma + 0.5), 0)
     t = torch.arange(-radius, radius + 1, device=like.device, dtype=like.dtype)
@@ -101,7 +101,7 @@ def motion_kernels(radius: int, sigma: float, angles: torch.Tensor, like: torch.
 
     A one-sided streak of width m = 2 radius + 1 taps: tap i (i = 0..m-1) weighs the pixel
     (dy_i, dx_i) = (ceil(i sin a - 1/2), ceil(i cos a - 1/2)) px away along direction ``a``
-    (degrees) with weight exp(-i^2 / (2 sigma^2)), normalised to sum 1 (the shift-and-add motion
+    (degrees) with weight exp(-i^2 / (2 sigma^2)), normalized to sum 1 (the shift-and-add motion
     blur of ``imagecorruptions``, which stands in for ImageMagick's ``-motion-blur``).
     """
     m = 2 * radius + 1

@@ -17,7 +17,7 @@ def defocus_blur(x, c, g, preset):
     """Convolution with a disk of radius r px, anti-aliased by a Gaussian of sigma s px.
 
     The kernel is the indicator of i^2 + j^2 <= r^2 on the grid |i|, |j| <= max(8, r),
-    normalised to sum 1, then blurred by a 3 x 3 (5 x 5 when r > 8) Gaussian of sigma s,
+    normalized to sum 1, then blurred by a 3 x 3 (5 x 5 when r > 8) Gaussian of sigma s,
     as ImageNet-C's ``disk``; one kernel for the whole batch.
     """
     radius, alias = c

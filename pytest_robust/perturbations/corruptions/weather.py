@@ -93,7 +93,7 @@ FROST_SD = 0.1
 
 def frost_texture(n: int, h: int, w: int, g, like) -> torch.Tensor:
     """(n, 3, h, w) procedural frost in [0, 1]: ridged multi-octave noise (thin bright crystal
-    lines where smooth Gaussian noise crosses zero), normalised to standard deviation
+    lines where smooth Gaussian noise crosses zero), normalized to standard deviation
     ``FROST_SD`` around a level drawn uniformly in [0.55, 0.85] per image, tinted blue by
     ``FROST_TINT``. It replaces the six frost photographs of ImageNet-C, which this package does
     not ship: the tables' weights apply to a layer of the same mean brightness and contrast."""

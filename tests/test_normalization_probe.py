@@ -1,6 +1,6 @@
-"""normalize= against the model's own normalisation (issue 27): a normalisation module first in the
-model is refused as a double normalisation; the probe warns when the model is clearly more
-accurate without the given normalisation, at any level of accuracy, and stays silent otherwise."""
+"""normalize= against the model's own normalization (issue 27): a normalization module first in the
+model is refused as a double normalization; the probe warns when the model is clearly more
+accurate without the given normalization, at any level of accuracy, and stays silent otherwise."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from test_model_interface import MEAN, STD, images, small_net
 from torchvision.transforms import Normalize, v2
 
 from pytest_robust import RobustModelError, RobustWarning, UniformLinf, tsrm
-from pytest_robust.engine.inspect.normalisation import PROBE_INPUTS
+from pytest_robust.engine.inspect.normalization import PROBE_INPUTS
 
 
 class KorniaLike(torch.nn.Module):
-    """A normalisation layer of another library: recognised by its name and its mean and std."""
+    """A normalization layer of another library: recognised by its name and its mean and std."""
 
     def __init__(self, mean, std):
         super().__init__()
@@ -29,8 +29,8 @@ class KorniaLike(torch.nn.Module):
 KorniaLike.__name__ = "Normalize"
 
 
-class NormalisesInForward(torch.nn.Module):
-    """The normalisation registered last but called first: found in execution order."""
+class NormalizesInForward(torch.nn.Module):
+    """The normalization registered last but called first: found in execution order."""
 
     def __init__(self):
         super().__init__()
@@ -45,18 +45,18 @@ class NormalisesInForward(torch.nn.Module):
     lambda: torch.nn.Sequential(Normalize(MEAN, STD), small_net()),
     lambda: torch.nn.Sequential(v2.Normalize(MEAN, STD), small_net()),
     lambda: torch.nn.Sequential(KorniaLike(MEAN, STD), small_net()),
-    NormalisesInForward,
+    NormalizesInForward,
 ], ids=["torchvision", "torchvision-v2", "named-normalize", "called-first"])
-def test_a_normalisation_first_in_the_model_and_normalize_is_a_double_normalisation(model):
-    with pytest.raises(RobustModelError, match=r"starts with Normalize\(mean=\[0.485, 0.456, 0.406\].*normalised "
+def test_a_normalization_first_in_the_model_and_normalize_is_a_double_normalization(model):
+    with pytest.raises(RobustModelError, match=r"starts with Normalize\(mean=\[0.485, 0.456, 0.406\].*normalized "
                        r"twice. Keep one: drop normalize="):
         tsrm(model().eval(), images(), perturbation=UniformLinf(eps=0.01), budget=64, normalize=(MEAN, STD))
-    tsrm(model().eval(), images(), perturbation=UniformLinf(eps=0.01), budget=64)  # one normalisation: fine
+    tsrm(model().eval(), images(), perturbation=UniformLinf(eps=0.01), budget=64)  # one normalization: fine
 
 
 class Brightness(torch.nn.Module):
     """Class k of 10 for raw inputs of mean brightness in [k/10, (k+1)/10): a model trained on
-    raw pixels, which normalised inputs confuse."""
+    raw pixels, which normalized inputs confuse."""
 
     def forward(self, x):
         b = x.flatten(1).mean(dim=1, keepdim=True)
@@ -79,9 +79,9 @@ def brightness_data(n: int, right: float):
 def test_the_probe_warns_when_the_model_is_clearly_better_without_normalize_at_any_level(right):
     data = brightness_data(200, right)
     with pytest.warns(RobustWarning, match=r"without normalize= and on 0\.\d+ with it .*exact McNemar p = .*likely not "
-                      r"the model's own normalisation"):
+                      r"the model's own normalization"):
         result = tsrm(Brightness(), data, perturbation=UniformLinf(eps=1e-4), budget=200, normalize=(0.5, 0.25))
-    probe = result.details["normalisation_probe"]
+    probe = result.details["normalization_probe"]
     assert probe["inputs"] == PROBE_INPUTS and probe["evaluations"] == 2 * PROBE_INPUTS
     assert probe["accuracy_without"] > probe["accuracy_with"] and probe["p_value"] <= 1e-3
     assert result.forward_passes == 200  # the probe is outside the budget and the counts
@@ -90,13 +90,13 @@ def test_the_probe_warns_when_the_model_is_clearly_better_without_normalize_at_a
 def test_the_probe_is_silent_when_normalize_is_right_or_the_data_cannot_tell():
     x, y = brightness_data(200, 1.0)
 
-    class Normalised(torch.nn.Module):  # trained on (x - 0.5) / 0.25
+    class Normalized(torch.nn.Module):  # trained on (x - 0.5) / 0.25
         def forward(self, z):
             return Brightness()(z * 0.25 + 0.5)
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", RobustWarning)
-        right = tsrm(Normalised(), (x, y), perturbation=UniformLinf(eps=1e-4), budget=100, normalize=(0.5, 0.25))
-        assert right.details["normalisation_probe"]["accuracy_with"] == 1.0
+        right = tsrm(Normalized(), (x, y), perturbation=UniformLinf(eps=1e-4), budget=100, normalize=(0.5, 0.25))
+        assert right.details["normalization_probe"]["accuracy_with"] == 1.0
         # eight inputs: even all right without and all wrong with is only 8 discordant inputs (p = 1/256)
         tsrm(Brightness(), (x[:8], y[:8]), perturbation=UniformLinf(eps=1e-4), budget=16, normalize=(0.5, 0.25))
