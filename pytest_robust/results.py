@@ -219,13 +219,13 @@ class Result:
     def _clean(self) -> str:
         """"; clean accuracy 0.950 on the same inputs" beside an accuracy that failed, or did not
         pass and is low (upper bound below ``LOW_ACCURACY``), with what a clean accuracy near chance
-        suggests (``details["clean_accuracy_advice"]``); "" otherwise."""
-        clean = self.details.get("clean_accuracy")
+        or constant predictions suggest (``details["clean_accuracy_advice"]``); that advice alone
+        in any other case where it was given; "" otherwise."""
+        clean, advice = self.details.get("clean_accuracy"), self.details.get("clean_accuracy_advice")
         low = self.direction == ">=" and self.verdict != "pass" and (
             self.verdict == "fail" or (self.upper is not None and self.upper < LOW_ACCURACY))
         if not low or not isinstance(clean, (int, float)):
-            return ""
-        advice = self.details.get("clean_accuracy_advice")
+            return f"; label check: {advice}" if advice else ""  # near chance or constant, in any verdict
         return f"; clean accuracy {clean:.3f} on the same inputs" + (f": {advice}" if advice else "")
 
     def properties(self) -> list[tuple[str, str]]:

@@ -219,7 +219,8 @@ def test_reprs():
 
 
 @pytest.mark.parametrize("cls,name", [(UniformLinf, "eps"), (GaussianNoise, "sigma"), (CauchyNoise, "scale")])
-@pytest.mark.parametrize("bad", [-0.1, -1, float("nan"), float("inf"), "big", None, [0.1]])
+@pytest.mark.parametrize("bad", [-0.1, -1, float("nan"), float("inf"), "big", None, [0.1, -0.2], [0.0, 0.0],
+                                 [float("nan")]])
 def test_invalid_size_raises_value_error_naming_it(cls, name, bad):
     with pytest.raises(ValueError, match=rf"^{name} must be"):
         cls(bad)
@@ -309,7 +310,7 @@ def test_non_callable_raises_type_error(bad):
         as_perturbation(bad)
 
 
-@pytest.mark.parametrize("bad", ["0.1", True, None, [0.1]])
+@pytest.mark.parametrize("bad", ["0.1", True, None, ["a"]])
 def test_sizes_must_be_real_numbers(bad):
     with pytest.raises(ValueError, match="eps must be a number"):
         UniformLinf(eps=bad)

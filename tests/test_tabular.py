@@ -128,3 +128,227 @@ def test_per_channel_bounds_on_images_stay_per_channel():
     x = torch.zeros(2, 3, 5, 5)
     lo, hi = box_for(([0.0, 0.1, 0.2], [1.0, 0.9, 0.8]), x)
     assert tuple(lo.shape) == (3, 1, 1) and float(hi[2, 0, 0]) == pytest.approx(0.8)
+
+
+# -- sizes per feature ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda s: pr.UniformLinf(eps=s, bounds=None),
+                                  lambda s: pr.GaussianNoise(sigma=s, bounds=None),
+                                  lambda s: pr.CauchyNoise(scale=s, bounds=None)])
+def test_a_size_per_feature_moves_each_feature_by_its_own_size_and_0_keeps_it_fixed(make):
+    x = torch.zeros(4000, 3)
+    size = torch.tensor([0.0, 0.1, 1.0])
+    moved = make(size)(x, torch.Generator().manual_seed(1)) - x
+    assert bool((moved[:, 0] == 0).all())  # an immutable feature
+    spread = moved[:, 1:].abs().median(dim=0).values
+    assert float(spread[1] / spread[0]) == pytest.approx(10.0, rel=0.1)  # a size's median move scales with it
+    assert "per-feature (3,) in [0, 1]" in repr(make(size))
+
+
+def test_a_per_feature_eps_bounds_every_attack_stage_in_its_own_feature(cancer):
+    """L-inf per feature: every point the attack reports lies within eps_j of its input in each
+    feature j (features with eps 0 never move), and the ball is stated as per-feature."""
+    x, y, model = cancer
+    eps = torch.full((30,), 0.3)
+    eps[:10] = 0.0
+    r = pr.adversarial_accuracy(model, (x, y), eps=eps, bounds=None, steps=10, square_queries=40)
+    assert "eps=per-feature (30,) in [0, 0.3]" in r.message() and r.details["attack"]["eps"].startswith("per-feature")
+    whole = pr.adversarial_accuracy(model, (x, y), eps=0.3, bounds=None, steps=10, square_queries=40)
+    assert r.estimate >= whole.estimate  # a smaller ball (20 features of 30 may move) breaks no more inputs
+
+
+def test_the_attack_points_stay_inside_a_per_feature_ball():
+    from pytest_robust.attacks.norms import ball
+    from pytest_robust.attacks.square import square  # noqa: F401  (the L-inf Square search uses the ball's sizes)
+    from pytest_robust.perturbations.base import feasible_box
+
+    x = torch.rand(8, 5)
+    eps = torch.tensor([0.0, 0.1, 0.2, 0.0, 0.4])
+    lo, hi = feasible_box(x, eps, None)
+    inside = ball("linf", 0.4, eps).project(x + 10 * torch.randn(8, 5), x, lo, hi)
+    assert bool(((inside - x).abs() <= eps + 1e-7).all())
+
+
+def test_per_feature_radii_are_linf_only(cancer):
+    x, y, model = cancer
+    with pytest.raises(pr.SettingError, match="per-feature radii are for norm='linf'"):
+        pr.adversarial_accuracy(model, (x, y), eps=torch.full((30,), 0.1), norm="l2", bounds=None)
+
+
+# -- units that cannot be silently wrong --------------------------------------------------------
+
+
+def test_the_image_default_eps_is_refused_on_features_with_the_fix(cancer):
+    x, y, model = cancer
+    with pytest.raises(pr.ArgumentError, match=r"needs eps=: the default, robust_eps = 0.0313725, is a radius in "
+                                               r"\[0, 1\] pixel units for images.*scaler.scale_"):
+        pr.adversarial_accuracy(model, (x, y), bounds=None)
+
+
+@pytest.mark.parametrize("size, warns", [(50.0, True), (4.0, False), (0.1, False)])
+def test_a_size_several_times_the_spread_of_the_data_is_warned_about_naming_the_spread(cancer, size, warns):
+    """Standardized features have spread 1: the rule warns from 5 times the median spread on."""
+    import warnings
+
+    x, y, model = cancer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pr.tsrm(model, (x, y), perturbation=pr.UniformLinf(eps=size, bounds=None), budget=300)
+    said = [str(w.message) for w in caught if "times the median standard deviation" in str(w.message)]
+    assert bool(said) == warns
+    if warns:
+        assert "eps (50) is 50 times the median standard deviation of the features, 1, over the 200 inputs" in said[0]
+
+
+def test_a_per_feature_size_is_held_against_each_features_own_spread():
+    import warnings
+
+    x = torch.randn(500, 3) * torch.tensor([1.0, 100.0, 0.01])
+    y = torch.randint(0, 2, (500,))
+    model = torch.nn.Linear(3, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pr.tsrm(model, (x, y), perturbation=pr.GaussianNoise(sigma=torch.tensor([0.1, 10.0, 0.1]), bounds=None),
+                budget=200)
+    said = [str(w.message) for w in caught if "standard deviation of feature" in str(w.message)]
+    assert len(said) == 1 and "of feature 2" in said[0]  # 0.1 is ten standard deviations of the third feature
+
+
+# -- label sanity in every mode ------------------------------------------------------------------
+
+
+def test_swapped_labels_are_warned_about_without_a_threshold(cancer):
+    x, y, model = cancer
+    with pytest.warns(pr.RobustWarning, match=r"near or below chance \(1/2\).*features are scaled as in training.*"
+                                              r"labels \(swapped"):
+        r = pr.tsrm(model, (x, 1 - y), perturbation=pr.UniformLinf(eps=0.01, bounds=None), budget=500)
+    assert r.verdict == "estimate" and r.details["label_probe"]["evaluations"] == 64
+    assert "label check: the model is near or below chance" in r.message()
+    assert "ToTensor" not in r.details["clean_accuracy_advice"] and "RGB" not in r.details["clean_accuracy_advice"]
+
+
+def test_a_constant_model_passing_on_imbalanced_data_is_warned_about():
+    class AlwaysOne(torch.nn.Module):
+        def forward(self, x):
+            return torch.stack([torch.zeros(len(x)), torch.ones(len(x))], dim=1) + 0 * x.sum(dim=1, keepdim=True)
+
+    x = torch.randn(400, 5)
+    y = (torch.arange(400) % 20 != 0).long()  # 95% class 1
+    with pytest.warns(pr.RobustWarning, match=r"predicts class 1 for every one of 64 inputs of several labels.*"
+                                              r"\(0\.950 for class 1"):
+        r = pr.tsrm(AlwaysOne(), (x, y), perturbation=pr.UniformLinf(eps=0.1, bounds=None), threshold=0.9, budget=2000)
+    assert r.verdict == "pass" and "label check: it predicts class 1" in r.message()
+
+
+def test_a_sound_model_gets_no_label_warning(cancer):
+    import warnings
+
+    x, y, model = cancer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = pr.tsrm(model, (x, y), perturbation=pr.UniformLinf(eps=0.05, bounds=None), threshold=0.8, budget=500)
+    assert "clean_accuracy_advice" not in r.details and not [w for w in caught if "chance" in str(w.message)]
+
+
+def test_the_attack_line_of_a_two_class_model_shows_the_one_target_it_runs(cancer):
+    x, y, model = cancer
+    r = pr.adversarial_accuracy(model, (x, y), eps=0.1, bounds=None, steps=5, square_queries=10)  # targets=6 asked
+    assert "APGD-T 5 steps x 1 target(s)" in r.message() and "x 6 target(s)" not in r.message()
+
+
+# -- the containers people have --------------------------------------------------------------------------------
+
+NOISE = dict(perturbation=pr.UniformLinf(eps=0.2, bounds=None), budget=400, seed=3)
+
+
+def test_a_dataframe_and_series_give_the_numbers_of_the_tensors(cancer):
+    pd = pytest.importorskip("pandas")
+    x, y, model = cancer
+    frame = pd.DataFrame(x.numpy(), columns=[f"f{i}" for i in range(30)])
+    series = pd.Series(y.numpy(), name="label")
+    assert pr.tsrm(model, (frame, series), **NOISE).estimate == pr.tsrm(model, (x, y), **NOISE).estimate
+
+
+def test_integer_dataframe_columns_are_read_as_numbers_and_a_text_column_is_named():
+    pd = pytest.importorskip("pandas")
+    from pytest_robust.engine.data import load_data
+
+    frame = pd.DataFrame({"visits": [1, 2, 3], "spend": [0.5, 1.5, 2.5]})
+    ds = load_data((frame, pd.Series([0, 1, 0])))
+    assert ds.x.dtype == torch.float64 and ds.x.tolist() == [[1, 0.5], [2, 1.5], [3, 2.5]]
+    frame["country"] = ["fr", "de", "it"]
+    with pytest.raises(pr.RobustDataError, match=r"column 'country' is not numeric .*pd.get_dummies"):
+        load_data((frame, pd.Series([0, 1, 0])))
+
+
+def test_numpy_object_arrays_of_numbers_are_read_as_the_numbers(cancer):
+    import numpy as np
+
+    x, y, model = cancer
+    objects = np.empty(x.shape, dtype=object)
+    objects[:] = x.double().numpy()
+    labels = np.array(list(y.tolist()), dtype=object)
+    assert pr.tsrm(model, (objects, labels), **NOISE).estimate == pr.tsrm(model, (x.double(), y), **NOISE).estimate
+
+
+@pytest.mark.parametrize("labels", ["list", "numpy", "object"])
+def test_string_labels_are_named_with_the_fix(labels):
+    import numpy as np
+
+    from pytest_robust.engine.data import load_data
+
+    names = ["benign", "malignant", "benign"]
+    labels = {"list": names, "numpy": np.array(names), "object": np.array(names, dtype=object)}[labels]
+    with pytest.raises(pr.RobustDataError, match=r"found 2 distinct labels \('benign', 'malignant'\); map them "
+                                                  r"to 0..K-1 in the order of the model's outputs"):
+        load_data((torch.zeros(3, 2), labels))
+
+
+def test_string_features_are_refused_naming_the_value():
+    import numpy as np
+
+    from pytest_robust.engine.data import load_data
+
+    with pytest.raises(pr.RobustDataError, match=r"a value that is not a number \('red'.* token ids"):
+        load_data((np.array([[1.0, "red"], [2.0, "blue"]], dtype=object), [0, 1]))
+
+
+@pytest.mark.parametrize("kind", ["scipy", "torch_coo", "torch_csr"])
+def test_sparse_features_are_densified_to_the_same_numbers(cancer, kind):
+    x, y, model = cancer
+    sparse_x = x * (x.abs() > 0.5)  # zeros, so that sparsity is real
+    if kind == "scipy":
+        scipy_sparse = pytest.importorskip("scipy.sparse")
+        features = scipy_sparse.csr_matrix(sparse_x.numpy())
+    else:
+        features = sparse_x.to_sparse() if kind == "torch_coo" else sparse_x.to_sparse_csr()
+    assert pr.tsrm(model, (features, y), **NOISE).estimate == pr.tsrm(model, (sparse_x, y), **NOISE).estimate
+
+
+def test_a_dataset_of_feature_dicts_is_named_with_the_fix():
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"age": float(i), "income": 2.0 * i, "label": i % 2}
+
+    with pytest.raises(pr.RobustDataError, match=r"a mapping of 2 features \('age', 'income'\) and the label "
+                                                  r"'label': .* stack the features"):
+        pr.tsrm(torch.nn.Linear(2, 2), Rows(), **NOISE)
+
+
+def test_a_dataset_whose_length_lies_is_named_with_the_index():
+    class Short(torch.utils.data.Dataset):
+        def __init__(self):
+            self.x, self.y = torch.randn(600, 3), torch.zeros(600, dtype=torch.long)
+
+        def __len__(self):
+            return 700
+
+        def __getitem__(self, i):
+            return self.x[i], self.y[i]
+
+    with pytest.raises(pr.RobustDataError, match=r"__len__ is 700, but item 600 cannot be read \(IndexError"):
+        pr.tsrm(torch.nn.Linear(3, 2), Short(), **NOISE)

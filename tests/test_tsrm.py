@@ -90,7 +90,7 @@ def test_gate_verdict_and_bounds_match_the_stats_layer_on_the_same_stream():
     t, threshold = 0.875, 0.84
     model = RecordingModel(ThresholdModel(t))
     r = tsrm(model, threshold_data(), perturbation=FULL_BOX, threshold=threshold, seed=4, batch_size=300)
-    stream = (model.seen()[:, 0] < t).numpy().astype(np.float64)
+    stream = (model.seen(r)[:, 0] < t).numpy().astype(np.float64)
     assert len(stream) == r.forward_passes
     gate = SequentialGate(threshold, 1 - r.confidence)
     decision = gate.update(stream)
@@ -159,7 +159,7 @@ def test_estimate_mode_uses_exactly_the_budget(budget, batch_size):
     model = RecordingModel(ThresholdModel(0.5))
     r = tsrm(model, threshold_data(5), perturbation=FULL_BOX, budget=budget, batch_size=batch_size, seed=5)
     assert r.verdict == "estimate" and r.threshold is None
-    assert r.draws == r.forward_passes == budget == len(model.seen())
+    assert r.draws == r.forward_passes == budget == len(model.seen(r))
     check_details(r)
 
 

@@ -186,8 +186,16 @@ class RecordingModel(torch.nn.Module):
         self.batch_sizes.append(len(x))
         return out
 
-    def seen(self) -> torch.Tensor:
-        return torch.cat(self.rows) if self.rows else torch.empty(0)
+    def seen(self, result=None) -> torch.Tensor:
+        """Every row evaluated; given the check's ``result``, without the label probe's rows (the
+        last ones: it runs at the end, outside the budget and the counts)."""
+        rows = torch.cat(self.rows) if self.rows else torch.empty(0)
+        return rows[:len(rows) - probe_evaluations(result)] if result is not None else rows
+
+
+def probe_evaluations(result) -> int:
+    """The model evaluations of the label probe (``engine.inspect.labels``) beside a check's counts."""
+    return result.details.get("label_probe", {}).get("evaluations", 0)
 
 
 class BadLogitsModel(torch.nn.Module):

@@ -87,8 +87,9 @@ class Ball:
     #: The check's default APGD-CE restarts, and whether the Square search runs in this norm.
     restarts, square = 2, True
 
-    def __init__(self, eps: float):
-        self.eps = eps
+    def __init__(self, eps: float, per_feature: torch.Tensor | None = None):
+        self.eps = eps  # the radius (per feature: the largest; APGD's step sizes are in its units)
+        self.per_feature = per_feature  # L-inf only: one radius per coordinate, of one input's shape
 
     def ascent(self, g: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         return g.sign()
@@ -181,6 +182,10 @@ class L1Ball(Ball):
         return torch.zeros_like(room).scatter(1, order, moved).view_as(d)
 
 
-def ball(norm: str, eps: float) -> Ball:
-    """The ball of ``norm`` ("linf", "l2" or "l1") and radius ``eps``."""
+def ball(norm: str, eps: float, per_feature: torch.Tensor | None = None) -> Ball:
+    """The ball of ``norm`` ("linf", "l2" or "l1") and radius ``eps``; an L-inf ball may have one
+    radius per coordinate (``per_feature``, of one input's shape, its largest ``eps``): its feasible
+    box is then [max(x - eps_j, lo), min(x + eps_j, hi)], 0 keeping a coordinate fixed."""
+    if per_feature is not None:
+        return Ball(eps, per_feature)
     return {"linf": Ball, "l2": L2Ball, "l1": L1Ball}[norm](eps)

@@ -176,7 +176,8 @@ class _Search:
         _, c, _, w = self.x.shape
         if ball.name == "linf":
             signs = torch.where(streams.rand(c, w)[rows] < 0.5, -1.0, 1.0).to(self.x.dtype)
-            self.delta = signs[:, :, None, :].expand_as(self.x) * ball.eps
+            self.size = ball.eps if ball.per_feature is None else as_image(ball.per_feature[None])
+            self.delta = signs[:, :, None, :].expand_as(self.x) * self.size
         else:
             self.delta = _l2_start(self.x, ball.eps, streams, rows)
         self.margin, self.fooled, self.found = self._evaluate(self.delta)
@@ -195,7 +196,7 @@ class _Search:
         u = self.streams.rand(2 + c)[self.live]
         mask = _window(u, window_sides(window_share(i, queries), h, w), self.x.shape)
         signs = torch.where(u[:, 2:] < 0.5, -1.0, 1.0).to(self.x.dtype)[:, :, None, None]
-        return torch.where(mask, signs * self.ball.eps, self.delta)
+        return torch.where(mask, signs * self.size, self.delta)
 
     def _l2_proposal(self, i: int, queries: int) -> torch.Tensor:
         """The applied delta with energy moved from a window W2 (and the room the clamp freed)

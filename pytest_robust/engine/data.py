@@ -1,5 +1,6 @@
 """Data as a check holds it: ``TensorData`` (inputs and labels as tensors), read once from an
-(x, y) pair, a Dataset or a DataLoader (``load_data``), each item read as (input, label)
+(x, y) pair of any container ``containers.as_tensor`` reads (tensors, numpy, pandas, scipy.sparse),
+a Dataset or a DataLoader (``load_data``), each item read as (input, label)
 (``input_and_label``: mapping items by their common key names or by the ``data_keys`` setting)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pytest_robust.engine.containers import as_tensor
 from pytest_robust.engine.inspect.data import check_finite, check_loader_order, check_reads_repeat
 from pytest_robust.engine.items import input_and_label
 from pytest_robust.engine.streams import host_rng
@@ -42,7 +44,7 @@ def load_data(data, keys: tuple[str, str] | None = None) -> TensorData:
     if isinstance(data, TensorData):
         return data
     x, y = _read(data, keys)
-    return _checked(torch.as_tensor(x).detach(), torch.as_tensor(y).detach())  # inputs may carry requires_grad
+    return _checked(as_tensor(x, "inputs").detach(), as_tensor(y, "labels").detach())  # may carry requires_grad
 
 
 def _read(data, keys) -> tuple:
@@ -58,17 +60,40 @@ def _read(data, keys) -> tuple:
         check_reads_repeat(loader.dataset, keys)
         xs, ys = [], []
         with host_rng(0):
-            for batch in loader:
-                inputs, labels = input_and_label(batch, keys)
-                xs.append(torch.as_tensor(inputs))
-                ys.append(torch.as_tensor(labels))
+            try:
+                for batch in loader:
+                    inputs, labels = input_and_label(batch, keys)
+                    xs.append(as_tensor(inputs, "inputs"))
+                    ys.append(as_tensor(labels, "labels"))
+            except (IndexError, KeyError) as error:
+                raise RobustDataError(_unreadable(loader.dataset, sum(map(len, ys)), error)) from error
         if not xs:
             raise RobustDataError("the data is empty: the dataset or loader yielded no items")
         return torch.cat(xs), torch.cat(ys)
     raise RobustDataError(
-        "data must be an (x, y) tensor pair, a torch Dataset of (input, label) items or a "
-        f"DataLoader, got {type(data).__name__}"
+        "data must be an (x, y) pair (tensors, numpy arrays, a pandas DataFrame and Series, scipy.sparse "
+        f"features), a torch Dataset of (input, label) items or a DataLoader, got {type(data).__name__}"
     )
+
+
+def _unreadable(dataset, read: int, error: Exception) -> str:
+    """What to say when reading a dataset's items failed after ``read`` items: for a map-style
+    dataset, the first index of ``range(len(dataset))`` that cannot be read (a ``__len__`` larger
+    than the items it holds)."""
+    try:
+        length = len(dataset)
+    except TypeError:
+        length = None
+    if length is None or isinstance(dataset, torch.utils.data.IterableDataset):
+        return f"reading the data failed after {read} items: {type(error).__name__}: {error}"
+    for index in range(read, length):
+        try:
+            dataset[index]
+        except (IndexError, KeyError) as failed:
+            return (f"the dataset's __len__ is {length}, but item {index} cannot be read ({type(failed).__name__}: "
+                    f"{failed}): make __len__ return the number of items the dataset holds (items "
+                    f"0..{length - 1} are read)")
+    return f"reading the dataset failed after {read} items: {type(error).__name__}: {error}"
 
 
 def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
@@ -80,10 +105,12 @@ def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
         raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}"
                               + (": they hold whole numbers, pass y.long()" if whole else ""))
     if not x.dtype.is_floating_point:
-        raise RobustDataError(
-            f"inputs must be floating point (got {x.dtype}): convert images with "
-            "torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
-        )
+        raise RobustDataError(f"inputs must be floating point (got {x.dtype}): " + (
+            "convert images with torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
+            if x.ndim == 4 and x.shape[1] in (1, 3, 4) else
+            "numeric features such as counts: pass x.float(), with bounds= in their units (e.g. (0, inf) for counts); "
+            "token ids are not numbers to perturb: check the model from its embedding output (pass the embedded "
+            "inputs, and the layers after the embedding as the model)"))
     if (y < 0).any():
         raise RobustDataError(f"labels must be >= 0, got minimum {int(y.min())}")
     check_finite(x)

@@ -37,6 +37,14 @@ def input_and_label(item, keys: tuple[str, str] | None = None) -> tuple:
         found = [next((k for k in keys_ if k in item), None) for keys_ in (INPUT_KEYS, LABEL_KEYS)]
         if None not in found:
             return item[found[0]], item[found[1]]
+        features = [k for k in keys if k != found[1]]
+        if found[0] is None and found[1] is not None and len(features) > 1:
+            raise RobustDataError(
+                f"a data item is a mapping of {len(features)} features ({', '.join(map(repr, features[:5]))}"
+                f"{', ...' if len(features) > 5 else ''}) and the label {found[1]!r}: pytest-robust reads one input "
+                "tensor per item, so stack the features in the model's column order, e.g. a Dataset returning "
+                "(torch.tensor([item[k] for k in FEATURES], dtype=torch.float32), item['label']), or pass an (x, y) "
+                "pair such as (DataFrame of the features, Series of the labels)")
         raise RobustDataError(
             f"a data item is a mapping with keys {keys}: pytest-robust reads the input from "
             f"one of {', '.join(INPUT_KEYS)} and the label from one of {', '.join(LABEL_KEYS)}; name yours with "

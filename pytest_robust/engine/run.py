@@ -64,8 +64,10 @@ from pytest_robust.engine.data import TensorData, load_data, place
 from pytest_robust.engine.device import resolve_device
 from pytest_robust.engine.forward import Forward, correct_predictions
 from pytest_robust.engine.gallery import gallery as worst_gallery
+from pytest_robust.engine.gallery import is_image_batch
 from pytest_robust.engine.guard import guarded
 from pytest_robust.engine.inspect.data import check_data_normalization
+from pytest_robust.engine.inspect.labels import label_warnings, probe_labels, probe_rows
 from pytest_robust.engine.inspect.model import check_model
 from pytest_robust.engine.inspect.normalization import PROBE_INPUTS, probe_normalization
 from pytest_robust.engine.inspect.perturbation import inspect_inputs
@@ -85,13 +87,6 @@ REDUCED_PRECISION_CERTIFICATE = (
     "randomized-smoothing certificates unsound (published attacks exploit rounding), so treat it as an "
     "estimate; certify in float32 (--robust-precision fp32 and a float32 model) for a guarantee"
 )
-
-
-def near_chance(classes: int) -> float:
-    """The clean accuracy at or below which a model of ``classes`` classes is near chance: the
-    smaller of twice chance and chance plus a tenth of the way to 1 (0.19 of 10 classes, 0.55 of 2)."""
-    chance = 1.0 / classes
-    return min(2 * chance, chance + 0.1 * (1 - chance))
 
 
 class Run:
@@ -236,27 +231,42 @@ class Run:
         """Beside an accuracy (direction ">=") that failed, or did not pass and is low (upper bound
         below ``LOW_ACCURACY``): the clean accuracy on the same inputs in ``details["clean_accuracy"]``
         (the check's own, else ``clean_accuracy``, when the budget has room for it), which the
-        message states; near chance (``near_chance``) also ``details["clean_accuracy_advice"]``
-        and a RobustWarning: the model may expect other inputs."""
-        if self.direction != ">=" or verdict == "pass" or not (verdict == "fail" or upper < LOW_ACCURACY):
-            return  # a pass (even at a low threshold) is what was asked: its numbers stay as they are
-        if "clean_accuracy" not in details:
+        message states. Then, in every mode, the label sanity of ``inspect.labels`` (a probe of
+        the first inputs outside the budget): near chance or constant predictions give
+        ``details["clean_accuracy_advice"]`` and a RobustWarning."""
+        if self.direction == ">=" and verdict != "pass" and (verdict == "fail" or upper < LOW_ACCURACY) \
+                and "clean_accuracy" not in details:
             if self.args.budget is not None and self.remaining() < len(self.ds):
                 details["clean_accuracy_note"] = (
                     f"the clean accuracy was not computed: it needs {len(self.ds)} model evaluations and the budget "
                     f"has {max(self.remaining(), 0)} left")
-                return
-            details["clean_accuracy"] = self.clean_accuracy()
-        clean, classes = details["clean_accuracy"], self.forward.n_classes
-        if isinstance(clean, (int, float)) and classes and clean <= near_chance(classes):
-            normalization = ("check that normalize= is the model's own (mean, std)" if self.interface.normalize
-                             is not None else "give its normalization as normalize=(mean, std) (--robust-normalize) "
-                             "with the data in [0, 1] pixel units")
-            details["clean_accuracy_advice"] = (
-                f"the model is near or below chance (1/{classes}) on the clean inputs too, so it may expect other "
-                f"inputs: {normalization}, and check the channel order (RGB/BGR, (N, C, H, W)) and the labels")
-            warnings.warn(f"{self.title}: clean accuracy {clean:.3f}: {details['clean_accuracy_advice']}",
-                          RobustWarning, stacklevel=3)
+            else:
+                details["clean_accuracy"] = self.clean_accuracy()
+        rows = probe_rows(len(self.ds)).to(self.ds.y.device)
+        probe = probe_labels(self.forward, self.ds.x[rows.to(self.ds.x.device)].to(self.device),
+                             self.ds.y[rows].to(self.device))
+        if probe:
+            details["label_probe"] = probe
+        clean = details.get("clean_accuracy")
+        shown, said = label_warnings(probe, clean if isinstance(clean, (int, float)) else None,
+                                     self.forward.n_classes, self.ds.y)
+        if said:
+            details["clean_accuracy_advice"] = "; ".join(said) + f", so {self._label_advice()}"
+            warnings.warn(f"{self.title}: clean accuracy {shown}: {details['clean_accuracy_advice']}", RobustWarning,
+                          stacklevel=3)
+
+    def _label_advice(self) -> str:
+        """What to check when the labels look wrong, in the data's terms."""
+        if self.interface.normalize is not None:
+            inputs = "it may expect other inputs: check that normalize= is the model's own (mean, std)"
+        elif is_image_batch(self.ds.x):
+            inputs = ("it may expect other inputs: give its normalization as normalize=(mean, std) "
+                      "(--robust-normalize) with the data in [0, 1] pixel units, and check the channel order "
+                      "(RGB/BGR, (N, C, H, W))")
+        else:
+            inputs = ("it may expect other inputs: check that the features are scaled as in training (the same "
+                      "scaler, applied once) and in the model's column order")
+        return f"{inputs} and the labels (swapped, or classes in another order than the model's outputs)"
 
     # -- the result -------------------------------------------------------------------------------
 

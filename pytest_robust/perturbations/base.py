@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
 import numbers
@@ -33,14 +34,61 @@ def reflect(theta: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[to
     return inside, odd & (width > 0)
 
 
-def checked_size(name: str, value: float, *, allow_zero: bool) -> float:
+def checked_size(name: str, value, *, allow_zero: bool, per_feature: bool = False):
+    """A size (eps, sigma, scale) in input units: a finite number >= 0 (> 0 unless ``allow_zero``),
+    or with ``per_feature`` also a tensor or sequence of such numbers, one per feature: it
+    broadcasts against one input's shape like the box (``inspect.perturbation.box_for``), and 0
+    keeps a feature fixed (an immutable feature). A per-feature size is kept as a float64 CPU
+    tensor (``size_like`` puts it on the inputs' device once per device and dtype)."""
+    if per_feature and not isinstance(value, (bool, str, numbers.Real)) and hasattr(value, "__len__"):
+        try:
+            t = torch.as_tensor(value.detach().cpu() if hasattr(value, "detach") else value, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise ArgumentError(f"{name} must be a number or one number per feature, got {value!r}") from None
+        if t.ndim == 0:
+            return checked_size(name, float(t), allow_zero=allow_zero)
+        if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+            raise ArgumentError(f"{name} must be finite numbers >= 0 per feature (0 keeps a feature fixed), got "
+                                f"{size_repr(t)}")
+        if not bool((t > 0).any()):
+            raise ArgumentError(f"{name} must be > 0 for at least one feature (0 for every feature moves nothing)")
+        return t
     if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
-        raise ArgumentError(f"{name} must be a number, got {value!r}")
+        kind = "a number, or a tensor of one number per feature" if per_feature else "a number"
+        raise ArgumentError(f"{name} must be {kind}, got {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         need = "a finite number >= 0" if allow_zero else "a finite number > 0"
         raise ArgumentError(f"{name} must be {need}, got {value!r}")
     return value
+
+
+def size_repr(size) -> str:
+    """A size as it appears in reprs and messages: the number, or for a per-feature size its shape,
+    range and a digest of its values (stable across processes: baselines match on it)."""
+    if not isinstance(size, torch.Tensor):
+        return f"{size:g}"
+    digest = hashlib.sha256(size.detach().cpu().to(torch.float64).contiguous().numpy().tobytes()).hexdigest()[:8]
+    return f"per-feature {tuple(size.shape)} in [{float(size.min()):g}, {float(size.max()):g}] #{digest}"
+
+
+def size_like(size, x: torch.Tensor, cache: dict | None = None):
+    """``size`` ready to combine with the batch x: a number as it is; a per-feature tensor in x's
+    dtype on x's device, laid against one input's shape like the box (``box_for``), kept in
+    ``cache`` per (device, dtype, input shape) so a hot loop copies it once."""
+    if not isinstance(size, torch.Tensor):
+        return size
+    key = (x.device, x.dtype, tuple(x.shape[1:]))
+    if cache is not None and key in cache:
+        return cache[key]
+    try:
+        placed = box_for((size, size), x)[0]
+    except ArgumentError as err:
+        raise ArgumentError(str(err).replace("bounds of shape", "a per-feature size of shape").replace(
+            "each of lo and hi", "it")) from None
+    if cache is not None:
+        cache[key] = placed
+    return placed
 
 
 def checked_box(bounds):
@@ -126,6 +174,7 @@ class Perturbation(ABC):
 
     def __init__(self, bounds=(0.0, 1.0)):
         self.bounds = checked_box(bounds)
+        self._placed: dict = {}  # per-feature sizes on the inputs' device (``size_like``)
 
     def __repr__(self):
         """A subclass without its own ``__repr__`` is named by its class and public attributes

@@ -1,6 +1,12 @@
 """Random noise in input units: ``UniformLinf`` (uniform in the L-inf ball, the TSRM paper's
 corruption), ``UniformL2``, ``UniformL1``, ``GaussianNoise`` and ``CauchyNoise``, each clipped to
-the input box."""
+the input box.
+
+The coordinate-wise sizes (``UniformLinf``'s eps, ``GaussianNoise``'s sigma, ``CauchyNoise``'s scale)
+may be one number per feature: a tensor or sequence that broadcasts against one input's shape like
+the box (numpy's rule; per channel on images), 0 keeping a feature fixed. For tabular data a
+natural choice is a fraction of the training scaler's ``scale_`` (eps in standard deviations).
+The L2 and L1 balls are isotropic: their eps is one number."""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import math
 
 import torch
 
-from pytest_robust.perturbations.base import Perturbation, bounds_repr, checked_size
+from pytest_robust.perturbations.base import Perturbation, bounds_repr, checked_size, size_like, size_repr
 from pytest_robust.perturbations.spaces import BoxSpace, NoiseSpace
 
 
@@ -24,19 +30,20 @@ class UniformLinf(Perturbation):
 
     def __init__(self, eps: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
-        self.eps = checked_size("eps", eps, allow_zero=True)
+        self.eps = checked_size("eps", eps, allow_zero=True, per_feature=True)
 
     def parameter_space(self, x):
         """theta = x' itself, uniform on the box [max(x - eps, lo), min(x + eps, hi)]."""
-        return BoxSpace(x, self.eps, self.bounds)
+        return BoxSpace(x, size_like(self.eps, x, self._placed), self.bounds)
 
     def sample(self, x, generator):
-        lo, hi = self.clip(x - self.eps), self.clip(x + self.eps)  # the ball intersected with the box
+        eps = size_like(self.eps, x, self._placed)
+        lo, hi = self.clip(x - eps), self.clip(x + eps)  # the ball intersected with the box
         u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
         return lo + u * (hi - lo)
 
     def __repr__(self):
-        return f"UniformLinf(eps={self.eps:g}{bounds_repr(self.bounds)})"
+        return f"UniformLinf(eps={size_repr(self.eps)}{bounds_repr(self.bounds)})"
 
 
 class GaussianNoise(Perturbation):
@@ -47,18 +54,18 @@ class GaussianNoise(Perturbation):
 
     def __init__(self, sigma: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
-        self.sigma = checked_size("sigma", sigma, allow_zero=True)
+        self.sigma = checked_size("sigma", sigma, allow_zero=True, per_feature=True)
 
     def parameter_space(self, x):
         """theta = z ~ N(0, I), x' = clip(x + sigma z)."""
-        return NoiseSpace(self, x, self.sigma, "gaussian")
+        return NoiseSpace(self, x, size_like(self.sigma, x, self._placed), "gaussian")
 
     def sample(self, x, generator):
         z = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-        return x + self.sigma * z
+        return x + size_like(self.sigma, x, self._placed) * z
 
     def __repr__(self):
-        return f"GaussianNoise(sigma={self.sigma:g}{bounds_repr(self.bounds)})"
+        return f"GaussianNoise(sigma={size_repr(self.sigma)}{bounds_repr(self.bounds)})"
 
 
 class CauchyNoise(Perturbation):
@@ -69,18 +76,18 @@ class CauchyNoise(Perturbation):
 
     def __init__(self, scale: float, bounds=(0.0, 1.0)):
         super().__init__(bounds)
-        self.scale = checked_size("scale", scale, allow_zero=True)
+        self.scale = checked_size("scale", scale, allow_zero=True, per_feature=True)
 
     def parameter_space(self, x):
         """theta = z ~ standard Cauchy i.i.d., x' = clip(x + scale z)."""
-        return NoiseSpace(self, x, self.scale, "cauchy")
+        return NoiseSpace(self, x, size_like(self.scale, x, self._placed), "cauchy")
 
     def sample(self, x, generator):
         u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-        return x + self.scale * torch.tan(math.pi * (u - 0.5))
+        return x + size_like(self.scale, x, self._placed) * torch.tan(math.pi * (u - 0.5))
 
     def __repr__(self):
-        return f"CauchyNoise(scale={self.scale:g}{bounds_repr(self.bounds)})"
+        return f"CauchyNoise(scale={size_repr(self.scale)}{bounds_repr(self.bounds)})"
 
 
 class UniformL2(Perturbation):

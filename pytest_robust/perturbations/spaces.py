@@ -28,7 +28,7 @@ class BoxSpace(ParameterSpace):
             raise ArgumentError(
                 f"inputs lie outside the perturbation's box {bounds!r}: fix the data or the bounds"
             )
-        self.scale = float(eps)
+        self.scale = float(eps.max()) if isinstance(eps, torch.Tensor) else float(eps)  # the widest feature's
 
     def sample(self, streams):
         return self.lo + streams.rand(*self.x.shape[1:]).to(self.x.dtype) * (self.hi - self.lo)
@@ -42,7 +42,8 @@ class NoiseSpace(ParameterSpace):
 
     def __init__(self, perturbation: Perturbation, x: torch.Tensor, size: float, kind: str):
         super().__init__(x)
-        self.perturbation, self.size, self.kind = perturbation, float(size), kind
+        self.perturbation, self.kind = perturbation, kind
+        self.size = size if isinstance(size, torch.Tensor) else float(size)  # per feature, or one number
 
     def sample(self, streams):
         shape = self.x.shape[1:]

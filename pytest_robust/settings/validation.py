@@ -257,6 +257,24 @@ def _bound_array(key: str, value, bound, accepted: str):
     return array
 
 
+def size(key: str, value):
+    """A size in input units: a finite number > 0, or one number >= 0 per feature (a sequence,
+    tensor or array, not all 0; 0 keeps a feature fixed), returned as given (its shape is checked
+    against the inputs when the check runs)."""
+    if isinstance(value, str) or not hasattr(value, "__len__"):
+        return positive_float(key, value)
+    import numpy as np
+
+    accepted = "a finite number > 0, or one number >= 0 per feature (0 keeps a feature fixed), not all 0"
+    try:
+        array = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value, dtype=float)
+    except (TypeError, ValueError):
+        raise SettingError(key, value, accepted) from None
+    if array.size == 0 or not np.isfinite(array).all() or (array < 0).any() or not (array > 0).any():
+        raise SettingError(key, value, accepted)
+    return value
+
+
 def text_list(key: str, value) -> list[str]:
     """A list of names (one name is a list of one)."""
     items = [value] if isinstance(value, str) else value

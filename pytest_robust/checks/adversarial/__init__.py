@@ -4,15 +4,36 @@ stages. The attacks themselves (``pytest_robust.attacks``) are shared with the q
 context figures."""
 
 from pytest_robust.checks.registry import BOX, FromSetting, Metric, Param
-from pytest_robust.settings.validation import choice, non_negative_int, positive_float, positive_int
+from pytest_robust.settings.validation import choice, non_negative_int, positive_int, size
 
-EPS_SETTING = FromSetting(lambda settings: settings.eps, "robust_eps (8/255)")
+
+class _ImageDefault(float):
+    """The default eps, robust_eps (8/255 unless set): a radius in [0, 1] pixel units, which the
+    check applies to image inputs only (elsewhere it asks for eps=)."""
+
+    def __repr__(self) -> str:
+        return f"robust_eps ({float(self):g}, for images)"
+
+
+def _default_eps(settings):
+    from pytest_robust.settings.keys import Settings
+
+    return settings.eps if settings.eps != Settings().eps else _ImageDefault(settings.eps)
+
+
+def _eps(key, value):
+    """eps: the image default as it is, else a size (a number, or one per feature in L-inf)."""
+    return value if isinstance(value, _ImageDefault) else size(key, value)
+
+
+EPS_SETTING = FromSetting(_default_eps, "robust_eps (8/255, for images; elsewhere give eps=)")
 
 DECLARATION = Metric(
     "pytest_robust.checks.adversarial.check:evaluate", title="adversarial accuracy", budget=1_000_000,
     paired="outcomes", perturbation="pytest_robust.checks.adversarial.check:ball",
     params=(
-        Param("eps", positive_float, EPS_SETTING, "the radius of the attack in the norm norm=, in input units"),
+        Param("eps", _eps, EPS_SETTING, "the radius of the attack in the norm norm=, in input units; in L-inf also "
+              "one radius per feature (a tensor broadcasting to one input's shape, 0 keeps a feature fixed)"),
         Param("norm", choice("linf", "l2", "l1"), "linf", "the ball's norm"),
         Param("steps", positive_int, 50, "APGD steps"),
         Param("restarts", positive_int, None, "APGD-CE restarts (default 2; 3 in L1, whose sparse steps "

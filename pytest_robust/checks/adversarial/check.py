@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from pytest_robust.attacks.norms import ball as ball_of
-from pytest_robust.checks.adversarial import DECLARATION
+from pytest_robust.checks.adversarial import DECLARATION, _ImageDefault
 from pytest_robust.checks.adversarial.ensemble import (
     BROKEN,
     MISCLASSIFIED,
@@ -76,8 +76,8 @@ from pytest_robust.engine.gallery import gallery, is_image_batch
 from pytest_robust.engine.inspect.perturbation import check_scale
 from pytest_robust.engine.run import Run
 from pytest_robust.engine.streams import stream_generator
-from pytest_robust.errors import RobustWarning
-from pytest_robust.perturbations.base import bounds_repr
+from pytest_robust.errors import ArgumentError, RobustWarning, SettingError
+from pytest_robust.perturbations.base import bounds_repr, checked_size, size_like, size_repr
 from pytest_robust.perturbations.noise import UniformL1, UniformL2, UniformLinf
 from pytest_robust.procedures.bernoulli import Stream, summary
 from pytest_robust.procedures.per_input import over_blocks, rate_result
@@ -171,9 +171,27 @@ def _details(run: Run, schedule: Schedule, found: dict, masking: dict, classes: 
     }
 
 
+def _radius(run: Run, eps):
+    """The check's eps as a number or (L-inf) a per-feature tensor; the image default only on
+    image inputs."""
+    if isinstance(eps, _ImageDefault) and not is_image_batch(run.ds.x):
+        raise ArgumentError(
+            f"adversarial accuracy on inputs of shape {tuple(run.ds.x.shape[1:])} needs eps=: the default, robust_eps "
+            f"= {float(eps):g}, is a radius in [0, 1] pixel units for images. Give eps in the units of your features "
+            "(for standardized features, eps=0.1 is a tenth of a standard deviation), or one radius per feature, "
+            "e.g. eps=0.1 * torch.as_tensor(scaler.scale_) for raw features (docs: tabular data)")
+    if isinstance(eps, (int, float)):
+        return float(eps)
+    return checked_size("eps", eps, allow_zero=False, per_feature=True)
+
+
 def ball(eps, bounds, norm="linf", **_) -> UniformLinf | UniformL2 | UniformL1:
     """The check's perturbation: the ball of radius ``eps`` in ``norm`` within the box ``bounds``
     (its inputs are inspected against it)."""
+    if norm != "linf" and not isinstance(eps, (int, float)):
+        raise SettingError("eps", size_repr(torch.as_tensor(eps)), f"one number in {norm.upper()}: per-feature radii "
+                           "are for norm='linf' (the L2 and L1 balls are isotropic)")
+    eps = float(eps) if isinstance(eps, (int, float)) else eps
     return {"linf": UniformLinf, "l2": UniformL2, "l1": UniformL1}[norm](eps=eps, bounds=bounds)
 
 
@@ -208,7 +226,8 @@ class _Found:
         return clean if point is None else point[None].to(clean.device, clean.dtype)
 
     def __repr__(self) -> str:
-        return f"the attack's misclassified point ({self.schedule.norm} eps={self.schedule.eps:g})"
+        most = " at most, per feature" if self.schedule.per_feature is not None else ""
+        return f"the attack's misclassified point ({self.schedule.norm} eps={self.schedule.eps:g}{most})"
 
 
 def _classes(run: Run) -> int:
@@ -255,16 +274,21 @@ def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: Sequ
 def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_queries, inputs, bounds) -> Result:
     """Attack the chosen inputs (module docstring) and bound the share the attack left robust. An
     L-inf eps of at least half the box's width gets a RobustWarning (``inspect.perturbation.check_scale``;
-    from the whole width on, the ball's own inspection warns)."""
+    from the whole width on, the ball's own inspection warns). The default eps (robust_eps, 8/255)
+    is a radius in pixel units: on inputs that are not images the check asks for eps= instead. An
+    L-inf eps may be one radius per feature (its largest is the ``eps`` of step sizes and reports)."""
+    eps = _radius(run, eps)
+    per_feature = size_like(eps, run.ds.x) if isinstance(eps, torch.Tensor) else None
+    largest = float(eps.max()) if per_feature is not None else eps
     if norm == "linf":
         check_scale("adversarial accuracy", "eps", eps, run.ds.x, run.perturbation.bounds, share=0.5, below=1.0,
                     effect=", so the attack may move every input to the same point (the box's centre) and no "
                            "classifier can stay robust")
-    norm_ball = ball_of(norm, eps)
+    norm_ball = ball_of(norm, largest)
     restarts = restarts or norm_ball.restarts
-    schedule = Schedule(eps=eps, steps=steps, restarts=restarts, targets=targets,
+    schedule = Schedule(eps=largest, steps=steps, restarts=restarts, targets=targets,
                         square_queries=square_queries if norm_ball.square else 0, bounds=run.perturbation.bounds,
-                        norm=norm, ranking=ranking)
+                        norm=norm, ranking=ranking, per_feature=per_feature)
     total = len(run.ds)
     n = total if inputs is None else min(inputs, total)
     classes = _classes(run)
@@ -285,12 +309,14 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
     if warning:
         warnings.warn(warning, RobustWarning, stacklevel=2)
     details = _details(run, schedule, found, masking, classes, total)
+    if per_feature is not None:
+        details["attack"]["eps"] = size_repr(eps)
     pictures = None
     if found_points is not None:
         pictures = gallery(details["per_input"], run.direction, found_points.merged(), run.ds, run.seed)
     if pictures is not None:
         pictures["note"] = "the misclassified point the attack found (the clean input where the model errs without one)"
-    label = f"{schedule.ball().title} eps={schedule.eps:g}{bounds_repr(schedule.bounds)}: {schedule.describe()}"
+    label = f"{schedule.ball().title} eps={size_repr(eps)}{bounds_repr(schedule.bounds)}: {schedule.describe(classes)}"
     note = HONESTY + (f"; {warning}" if warning else "")
     robust = found["outcome"] == ROBUST
     if gate is None:

@@ -87,6 +87,7 @@ class Schedule:
     bounds: tuple | None
     norm: str = "linf"
     ranking: str = "linear"
+    per_feature: object = None  # L-inf: one radius per coordinate (a tensor of one input's shape; eps its largest)
 
     def used_targets(self, classes: int) -> int:
         """Target classes attacked on a model with ``classes`` classes."""
@@ -117,13 +118,14 @@ class Schedule:
 
     def ball(self) -> Ball:
         """The ball the stages move in (``norms``)."""
-        return ball(self.norm, self.eps)
+        return ball(self.norm, self.eps, self.per_feature)
 
-    def describe(self) -> str:
-        """The stages and their sizes, in words."""
+    def describe(self, classes: int) -> str:
+        """The stages and their sizes as run on a model of ``classes`` classes, in words (at most
+        classes - 1 targets)."""
         parts = [f"APGD-CE {self.steps} steps x {self.restarts} restart(s)"]
-        if self.targets:
-            parts.append(f"APGD-T {self.steps} steps x {self.targets} target(s) ranked by "
+        if self.used_targets(classes):
+            parts.append(f"APGD-T {self.steps} steps x {self.used_targets(classes)} target(s) ranked by "
                          f"{'the first-order model' if self.ranking == 'linear' else 'clean logits'}")
         if self.square_queries:
             parts.append(f"Square {self.square_queries} queries")
@@ -254,7 +256,7 @@ def attack(forward: Forward, x: torch.Tensor, y: torch.Tensor, streams: RowStrea
     -1 for none), ``flat`` (no gradient stage broke it, and every gradient run it took part in
     saw an exactly zero gradient at every point: a sign of gradient masking) and ``example`` (x's
     shape: the misclassified point the breaking stage found, x itself for the other rows)."""
-    lo, hi = feasible_box(x, schedule.eps, schedule.bounds)
+    lo, hi = feasible_box(x, schedule.eps if schedule.per_feature is None else schedule.per_feature, schedule.bounds)
     with forward.phase("clean"):
         logits = forward.logits(x)
     correct = correct_predictions(logits, y)

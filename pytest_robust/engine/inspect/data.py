@@ -20,10 +20,18 @@ NORMALIZATION_ADVICE = (
 )
 
 
+#: The advice for inputs that are not images (tabular rows, sequences, embeddings) outside the box.
+FEATURES_BOX_ADVICE = (
+    "these inputs are not images, so the default box (0, 1) of pixel units rarely fits: give bounds= in your "
+    "features' units (bounds=(lo, hi), either end may be infinite, or one value per feature), or bounds=None for "
+    "no box (standardized features, embeddings)"
+)
+
+
 #: The advice instead when normalize= is set: the data is expected in pixel units already.
 NORMALIZED_INSIDE_ADVICE = (
     "normalize= is set, so the check normalizes inside the model call and expects the data in [0, 1] "
-    "pixel units: give it the images before normalization (e.g. ToTensor() alone)"
+    "pixel units: give it the inputs before normalization (for images, e.g. ToTensor() alone)"
 )
 
 

@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from pytest_robust.engine.inspect.data import NORMALIZATION_ADVICE, NORMALIZED_INSIDE_ADVICE
+from pytest_robust.engine.inspect.data import FEATURES_BOX_ADVICE, NORMALIZATION_ADVICE, NORMALIZED_INSIDE_ADVICE
 from pytest_robust.engine.inspect.model import PROBE_ROWS
 from pytest_robust.errors import ArgumentError, RobustDataError, RobustWarning
 
@@ -80,7 +80,60 @@ def box_width(bounds, x: torch.Tensor) -> tuple[float, str]:
     return float((hi - lo).min()), "the input box"
 
 
-def check_scale(owner: str, name: str, size: float, x: torch.Tensor, bounds, *, norm: str = "linf",
+#: A size of at least this many standard deviations of the data is warned about (``check_spread``).
+SPREAD_RATIO = 5.0
+#: Inputs (the first ones) the spread of the data is measured on.
+SPREAD_INPUTS = 4096
+
+
+def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf") -> None:
+    """RobustWarning when a size is several times the spread of the data it was given: a unit
+    mistake (eps=50 on standardized features is 50 standard deviations), never a silent number.
+
+    The spread of feature j is s_j, the standard deviation of coordinate j over the inputs given
+    (the first ``SPREAD_INPUTS``); features that never vary (s_j = 0) are left out. The rule, with
+    r = ``SPREAD_RATIO`` (5):
+
+    - a per-feature size (a tensor, one value per feature) warns when size_j >= r s_j for some j;
+    - one number for every feature warns when size >= r x median_j s_j: at least half the features
+      would move by r standard deviations or more (images have pixels that hardly vary, whose
+      spread alone would make every image eps look large);
+    - an L2 size (``norm="l2"``: a radius) warns when size >= r x sqrt(sum_j s_j^2), the data's
+      root-mean-square distance from its mean.
+
+    The warning names the size, the spread it was held against and where."""
+    if len(x) < 2:
+        return
+    spread = x[:SPREAD_INPUTS].double().std(dim=0)
+    varies = spread > 0
+    if not bool(varies.any()):
+        return
+    per_feature = isinstance(size, torch.Tensor) and size.numel() > 1
+    if norm == "l2":
+        against, what = float(spread.pow(2).sum().sqrt()), "the data's root-mean-square distance from its mean"
+        ratio = float(size) / against
+    elif per_feature:
+        sized = torch.broadcast_to(box_for((size, size), x[:1])[0].to(spread), spread.shape)
+        ratios = torch.where(varies, sized / torch.where(varies, spread, 1.0), 0.0)
+        at = int(ratios.flatten().argmax())
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(at), spread.shape))
+        ratio, against = float(ratios.flatten()[at]), float(spread.flatten()[at])
+        what = f"the standard deviation of feature {index[0] if len(index) == 1 else index}"
+    else:
+        against = float(spread[varies].median())
+        ratio, what = float(size) / against, "the median standard deviation of the features"
+    if ratio < SPREAD_RATIO:
+        return
+    shown = "per feature" if per_feature else f"{float(size):g}"
+    warnings.warn(
+        f"{owner}: {name} ({shown}) is {ratio:.3g} times {what}, {against:.4g}, over the {min(len(x), SPREAD_INPUTS)} "
+        f"inputs given (a warning from {SPREAD_RATIO:g} times on): {name} is in the units of the data, so check "
+        f"that it is not meant in other units; for features on different scales give {name} per feature, e.g. a "
+        "fraction of the training scaler's scale_ (docs: tabular data)",
+        RobustWarning, stacklevel=3)
+
+
+def check_scale(owner: str, name: str, size, x: torch.Tensor, bounds, *, norm: str = "linf",
                 share: float = 1.0, effect: str = "", below: float | None = None) -> None:
     """RobustWarning when a size parameter (an L-inf radius, a per-coordinate noise level, an
     L2 radius with ``norm="l2"``) is at least ``share`` of the range it lives in: the width of the
@@ -89,7 +142,10 @@ def check_scale(owner: str, name: str, size: float, x: torch.Tensor, bounds, *, 
     8/255). ``effect`` says what the size does then (", so ..."); sizes of at least ``below``
     times the range are left to another warning (the perturbation's own, ``check_size``). One
     helper for every check's sizes: a perturbation's (``check_size``), smoothing's sigma and
-    radius, an attack's eps, NPPR's ball."""
+    radius, an attack's eps, NPPR's ball. A per-feature size (a tensor) is compared by its largest
+    value. The size is also held against the spread of the data (``check_spread``)."""
+    check_spread(owner, name, size, x, norm)
+    size = float(size.max()) if isinstance(size, torch.Tensor) else size
     width, where = box_width(bounds, x)
     if norm == "l2":
         scale = width * math.sqrt(math.prod(x.shape[1:]))
@@ -164,7 +220,10 @@ def check_size(perturbation, x: torch.Tensor) -> None:
     box: every draw then spreads over the whole box (eps=8 meant as 8/255?); ``check_scale``."""
     bounds = getattr(perturbation, "bounds", None)
     name = getattr(perturbation, "coordinate_size", None)  # per-coordinate sizes only
-    if bounds is None or not name:
+    if not name:
+        return
+    if bounds is None:
+        check_spread(repr(perturbation), name, getattr(perturbation, name), x)
         return
     check_scale(repr(perturbation), name, getattr(perturbation, name), x, bounds,
                 effect=", so draws spread over the whole box")
@@ -183,26 +242,29 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool =
     """Raise RobustDataError when inputs lie outside the perturbation's box ``bounds``: a
     perturbed input is clipped to the box, so such inputs would be silently moved (by more than
     eps) before the model sees them. 0..255 images get the conversion as their fix; with
-    ``normalized`` (the check has ``normalize=``), normalized data gets "give the images before
-    normalization".
+    ``normalized`` (the check has ``normalize=``), normalized data gets "give the inputs before
+    normalization"; inputs that are not images get advice about bounds= in their features' units.
     Bounds of a shape that does not fit the inputs are an ArgumentError (``box_for``)."""
     if bounds is None:
         return
     lo, hi = box_for(bounds, x)
-    slack = BOX_SLACK * float((hi - lo).abs().max())
+    width = (hi - lo).abs()
+    finite = width[torch.isfinite(width)]
+    slack = BOX_SLACK * (float(finite.max()) if finite.numel() else 1.0)  # a one-sided box: of its scale 1
     low, high = float(x.min()), float(x.max())
     if not bool((x < lo - slack).any() or (x > hi + slack).any()):
         return
     shown = f"bounds=({float(lo.min()):g}, {float(hi.max()):g})" if lo.numel() * hi.numel() > 1 else (
         f"bounds=({float(lo):g}, {float(hi):g})"
     )
-    if low >= 0 and 10.0 < high <= 255.0 and float(hi.max()) <= 1.0:
+    images = x.ndim == 4 and x.shape[1] in (1, 3, 4)
+    if images and low >= 0 and 10.0 < high <= 255.0 and float(hi.max()) <= 1.0:
         raise RobustDataError(
             f"{name}: inputs range from {low:g} to {high:g}, which looks like 0..255 images, but the "
             f"perturbation's box is {shown}: divide the images by 255 (torchvision's ToTensor() does) "
             "so that inputs and eps are in [0, 1] pixel units"
         )
-    advice = NORMALIZED_INSIDE_ADVICE if normalized else NORMALIZATION_ADVICE
+    advice = NORMALIZED_INSIDE_ADVICE if normalized else NORMALIZATION_ADVICE if images else FEATURES_BOX_ADVICE
     raise RobustDataError(
         f"{name}: inputs range from {low:g} to {high:g}, outside the perturbation's box {shown}; every "
         f"perturbed input would be clipped into the box, silently changing the data. {advice}"
