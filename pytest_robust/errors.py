@@ -34,6 +34,12 @@ class RobustModelError(RobustError, RuntimeError):
     """The model cannot be evaluated as given (wrong device, bad logits, modifies itself)."""
 
 
+def of_model(err: RobustDataError | RobustModelError, role: str) -> RobustError:
+    """``err`` with its message headed by the model's ``role`` ("the reference model (reference=)" in a
+    paired check), so that a failing reference is not reported as the model under test."""
+    return type(err)(f"{role}: {err}")
+
+
 class RobustWarning(UserWarning):
     """Something the user should know about how a check was evaluated."""
 

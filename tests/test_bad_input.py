@@ -179,7 +179,7 @@ CASES = [
     ("labels-wrong-length", run_tsrm(data=(images()[0], images()[1][:5])), RobustDataError, "labels must have shape"),
     ("empty-data", run_tsrm(data=(torch.zeros(0, 3, 4, 4), torch.zeros(0, dtype=torch.long))), RobustDataError,
      "empty"),
-    ("data-as-dict", run_tsrm(data={"x": images()[0]}), RobustDataError, "data must be an (x, y) tensor pair"),
+    ("data-as-dict", run_tsrm(data={"x": images()[0]}), RobustDataError, "data must be an (x, y) pair"),
     ("loader-of-tensors", run_tsrm(data=DataLoader(images()[0], batch_size=4)), RobustDataError,
      "(input, label) pair"),
     ("augmenting-dataset", run_tsrm(data=Augmented()), RobustWarning, "random augmentation"),

@@ -10,6 +10,9 @@ Blocks are fenced with their language, and every fence must name one of ``LANGUA
   examples/digits), ``noise_model`` (its noise-trained twin), ``smoothed_model`` (trained with
   Gaussian noise at sigma 0.25) and ``robust_data`` (the first ``N_INPUTS`` held-out test digits);
   a page's own conftest overrides them;
+- a ``python`` block headed ``# name.py`` that is neither a test file nor a conftest is a module:
+  the blocks after it on the same page can import it (it is saved as ``name.py`` beside them, as a
+  reader would save it);
 - other ``python`` blocks are executed, each in a fresh namespace holding ``model`` (the standard
   CNN), ``noise_model``, ``x``, ``y`` and ``data = (x, y)``, as the pages call them;
 - ``yaml`` blocks must parse, and a ``# robust_x.yaml`` block is a suite that runs like a test file;
@@ -81,6 +84,7 @@ class Block:
         header = HEADER.match(code)
         self.file = header.group(1) if header else None
         self.conftest: Block | None = None  # the page's conftest for a headed test file or suite
+        self.modules: list[Block] = []  # the page's module blocks before this one
         self.standalone = False  # a conftest block that no test file or suite follows
 
     @property
@@ -94,6 +98,10 @@ class Block:
         return "def test_" in self.code or (self.file or "").startswith("test_")
 
     @property
+    def is_module(self) -> bool:
+        return self.language == "python" and self.file not in (None, "conftest.py") and not self.is_test_file
+
+    @property
     def is_suite(self) -> bool:
         return self.language == "yaml" and re.fullmatch(r"robust_\w+\.ya?ml", self.file or "") is not None
 
@@ -103,8 +111,11 @@ def read_blocks(page: Path) -> list[Block]:
     blocks = [Block(page, text.count("\n", 0, m.start()) + 1, m.group(1).strip(),
                     SNIPPET.sub(lambda s: (ROOT / s.group(1)).read_text(), m.group(2)))
               for m in FENCE.finditer(text)]
-    conftest, used = None, set()
+    conftest, used, modules = None, set(), []
     for block in blocks:
+        block.modules = list(modules)
+        if block.is_module:
+            modules.append(block)
         if block.language == "python" and block.file == "conftest.py":
             conftest = block
         elif (block.is_test_file and block.file) or block.is_suite:
@@ -172,14 +183,22 @@ def test_toml_blocks_parse(block):
 
 
 @pytest.mark.parametrize("block", EXECS, ids=lambda b: b.id)
-def test_python_blocks_run(block, digits):
+def test_python_blocks_run(block, digits, tmp_path, monkeypatch):
+    for module in block.modules:
+        (tmp_path / module.file).write_text(module.code)
+        monkeypatch.delitem(sys.modules, Path(module.file).stem, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
     namespace = {"__name__": "docs_example", **digits, "data": (digits["x"], digits["y"])}
     exec(compile(block.code, block.id, "exec"), namespace)
+    for module in block.modules:
+        sys.modules.pop(Path(module.file).stem, None)
 
 
 @pytest.mark.parametrize("block", RUNS, ids=lambda b: b.id)
 def test_test_files_and_suites_run(block, pytester, tmp_path_factory):
     pytester.makepyfile(docs_fixtures=DOCS_FIXTURES)
+    for module in block.modules:
+        (pytester.path / module.file).write_text(module.code)
     pytester.syspathinsert()
     if block.conftest is not None or block.file == "conftest.py":
         pytester.makeconftest((block.conftest or block).code)

@@ -477,7 +477,7 @@ def test_small_integer_labels_are_accepted():
          r"labels must have shape \(n,\) with n = len\(x\) = 10, got \(9,\)"),
         ((torch.rand(10, 2), torch.zeros(10, 1, dtype=torch.long)), r"got \(10, 1\)"),
         (TensorDataset(torch.rand(5, 2)), "each data item must be an \\(input, label\\) pair or a mapping, got tuple"),
-        ({"x": torch.rand(3, 1), "y": torch.zeros(3)}, "data must be an \\(x, y\\) tensor pair.*got dict"),
+        ({"x": torch.rand(3, 1), "y": torch.zeros(3)}, "data must be an \\(x, y\\) pair.*got dict"),
         ("digits", "got str"),
         ((torch.rand(3, 1), torch.zeros(3, dtype=torch.long), torch.zeros(3)), "got tuple"),
         ([(torch.rand(1), 0), (torch.rand(1), 1), (torch.rand(1), 0)], "got list"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -352,3 +353,41 @@ def test_a_dataset_whose_length_lies_is_named_with_the_index():
 
     with pytest.raises(pr.RobustDataError, match=r"__len__ is 700, but item 600 cannot be read \(IndexError"):
         pr.tsrm(torch.nn.Linear(3, 2), Short(), **NOISE)
+
+
+# -- messages in the data's language -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("check", ["corruption_accuracy", "spatial"])
+def test_image_only_perturbations_on_features_say_images_only_and_what_to_use(cancer, check):
+    x, y, model = cancer
+    with pytest.raises(pr.ArgumentError, match=r"is for images only .* inputs of shape \(200, 30\) are not images"
+                                               r".*UniformLinf\(eps=\.\.\., bounds=None\)") as caught:
+        if check == "spatial":
+            pr.tsrm(model, (x, y), perturbation=pr.Spatial(), budget=100)
+        else:
+            pr.corruption_accuracy(model, (x, y), budget=100)
+    assert "x[None]" not in str(caught.value) and "bounds=(0, 1)" not in str(caught.value)
+
+
+@pytest.mark.parametrize("reference, error", [(torch.nn.Linear(5, 2), pr.RobustDataError),
+                                              ("a path", pr.RobustModelError)])
+def test_a_failing_reference_model_is_named_as_the_reference(cancer, reference, error):
+    x, y, model = cancer
+    with pytest.raises(error, match=r"^the reference model \(reference=\): "):
+        pr.tsrm(model, (x, y), perturbation=pr.UniformLinf(eps=0.1, bounds=None), reference=reference,
+                max_drop=0.05, budget=2000)
+
+
+def test_a_per_feature_size_is_held_against_each_features_own_box_width():
+    x = torch.rand(64, 3) * torch.tensor([1.0, 100.0, 1.0])
+    lo, hi = torch.zeros(3), torch.tensor([1.0, math.inf, 1.0])
+    model = torch.nn.Linear(3, 2)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")  # eps 30 has room in the unbounded feature
+        pr.tsrm(model, (x, torch.zeros(64, dtype=torch.long)),
+                perturbation=pr.UniformLinf(eps=torch.tensor([0.1, 30.0, 0.1]), bounds=(lo, hi)), budget=64)
+    assert not [w for w in said if "width" in str(w.message)]
+    with pytest.warns(pr.RobustWarning, match=r"eps=2 is at least the width 1 of the input box at element 2"):
+        pr.tsrm(model, (x, torch.zeros(64, dtype=torch.long)),
+                perturbation=pr.UniformLinf(eps=torch.tensor([0.1, 30.0, 2.0]), bounds=(lo, hi)), budget=64)

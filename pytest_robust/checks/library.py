@@ -40,6 +40,8 @@ COMMON = ("confidence", "budget", "seed", "batch_size", "device", "normalize", "
 #: Library defaults of settings keys a check takes that differ from the pytest layer's: a library
 #: call caches nothing unless it names a directory.
 LIBRARY_SETTINGS = {"cache_dir": None}
+#: How the paired form's reference model is named in its errors (``errors.of_model``).
+REFERENCE = "the reference model (reference=)"
 
 
 class Evaluation(NamedTuple):
@@ -180,7 +182,7 @@ def _paired(name: str, metric: Metric, body, check: tuple, paired: tuple, shape:
     """The paired form of the check (``procedures.paired``): both models run with the same seed,
     so they see the same inputs, perturbations and noise."""
     (model, data, params), (reference, margin) = check, paired  # validated by Metric.pairing
-    with Run(name, model, data, **shape) as run, Run(name, reference, data, **shape) as ref:
+    with Run(name, model, data, **shape) as run, Run(name, reference, data, role=REFERENCE, **shape) as ref:
         if metric.paired == "bernoulli":
             return paired_procedures.bernoulli(run, ref, run.perturbation, margin)
         candidate, baseline = (_summary(name, _called(body, r, params, name), r) for r in (run, ref))

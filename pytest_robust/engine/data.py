@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from pytest_robust.engine.containers import as_tensor
-from pytest_robust.engine.inspect.data import check_finite, check_loader_order, check_reads_repeat
+from pytest_robust.engine.inspect.data import check_finite, check_loader_order, check_reads_repeat, is_image_batch
 from pytest_robust.engine.items import input_and_label
 from pytest_robust.engine.streams import host_rng
 from pytest_robust.errors import (
@@ -107,7 +107,7 @@ def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
     if not x.dtype.is_floating_point:
         raise RobustDataError(f"inputs must be floating point (got {x.dtype}): " + (
             "convert images with torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
-            if x.ndim == 4 and x.shape[1] in (1, 3, 4) else
+            if is_image_batch(x) else
             "numeric features such as counts: pass x.float(), with bounds= in their units (e.g. (0, inf) for counts); "
             "token ids are not numbers to perturb: check the model from its embedding output (pass the embedded "
             "inputs, and the layers after the embedding as the model)"))

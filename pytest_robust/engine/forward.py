@@ -18,6 +18,7 @@ from pytest_robust.errors import (
     NotDifferentiable,
     RobustDataError,
     RobustModelError,
+    of_model,
 )
 
 #: How allocation failures read: CUDA's "out of memory", the CPU allocator's "can't allocate memory".
@@ -78,6 +79,7 @@ class Forward:
     ties: torch.Tensor | int = 0
     by_phase: dict = field(default_factory=dict)
     current: str = "gate"
+    role: str = ""  # which model this is, when not the model under test (errors.of_model)
 
     def report_progress(self, **fields) -> None:
         """Fields for the progress line, if the check has one; values may be callables, evaluated
@@ -124,6 +126,10 @@ class Forward:
             self.afford(stop - start)  # before the model runs
             try:
                 out.append(run(start, stop))
+            except (RobustModelError, RobustDataError) as err:
+                if not self.role:
+                    raise
+                raise of_model(err, self.role) from err
             except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
                 self.back_off(err)
                 continue

@@ -20,16 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from pytest_robust.engine.data import TensorData
+from pytest_robust.engine.inspect.data import is_image_batch
 from pytest_robust.engine.streams import stream_generator
 from pytest_robust.results import worst
 
 #: Longest side of a thumbnail, in pixels.
 MAX_SIDE = 64
-
-
-def is_image_batch(x: torch.Tensor) -> bool:
-    """(N, C, H, W) with 1 or 3 channels: what the gallery can show."""
-    return x.ndim == 4 and x.shape[1] in (1, 3)
 
 
 def _thumbnails(x: torch.Tensor) -> torch.Tensor:

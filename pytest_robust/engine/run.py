@@ -64,16 +64,15 @@ from pytest_robust.engine.data import TensorData, load_data, place
 from pytest_robust.engine.device import resolve_device
 from pytest_robust.engine.forward import Forward, correct_predictions
 from pytest_robust.engine.gallery import gallery as worst_gallery
-from pytest_robust.engine.gallery import is_image_batch
 from pytest_robust.engine.guard import guarded
-from pytest_robust.engine.inspect.data import check_data_normalization
+from pytest_robust.engine.inspect.data import check_data_normalization, is_image_batch
 from pytest_robust.engine.inspect.labels import label_warnings, probe_labels, probe_rows
 from pytest_robust.engine.inspect.model import check_model
 from pytest_robust.engine.inspect.normalization import PROBE_INPUTS, probe_normalization
 from pytest_robust.engine.inspect.perturbation import inspect_inputs
 from pytest_robust.engine.precision import autocast_dtype, describe_precision, model_dtype, working_dtype
 from pytest_robust.engine.streams import stream_generator
-from pytest_robust.errors import ArgumentError, RobustWarning, SettingError
+from pytest_robust.errors import ArgumentError, RobustModelError, RobustWarning, SettingError, of_model
 from pytest_robust.results import LOW_ACCURACY, Result, check_table, decide
 from pytest_robust.settings.validation import check_run_args
 
@@ -90,11 +89,18 @@ REDUCED_PRECISION_CERTIFICATE = (
 
 
 class Run:
-    """One check's evaluation context (see the module docstring). Use as a context manager."""
+    """One check's evaluation context (see the module docstring). Use as a context manager.
+
+    ``role`` names the model in its errors when it is not the model under test (the paired form's
+    reference, ``errors.of_model``)."""
 
     def __init__(self, metric: str, model, data, *, declaration, context: RunContext, threshold=None,
-                 confidence=0.95, budget=100_000, seed=0, batch_size=1024, device=None, perturbation=None):
-        check_model(model)
+                 confidence=0.95, budget=100_000, seed=0, batch_size=1024, device=None, perturbation=None,
+                 role: str = ""):
+        try:
+            check_model(model)
+        except RobustModelError as err:
+            raise (of_model(err, role) if role else err) from None
         declared, self.context = declaration, context
         self.metric, self.model, self.direction, certificate = metric, model, declared.direction, declared.certificate
         self.streams, self.title = declared.streams or metric, declared.title or metric
@@ -124,7 +130,8 @@ class Run:
                                autocast=autocast, channels_last=self.execution.channels_last,
                                normalize=None if normalize is None else interface.Normalizer(
                                    normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
-                               selector=self.interface.logits, clean=self.ds.x, progress=context.progress)
+                               selector=self.interface.logits, clean=self.ds.x, progress=context.progress,
+                               role=role)
         if certificate and self.precision not in ("float32", "float64"):
             self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
             warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)

@@ -171,6 +171,10 @@ class Perturbation(ABC):
     #: The attribute holding a per-coordinate size (eps, sigma, scale), which ``inspect.perturbation.check_size``
     #: compares with the box's width; None for perturbations without one.
     coordinate_size: str | None = None
+    #: What the perturbation acts on, when it is defined on images only ((n, 1 or 3, height, width)):
+    #: named in the error ``inspect.perturbation.check_images_only`` gives on other inputs, with
+    #: the perturbations to use instead. None for perturbations of any input.
+    images_only: str | None = None
 
     def __init__(self, bounds=(0.0, 1.0)):
         self.bounds = checked_box(bounds)

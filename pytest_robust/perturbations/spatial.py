@@ -34,6 +34,8 @@ class Spatial(Perturbation):
     round(N(0, (translate/2)^2)), each mirrored back into range) scaled by an adapted factor.
     """
 
+    images_only = "flips, rotations, zooms and shifts of images"
+
     def __init__(self, flip: bool = True, rotation: float = 10.0, scale=(0.9, 1.1), translate: int = 4,
                  padding_mode: str = "reflection", bounds=(0.0, 1.0)):
         super().__init__(bounds)

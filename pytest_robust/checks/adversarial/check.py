@@ -72,7 +72,8 @@ from pytest_robust.checks.adversarial.ensemble import (
 )
 from pytest_robust.checks.library import function
 from pytest_robust.engine import collective
-from pytest_robust.engine.gallery import gallery, is_image_batch
+from pytest_robust.engine.gallery import gallery
+from pytest_robust.engine.inspect.data import is_image_batch
 from pytest_robust.engine.inspect.perturbation import check_scale
 from pytest_robust.engine.run import Run
 from pytest_robust.engine.streams import stream_generator

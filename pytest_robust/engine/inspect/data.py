@@ -12,6 +12,13 @@ from pytest_robust.engine.items import input_and_label
 from pytest_robust.engine.streams import host_rng
 from pytest_robust.errors import RobustDataError, RobustWarning
 
+
+def is_image_batch(x: torch.Tensor) -> bool:
+    """Whether inputs look like images: (N, C, H, W) with 1 or 3 channels. Image advice (ToTensor,
+    /255, pixels, channel order) and image-only perturbations are for these inputs only; the
+    gallery shows them."""
+    return x.ndim == 4 and x.shape[1] in (1, 3)
+
 NORMALIZATION_ADVICE = (
     "keep inputs in [0, 1] pixel space and pass the model's normalization as normalize=(mean, std) "
     "(--robust-normalize; recommended: the check normalizes inside the model call, so eps stays in pixel "

@@ -12,7 +12,12 @@ import warnings
 
 import torch
 
-from pytest_robust.engine.inspect.data import FEATURES_BOX_ADVICE, NORMALIZATION_ADVICE, NORMALIZED_INSIDE_ADVICE
+from pytest_robust.engine.inspect.data import (
+    FEATURES_BOX_ADVICE,
+    NORMALIZATION_ADVICE,
+    NORMALIZED_INSIDE_ADVICE,
+    is_image_batch,
+)
 from pytest_robust.engine.inspect.model import PROBE_ROWS
 from pytest_robust.errors import ArgumentError, RobustDataError, RobustWarning
 
@@ -80,6 +85,22 @@ def box_width(bounds, x: torch.Tensor) -> tuple[float, str]:
     return float((hi - lo).min()), "the input box"
 
 
+def _tightest(size, bounds, x: torch.Tensor) -> tuple[float, float, str]:
+    """(size, width, what the width is) of the feature whose size is the largest share of its own
+    width (``box_width``; per feature when the box or the size is), for ``check_scale``."""
+    per_feature = isinstance(size, torch.Tensor) and size.numel() > 1
+    if bounds is None or not (per_feature or not isinstance(bounds[0], (int, float))):
+        width, where = box_width(bounds, x)
+        return (float(size.max()) if isinstance(size, torch.Tensor) else float(size)), width, where
+    lo, hi = box_for(bounds, x[:1])
+    widths = (hi - lo).double().expand(x[:1].shape).flatten()
+    sizes = torch.as_tensor(size, dtype=torch.float64).to(widths.device).expand(x[:1].shape).flatten()
+    shares = torch.where(torch.isfinite(widths) & (widths > 0), sizes / widths, torch.zeros_like(sizes))
+    j = int(shares.argmax())
+    where = "the input box" if lo.numel() * hi.numel() == 1 else f"the input box at element {j} (flattened)"
+    return float(sizes[j]), float(widths[j]), where
+
+
 #: A size of at least this many standard deviations of the data is warned about (``check_spread``).
 SPREAD_RATIO = 5.0
 #: Inputs (the first ones) the spread of the data is measured on.
@@ -142,11 +163,11 @@ def check_scale(owner: str, name: str, size, x: torch.Tensor, bounds, *, norm: s
     8/255). ``effect`` says what the size does then (", so ..."); sizes of at least ``below``
     times the range are left to another warning (the perturbation's own, ``check_size``). One
     helper for every check's sizes: a perturbation's (``check_size``), smoothing's sigma and
-    radius, an attack's eps, NPPR's ball. A per-feature size (a tensor) is compared by its largest
-    value. The size is also held against the spread of the data (``check_spread``)."""
+    radius, an attack's eps, NPPR's ball. A per-feature size (a tensor) or a per-feature box is
+    compared feature by feature: the feature whose size is the largest share of its own width
+    speaks. The size is also held against the spread of the data (``check_spread``)."""
     check_spread(owner, name, size, x, norm)
-    size = float(size.max()) if isinstance(size, torch.Tensor) else size
-    width, where = box_width(bounds, x)
+    size, width, where = _tightest(size, bounds, x)
     if norm == "l2":
         scale = width * math.sqrt(math.prod(x.shape[1:]))
         reach = f"the L2 diameter {scale:.4g} of {where} (width {width:.4g})"
@@ -229,10 +250,24 @@ def check_size(perturbation, x: torch.Tensor) -> None:
                 effect=", so draws spread over the whole box")
 
 
+def check_images_only(perturbation, x: torch.Tensor) -> None:
+    """ArgumentError when a perturbation defined on images only (``Perturbation.images_only``)
+    meets inputs that are not (n, 1 or 3, height, width) images, naming what to use instead."""
+    if getattr(perturbation, "images_only", None) and not is_image_batch(x):
+        raise ArgumentError(
+            f"{perturbation!r} is for images only ({perturbation.images_only}), and these inputs of shape "
+            f"{tuple(x.shape)} are not images (n, 1 or 3 channels, height, width): for tabular features, sequences "
+            "or embeddings use noise in the features' units, e.g. tsrm with UniformLinf(eps=..., bounds=None) or "
+            "GaussianNoise(sigma=..., bounds=None) (one size per feature allowed), adversarial_accuracy with "
+            "eps=..., or a perturbation of your own (a callable (x, generator) -> x'); images of another layout "
+            "go in as (n, channels, height, width), e.g. x.permute(0, 3, 1, 2) for channels-last")
+
+
 def inspect_inputs(ds, perturbation, normalized: bool = False) -> None:
     """The checks that need both data and perturbation: inputs inside its box, a size that fits
     the box, and a perturbation that draws from its generator (``normalized``: the check normalizes
     inside the model call). Runs once per check, before any evaluation."""
+    check_images_only(perturbation, ds.x)
     check_in_box(ds.x, getattr(perturbation, "bounds", None), normalized=normalized)
     check_size(perturbation, ds.x)
     check_uses_generator(perturbation, ds.x)
@@ -257,7 +292,7 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool =
     shown = f"bounds=({float(lo.min()):g}, {float(hi.max()):g})" if lo.numel() * hi.numel() > 1 else (
         f"bounds=({float(lo):g}, {float(hi):g})"
     )
-    images = x.ndim == 4 and x.shape[1] in (1, 3, 4)
+    images = is_image_batch(x)
     if images and low >= 0 and 10.0 < high <= 255.0 and float(hi.max()) <= 1.0:
         raise RobustDataError(
             f"{name}: inputs range from {low:g} to {high:g}, which looks like 0..255 images, but the "

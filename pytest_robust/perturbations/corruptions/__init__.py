@@ -134,6 +134,8 @@ class Corruption(Perturbation):
     images (corruptions are defined on [0, 1] images: a box (lo, hi) is mapped to it linearly).
     """
 
+    images_only = "common corruptions of images (blur, weather, digital artefacts)"
+
     def __init__(self, name: str, severity: int = 3, preset: str | None = None, bounds=(0.0, 1.0)):
         if bounds is None:
             raise ArgumentError("a Corruption needs the images' pixel box (bounds=(lo, hi)); None is not allowed")
@@ -275,6 +277,8 @@ class CorruptionGrid(Perturbation):
     left out, with a RobustWarning naming them and why; ``left_out`` maps each to its reason.
     Corruptions named explicitly must all apply: one that cannot is an ArgumentError.
     """
+
+    images_only = Corruption.images_only
 
     def __init__(self, corruptions=None, severities=None, preset: str | None = None, bounds=(0.0, 1.0)):
         super().__init__(checked_box(bounds))
