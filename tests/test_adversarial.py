@@ -165,19 +165,26 @@ def test_gradient_masking_is_reported_when_only_the_random_search_breaks_inputs(
     assert blind.estimate == 1.0 and blind.details["gradient_masking"]["zero_gradient_inputs"] == 20
 
 
-def test_a_budget_that_cannot_attack_every_input_is_refused_up_front():
+def test_a_budget_attacks_the_inputs_it_pays_for_and_is_refused_only_below_one_input():
     """The worst case counts the targets the model has: SmallNet has 3 classes, so 2 of the 3
-    targets asked for, and 2 ranking gradients; the refusal names inputs= and the probe is counted."""
+    targets asked for, and 2 ranking gradients. A budget below one input's worst case is refused;
+    a budget for 3 of the 40 inputs (less than a block of 8) attacks the first 3 of the seeded
+    order (the numbers of inputs=3) and says so; the probe is counted."""
     x, y = image_data(n=40)
     per_input = 1 + (2 + 2) * (9 + 1) + 2 + 100
-    needed = 1 + 40 * per_input
-    with pytest.raises(SettingError, match=rf"at least {needed} model evaluations to attack 40 inputs .*2 target\(s\) "
-                                           r"of 3 classes.*set inputs= \(a seeded random subset\) below 40"):
-        adversarial_accuracy(SmallNet().eval(), (x, y), eps=0.1, steps=9, restarts=2, targets=3,
-                             square_queries=100, budget=needed - 1)
-    r = adversarial_accuracy(SmallNet().eval(), (x, y), eps=0.1, steps=9, restarts=2, targets=3,
-                             square_queries=100, budget=needed)
-    assert r.forward_passes <= r.budget == needed
+    attack = dict(eps=0.1, steps=9, restarts=2, targets=3, square_queries=100)
+    with pytest.raises(SettingError, match=rf"at least {1 + per_input} model evaluations to attack one input .*2 "
+                                           r"target\(s\) of 3 classes"):
+        adversarial_accuracy(SmallNet().eval(), (x, y), budget=per_input, **attack)
+    short = adversarial_accuracy(SmallNet().eval(), (x, y), budget=1 + 3 * per_input, **attack)
+    subset = adversarial_accuracy(SmallNet().eval(), (x, y), inputs=3, **attack)
+    assert short.details["budget_stop"] == {"attacked": 3, "chosen": 40, "worst_case_per_input": per_input}
+    assert short.details["per_input"]["index"] == subset.details["per_input"]["index"]
+    assert (short.estimate, short.lower, short.upper) == (subset.estimate, subset.lower, subset.upper)
+    assert short.forward_passes <= short.budget
+    assert f"paid for 3 of the 40 inputs (each attack costs up to {per_input}" in short.message()
+    r = adversarial_accuracy(SmallNet().eval(), (x, y), budget=1 + 40 * per_input, **attack)
+    assert r.forward_passes <= r.budget and "budget_stop" not in r.details
     assert r.details["attack"]["worst_case_per_input"] == per_input and r.details["attack"]["classes"] == 3
     assert r.details["evaluations"]["probe"] == 1
 

@@ -200,7 +200,7 @@ def test_the_early_decision_keeps_its_false_pass_rate_at_the_threshold():
         assert passes / reps <= alpha + 3 * np.sqrt(alpha * (1 - alpha) / reps), tau
 
 
-def test_inputs_attacks_a_seeded_random_subset_and_fits_a_budget_refused_without_it():
+def test_inputs_attacks_a_seeded_random_subset_and_a_short_budget_the_same_first_inputs():
     x, y = _population(200, 150)
     r = adversarial_accuracy(Separated(), (x, y), inputs=50, **FAST)
     again = adversarial_accuracy(Separated(), (x, y), inputs=50, **FAST)
@@ -210,10 +210,30 @@ def test_inputs_attacks_a_seeded_random_subset_and_fits_a_budget_refused_without
     assert index == sorted(index) and index != list(range(50)) and index == again.details["per_input"]["index"]
     assert index != other.details["per_input"]["index"]
     per_input = 1 + 2 * 3  # clean + 2 restarts x (2 + 1) APGD-CE evaluations; no targets, no Square
-    with pytest.raises(SettingError, match=r"set inputs= \(a seeded random subset\) below 200"):
-        adversarial_accuracy(Separated(), (x, y), budget=1 + 200 * per_input - 1, **FAST)
-    fits = adversarial_accuracy(Separated(), (x, y), budget=1 + 50 * per_input, inputs=50, **FAST)
-    assert fits.details["per_input"]["index"] == index and fits.forward_passes <= fits.budget
+    short = adversarial_accuracy(Separated(), (x, y), budget=1 + 50 * per_input, **FAST)
+    attacked = short.details["budget_stop"]["attacked"]  # inputs broken early leave budget for more
+    assert 50 <= attacked < 200 and short.forward_passes <= short.budget
+    same = adversarial_accuracy(Separated(), (x, y), inputs=attacked, **FAST)  # the first of the same order
+    assert short.details["per_input"]["index"] == same.details["per_input"]["index"]
+    assert (short.estimate, short.lower, short.upper) == (same.estimate, same.lower, same.upper)
+
+
+def test_a_gate_the_budget_stops_is_inconclusive_saying_how_many_inputs_it_paid_for():
+    x, y = _population(600, 540)  # robust accuracy 0.9
+    per_input = 1 + 2 * 3
+    r = adversarial_accuracy(Separated(), (x, y), threshold=0.88, budget=1 + 40 * per_input, **FAST)
+    attacked = r.details["early_decision"]["attacked"]
+    assert r.verdict == "inconclusive" and 40 <= attacked < 600 == r.details["budget_stop"]["chosen"]
+    assert f"the budget of 281 model evaluations paid for {attacked} of the 600 inputs" in r.message()
+    assert "raise budget=" in r.message() and "used every one" not in r.message()
+
+
+def test_an_early_decision_says_after_how_many_inputs(tmp_path):
+    x, y = _population(600, 540)
+    r = adversarial_accuracy(Separated(), (x, y), threshold=0.5, **FAST)
+    decided = r.details["early_decision"]["decided_after"]
+    assert r.verdict == "pass" and decided < 600
+    assert f"decided after {decided} of 600 inputs" in r.message()
 
 
 def test_inputs_must_be_a_positive_integer():
@@ -250,3 +270,13 @@ def test_the_gallery_shows_the_misclassified_point_found(norm, eps):
         assert f.mean() <= 0.5 + 1 / 255  # misclassified (up to the 8-bit rounding of the thumbnail)
         move = np.abs(f - c).max() if norm == "linf" else np.sqrt(((f - c) ** 2).sum())
         assert 0 < move <= eps + 6 / 255
+
+
+def test_a_gate_on_ten_thousand_inputs_decides_within_the_default_budget():
+    """The default attack's worst case times 10 000 inputs is far above the default budget of
+    1 000 000, which used to be refused up front; the gate attacks the seeded order and decides."""
+    x, y = _population(10_000, 9_000)
+    r = adversarial_accuracy(Separated(), (x, y), eps=0.05, threshold=0.5)
+    assert r.details["attack"]["worst_case_per_input"] * 10_000 > r.budget == 1_000_000
+    assert r.verdict == "pass" and r.details["early_decision"]["decided_after"] < 10_000
+    assert "budget_stop" not in r.details and r.forward_passes <= r.budget

@@ -39,9 +39,12 @@ and the message) once either count reaches ``MASKING_SHARE`` of the inputs attac
 ``MASKING_MIN`` inputs, and reports both in ``details["gradient_masking"]``.
 
 Budget: the attack of an input costs at most ``Schedule.worst_case(classes)`` model evaluations,
-with the number of classes read from one probe of the model (one evaluation); the budget must
-cover that for every chosen input, or the check refuses up front and names what to lower
-(``inputs=`` among them). Inputs broken early cost much less. Each chunk is attacked in blocks of
+with the number of classes read from one probe of the model (one evaluation). The budget is spent,
+not checked up front: inputs are attacked in their seeded random order while the budget still
+covers the next one's worst case (inputs broken early cost much less, so a budget B attacks at
+least (B - 1) / worst_case inputs); the estimate and bounds are then over the inputs attacked, and
+a gate still undecided ends inconclusive, saying how many inputs the budget paid for. Only a
+budget that cannot pay for one input is refused up front. Each chunk is attacked in blocks of
 ``BLOCK`` with their own random streams (numbered by their place in the order), split over
 torch.distributed ranks
 (``procedures.per_input.over_blocks``), so no number depends on the batch size or the number of ranks.
@@ -241,14 +244,24 @@ def _classes(run: Run) -> int:
 
 
 def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: SequentialGate | None,
-                   found_points: _Found | None) -> dict:
+                   found_points: _Found | None, per_input_cost: int) -> dict:
     """Attack the inputs ``order`` (positions in the data) chunk by chunk until the gate decides
-    (module docstring) or the time limit passes (``time_limit``: the inputs attacked so far are a
-    seeded random subset, so their bounds hold; ``engine.clock``); per-row host arrays in attack
-    order, with ``index`` the input positions."""
-    parts, chunk = [], CHUNK if gate is not None else ESTIMATE_CHUNK
-    for start in range(0, len(order), chunk):
-        index = order[start : start + chunk]
+    (module docstring), the time limit passes (``time_limit``; ``engine.clock``) or the budget
+    cannot pay for the next input's worst case (``per_input_cost``): a chunk then shrinks to the
+    whole blocks the budget covers, and a last partial block ends the attack (so every block keeps
+    its streams). The inputs attacked are always the first ones of the seeded random ``order``, so
+    their bounds hold. Per-row host arrays in attack order, with ``index`` the input positions."""
+    parts, chunk, start, last = [], CHUNK if gate is not None else ESTIMATE_CHUNK, 0, False
+    while start < len(order) and not last:
+        size = chunk
+        if run.args.budget is not None:
+            affordable = max(run.remaining(), 0) // per_input_cost  # never more than the budget pays for
+            if affordable == 0:
+                break
+            if affordable < size:
+                size = affordable // BLOCK * BLOCK or affordable
+                last = size < BLOCK
+        index = order[start : start + size]
         labelled = torch.stack([run.ds.y[index.to(run.ds.y.device)], index.to(run.ds.y.device)], dim=1)
 
         def block(x, y_index, streams):
@@ -265,9 +278,9 @@ def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: Sequ
         parts.append(part)
         if gate is not None and gate.update((part["outcome"] == ROBUST).astype(np.float64)) is not None:
             break
-        attacked = start + len(index)
-        run.clock.pace(run.title, attacked, len(order), "inputs")
-        if attacked < len(order) and run.clock.expired():  # the time limit: the inputs attacked so far decide
+        start += len(index)
+        run.clock.pace(run.title, start, len(order), "inputs")
+        if start < len(order) and run.clock.expired():  # the time limit: the inputs attacked so far decide
             break
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
@@ -295,21 +308,24 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
     classes = _classes(run)
     per_input_cost, used = schedule.worst_case(classes), schedule.used_targets(classes)
     ranked = f" + {schedule.ranked(classes)} ranking gradient(s)" if schedule.ranked(classes) else ""
-    run.require(1 + n * per_input_cost, (
-        f"to attack {n} inputs with up to {per_input_cost} each (1 clean + ({restarts} restart(s) + {used} "
+    run.require(1 + per_input_cost, (
+        f"to attack one input with up to {per_input_cost} (1 clean + ({restarts} restart(s) + {used} "
         f"target(s) of {classes} classes) x {schedule.run_cost()} APGD evaluations{ranked} + "
-        f"{schedule.square_queries} Square queries), "
-        f"plus 1 to probe the number of classes; or set inputs= (a seeded random subset) below {n}, or lower "
-        "steps=, targets= or square_queries="))
+        f"{schedule.square_queries} Square queries), plus 1 to probe the number of classes; or lower steps=, "
+        "targets= or square_queries="))
     order = torch.randperm(total, generator=stream_generator(run.seed, "adversarial-order", 0))[:n]
     threshold = run.args.threshold
     gate = SequentialGate(threshold, run.alpha, horizon=n) if threshold is not None and 0 < threshold < 1 else None
     found_points = _Found(schedule) if is_image_batch(run.ds.x) else None
-    found = _attack_chunks(run, schedule, order, gate, found_points)
+    found = _attack_chunks(run, schedule, order, gate, found_points, per_input_cost)
     masking, warning = _masking(found["stage"], found["flat"])
     if warning:
         warnings.warn(warning, RobustWarning, stacklevel=2)
     details = _details(run, schedule, found, masking, classes, total)
+    attacked = len(found["outcome"])
+    short = attacked < n and not run.clock.stopped and (gate is None or gate.decision is None)
+    if short:  # the budget paid for the first `attacked` inputs of the seeded order
+        details["budget_stop"] = {"attacked": attacked, "chosen": n, "worst_case_per_input": per_input_cost}
     if per_feature is not None:
         details["attack"]["eps"] = size_repr(eps)
     pictures = None
@@ -320,13 +336,21 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
     label = f"{schedule.ball().title} eps={size_repr(eps)}{bounds_repr(schedule.bounds)}: {schedule.describe(classes)}"
     note = HONESTY + (f"; {warning}" if warning else "")
     robust = found["outcome"] == ROBUST
+    spent = (f"the budget of {run.args.budget} model evaluations paid for {attacked} of the {n} inputs (each "
+             f"attack costs up to {per_input_cost}; inputs broken early cost less)") if short else ""
     if gate is None:
         details["bounds"] = "one-sided Clopper-Pearson over the inputs attacked, each at the stated confidence"
-        return rate_result(run, robust, label, details, note, gallery=pictures)
+        return rate_result(run, robust, label, details, "; ".join(filter(None, (spent and f"estimated on {spent}",
+                                                                                  note))), gallery=pictures)
     stream = Stream(robust.astype(np.float64), found["index"], gate.decision, gate.p_values())
     estimate, lower, upper, info = summary(stream, run.alpha, threshold)
     details.update(info, bounds="anytime-valid betting confidence sequence over the inputs attacked in random order",
                    early_decision={"decided_after": stream.used, "attacked": len(robust), "chosen": n})
+    if spent and gate.decision is None:
+        details["inconclusive_reason"] = (f"{spent}, and they did not decide: raise budget= (--robust-budget) to "
+                                          "attack more of them, or move the threshold away from the estimate")
+    elif gate.decision is not None and stream.used < n:
+        note = f"decided after {stream.used} of {n} inputs (attacked in a seeded random order); {note}"
     return run.result(estimate=estimate, lower=lower, upper=upper, draws=stream.used, perturbation=label,
                       details=details, note=note, gallery=pictures)
 
