@@ -11,19 +11,28 @@ import traceback
 
 
 class RobustError(Exception):
-    """Base class: something the user must change (a setting, the model, the data)."""
+    """Base class: something the user must change (a setting, the model, the data).
+
+    ``key``: the keyword (of a marker, a call or a YAML check) the error is about, or None; a YAML
+    suite locates the error at that key's line."""
+
+    key: str | None = None
 
 
 class SettingError(RobustError, ValueError):
     """An invalid value for a named setting or argument."""
 
-    def __init__(self, key: str, value, accepted: str):
-        self.key, self.value, self.accepted = key, value, accepted
+    def __init__(self, key: str, value, accepted: str, *, name: str | None = None):
+        self.key, self.value, self.accepted = name or key, value, accepted
         super().__init__(f"{key}={value!r} is invalid: expected {accepted}")
 
 
 class MarkerError(RobustError, ValueError):
     """A ``robust`` marker (or YAML check) that cannot be run as written."""
+
+    def __init__(self, message: str = "", key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 class RobustDataError(RobustError, ValueError):
@@ -47,6 +56,10 @@ class RobustWarning(UserWarning):
 class ArgumentError(RobustError, ValueError, TypeError):
     """An argument that cannot work (a perturbation's parameters or output, a device); the message
     says what is accepted."""
+
+    def __init__(self, message: str = "", key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 class BudgetError(RobustError):

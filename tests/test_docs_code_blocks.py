@@ -172,6 +172,34 @@ def test_the_pages_have_code_to_run():
     assert any(b.page.name == "README.md" and b.conftest is not None for b in RUNS), "README's quick start"
 
 
+#: What the docs tests hand a library block (``test_python_blocks_run``): a reader must be told.
+GIVEN = {"model": "`model`", "noise_model": "`noise_model`", "x": "(x, y)", "y": "(x, y)", "data": "`data`"}
+
+
+def _free_names(code: str) -> set[str]:
+    """The names of ``GIVEN`` a block reads without defining them (assignment, import, argument)."""
+    import ast
+
+    tree = ast.parse(code)
+    defined = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    defined |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names}
+    defined |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return (read & set(GIVEN)) - defined
+
+
+@pytest.mark.parametrize("block", [b for b in EXECS if _free_names(b.code)], ids=lambda b: b.id)
+def test_a_block_that_uses_a_model_or_data_it_does_not_define_says_what_they_are(block):
+    """The text before the block (since the previous block) or the block's comments name each
+    model or data the block takes for granted, as a reader needs them."""
+    before = "\n".join(block.page.read_text().split("\n")[:block.line - 1])
+    lead = before.split("```")[-1]  # the whole page before it when it is the first block
+    told = lead + "\n".join(line for line in block.code.splitlines() if line.lstrip().startswith("#"))
+    untold = [name for name in sorted(_free_names(block.code)) if GIVEN[name] not in told]
+    assert not untold, f"say what {', '.join(untold)} are before the block (e.g. `model` is your classifier)"
+
+
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.language == "yaml"], ids=lambda b: b.id)
 def test_yaml_blocks_parse(block):
     assert yaml.safe_load(block.code) is not None

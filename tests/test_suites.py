@@ -351,8 +351,8 @@ SCHEMA_ERRORS = [  # (suite text, "line: key: message" expected in the error)
      "certified_accuracy:, nppr:, adversarial_accuracy:, corruption_accuracy:); "
      "found several (tsrm, nppr): write one check per metric"),
     (HEAD + CHECK + "    epsilon: 0.1\n",
-     "7: checks[0].epsilon: unknown key (did you mean eps?); a tsrm check takes: tsrm, perturbation, reference, "
-     "max_drop, name,"),
+     "7: checks[0].epsilon: unknown keyword(s) epsilon (did you mean eps?) on a tsrm check; valid keywords of a "
+     "tsrm check: tsrm, perturbation, reference, max_drop; other keys: name, profiles, model,"),
     (HEAD + "checks:\n  - name: a\n    tsrm: 0.9\n",
      "5: checks[0].tsrm: a tsrm check needs perturbation:"),
     (HEAD + "checks:\n  - name: a\n    q: 100\n",
@@ -363,7 +363,14 @@ SCHEMA_ERRORS = [  # (suite text, "line: key: message" expected in the error)
     (HEAD + CHECK + "    seed: -1\n",
      "7: checks[0].seed: the number -1 is invalid: expected an integer >= 0"),
     (HEAD + CHECK + "    report: out\n",
-     "7: checks[0].report: not a suite setting: report is one directory per session"),
+     "7: checks[0].report: report: on a tsrm check: report is one directory per session"),
+    # a parameter's value, located at its own key (the one door's error names it)
+    (HEAD + "checks:\n  - name: a\n    adversarial_accuracy: 0.5\n    eps: 0.1\n    steps: -1\n",
+     "7: checks[0].steps: steps=-1 is invalid: expected an integer >= 1"),
+    (HEAD + "checks:\n  - name: a\n    tsrm: 0.5\n    perturbation: {UniformLinf: {eps: 0.1}}\n"
+     "    reference: factories:step\n",
+     "7: checks[0].reference: a tsrm check: the paired form needs both reference= (the reference model) and "
+     "max_drop="),
     (HEAD + "settings:\n  confidence: 2\n" + CHECK,
      "4: settings.confidence: the number 2 is invalid: expected a number strictly between 0 and 1"),
     (HEAD + "settings:\n  model: robust_model\n" + CHECK,

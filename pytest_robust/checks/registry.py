@@ -57,6 +57,10 @@ def _overrides(given: dict, settings: tuple[str, ...], own: tuple, source: str) 
     return overrides
 
 
+#: How each door spells a check, by ``spelling``: (how messages name the check, what follows a key).
+SPELLINGS = {"marker": ("robust({name}=...)", "="), "suite": ("a {name} check", ":"), "call": ("{name}(...)", "=")}
+
+
 def load(target: str | Callable) -> Callable:
     """``target`` itself, or the object at its import path "module:name" (imported now)."""
     if callable(target):
@@ -126,7 +130,11 @@ class Param:
         """The value as the body receives it (None stays None: the default applies)."""
         if value is None or self.check is None or (self.fixture and isinstance(value, str)):
             return value
-        return load(self.check)(self.name, value)
+        try:
+            return load(self.check)(self.name, value)
+        except ArgumentError as err:  # the parameter's own error names it (RobustError.key)
+            err.key = err.key or self.name
+            raise
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,9 @@ class Metric:
     the check has one. ``paired`` names the check's paired form against a reference model
     (``procedures.paired``): "bernoulli" (the check draws from its perturbation with the Bernoulli
     procedure), "outcomes" (its per-input table's outcomes) or "values" (its per-input estimates);
-    None: the check has no paired form.
+    None: the check has no paired form. ``discrete=True``: the check also takes integer inputs (token
+    ids) with a perturbation of the user's that takes and returns them (``Perturbation.discrete``):
+    its draws only perturb inputs and call the model (TSRM and its paired form).
 
     ``gate=False`` declares an analysis: no threshold, no paired form, no marker (its verdict is
     "estimate"). ``positional`` names parameters a call may also give positionally after (model,
@@ -171,6 +181,7 @@ class Metric:
     gate: bool = True
     positional: tuple[str, ...] = ()
     budget_per: str = ""
+    discrete: bool = False
 
     def __post_init__(self):
         validation.choice(">=", "<=")("direction", self.direction)
@@ -184,7 +195,7 @@ class Metric:
         None for an analysis."""
         if not self.gate:
             return None
-        return (self.threshold_key or name) if spelling == "marker" else self.call_threshold()
+        return self.call_threshold() if spelling == "call" else (self.threshold_key or name)
 
     def paired_keys(self) -> tuple[str, ...]:
         """The keywords of the paired form: ("reference", "max_drop") for an "at least" check,
@@ -203,10 +214,11 @@ class Metric:
         key = self.paired_keys()[1]
         if reference is None or margin is None:
             raise ArgumentError(f"{name}: the paired form needs both reference= (the reference model) and {key}= "
-                                f"(the largest {key.split('_')[1]} allowed)")
+                                f"(the largest {key.split('_')[1]} allowed)", key="reference" if margin is None
+                                else key)
         if threshold is not None:
             raise ArgumentError(f"{name}: give either {threshold_key}= (an absolute requirement) or reference= with "
-                                f"{key}= (a paired comparison), not both")
+                                f"{key}= (a paired comparison), not both", key="reference")
         check = validation.non_negative_float if self.direction == "<=" else validation.unit_interval
         return reference, check(key, margin)
 
@@ -214,29 +226,31 @@ class Metric:
                settings: tuple[str, ...] = CHECK_KEY_NAMES) -> CheckSpec:
         """The one door: which ``keywords`` check ``name`` takes, as a ``CheckSpec``.
 
-        The same rule for a marker and a YAML check (``spelling="marker"``: the threshold is
-        ``name=``, or the declared ``threshold_key``) and for a fixture or library call
-        (``spelling="call"``: ``threshold=``): the threshold, the paired form's keys, the check's
+        The same rule for a marker (``spelling="marker"``: the threshold is ``name=``, or the
+        declared ``threshold_key``), a YAML check (``spelling="suite"``: the same keys, shown as
+        ``key:``) and a fixture or library call (``spelling="call"``: ``threshold=``): the
+        threshold, the paired form's keys, the check's
         own parameters and the ``settings`` keys; anything else is an ``ArgumentError`` naming the
         key (with the closest valid one) and every valid keyword. A keyword that is both a
         parameter of the check and a setting (``eps``) is the parameter, for this check: it
         overrides no setting. A value of None (or ``REQUIRED``) is a keyword not given. ``where``
-        names the check in messages (default ``robust(name=...)`` or ``name(...)``). Invalid values
-        raise the validators' ``SettingError``."""
+        names the check in messages (default ``SPELLINGS``). Invalid values raise the validators'
+        ``SettingError``; every error carries the keyword it is about (``RobustError.key``), where
+        there is one, so that a YAML suite locates it."""
         threshold_key = self.threshold_keyword(name, spelling)
-        where = where or (f"robust({name}=...)" if spelling == "marker" else f"{name}(...)")
+        where, assign = where or SPELLINGS[spelling][0].format(name=name), SPELLINGS[spelling][1]
         own = ((threshold_key,) if self.gate else ()) + tuple(p.name for p in self.params) + self.paired_keys()
         self._refuse_unknown(name, keywords, own + tuple(settings), spelling, where, settings)
         given = self._given(keywords)
         pairing = self._requested_pairing(where, threshold_key, given, keywords, spelling)
-        needs_threshold = self.gate and pairing is None and spelling == "marker"
+        needs_threshold = self.gate and pairing is None and spelling != "call"
         missing = [k for k in ((threshold_key,) if needs_threshold else ()) + self.required if k not in given]
         if missing:
-            raise ArgumentError(f"{where} needs {', '.join(k + '=' for k in missing)}; "
+            raise ArgumentError(f"{where} needs {', '.join(k + assign for k in missing)}; "
                                 + self.valid_keywords(name, spelling, where, settings))
         params = {p.name: p.validate(given[p.name]) for p in self.params if p.name in given}
         overrides = _overrides(given, settings, own, "on the robust marker" if spelling == "marker"
-                               else f"argument of {where}")
+                               else f"argument of {where}" if spelling == "call" else f"in {where}")
         threshold = given.get(threshold_key) if pairing is None else None
         return CheckSpec(name, None if threshold is None else self.threshold(threshold_key, threshold), params,
                          overrides, None if pairing is None else {"reference": pairing[0], "margin": pairing[1]})
@@ -255,10 +269,11 @@ class Metric:
         unknown = [k for k in keywords if k not in allowed]
         per_run = [k for k in unknown if k in PER_RUN]
         if per_run:
-            raise ArgumentError(f"{per_run[0]}= on {where}: {per_run[0]} {PER_RUN[per_run[0]]}, not per check")
+            raise ArgumentError(f"{per_run[0]}{SPELLINGS[spelling][1]} on {where}: {per_run[0]} "
+                                f"{PER_RUN[per_run[0]]}, not per check", key=per_run[0])
         if unknown:
             raise ArgumentError(f"unknown keyword(s) {', '.join(k + suggest(k, allowed) for k in unknown)} on {where}; "
-                                + self.valid_keywords(name, spelling, where, settings))
+                                + self.valid_keywords(name, spelling, where, settings), key=unknown[0])
 
     def _requested_pairing(self, where: str, threshold_key: str | None, given: dict, keywords: dict,
                            spelling: str) -> tuple | None:
@@ -268,10 +283,10 @@ class Metric:
             return None
         reference, margin = (given.get(k) for k in self.paired_keys())
         pairing = self.pairing(where, threshold_key, given.get(threshold_key), reference, margin)
-        if spelling == "marker" and pairing is None and threshold_key in keywords and threshold_key not in given:
+        if spelling != "call" and pairing is None and threshold_key in keywords and threshold_key not in given:
             raise ArgumentError(f"{where}: {threshold_key}=None needs a paired comparison instead: reference= (a "
                                 f"fixture returning the reference model) and {self.paired_keys()[1]}=; or give "
-                                f"{threshold_key}= a threshold")
+                                f"{threshold_key}= a threshold", key=threshold_key)
         return pairing
 
     def valid_keywords(self, name: str, spelling: str = "marker", where: str | None = None,
@@ -279,11 +294,12 @@ class Metric:
         """'valid keywords of ...': the threshold's, the parameters' and the paired form's keywords,
         then the settings."""
         threshold_key = self.threshold_keyword(name, spelling)
-        where = where or (f"robust({name}=...)" if spelling == "marker" else f"{name}(...)")
+        where = where or SPELLINGS[spelling][0].format(name=name)
         own = ([threshold_key] if self.gate else []) + [p.name for p in self.params if p.name != name]
         own += list(self.paired_keys())
         text = f"valid keywords of {where}: {', '.join(own)}"
-        return text + (f"; settings: {', '.join(settings)}" if settings else "")
+        return text + (f"; {'other keys' if spelling == 'suite' else 'settings'}: {', '.join(settings)}"
+                       if settings else "")
 
     def call_threshold(self) -> str:
         """The threshold's keyword in a library or fixture call."""
@@ -301,9 +317,7 @@ class Metric:
 
     def threshold(self, key: str, value) -> float:
         """The threshold, validated: a probability in (0, 1) for ">=", a number >= 0 for "<="."""
-        if self.direction == "<=":
-            return validation.non_negative_float(key, value)
-        return validation.open_unit(key, value)
+        return validation.threshold_value(key, value, self.direction)
 
     def validate(self, params: dict) -> dict:
         """``params`` with every value checked by its parameter's validator (SettingError)."""

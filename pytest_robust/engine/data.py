@@ -29,7 +29,7 @@ class TensorData:
         return len(self.y)
 
 
-def load_data(data, keys: tuple[str, str] | None = None) -> TensorData:
+def load_data(data, keys: tuple[str, str] | None = None, discrete: bool = False) -> TensorData:
     """Materialise an (x, y) pair, a torch Dataset of (x, y) items or of mappings (``input_and_label``),
     or a DataLoader into tensors, detached from any autograd graph; mapping items are read by ``keys``
 (the check's ``data_keys``), else by their common names.
@@ -39,12 +39,14 @@ def load_data(data, keys: tuple[str, str] | None = None) -> TensorData:
     index order (a shuffling loader is re-read with a sequential sampler) under a fixed global RNG
     that is restored afterwards, so the data, and every number computed from it, depend only on
     the check's seed. Inputs with NaN or infinite values are refused, naming the first such input
-    (``inspect.data.check_finite``).
+    (``inspect.data.check_finite``). Integer inputs (token ids) are kept as they are with
+    ``discrete`` (a check and perturbation that take them: ``Metric.discrete``), else refused with
+    the fixes for counts and for token ids.
     """
     if isinstance(data, TensorData):
         return data
     x, y = _read(data, keys)
-    return _checked(as_tensor(x, "inputs").detach(), as_tensor(y, "labels").detach())  # may carry requires_grad
+    return _checked(as_tensor(x, "inputs").detach(), as_tensor(y, "labels").detach(), discrete)  # requires_grad
 
 
 def _read(data, keys) -> tuple:
@@ -76,6 +78,15 @@ def _read(data, keys) -> tuple:
     )
 
 
+#: What integer inputs that are not images can be, and what each needs.
+INTEGER_ADVICE = (
+    "numeric features such as counts: pass x.float(), with bounds= in their units (e.g. (0, inf) for counts); "
+    "token ids: tsrm (and its paired form) takes them with a perturbation of your own that takes and returns "
+    "token ids, a callable (x, generator) -> x' such as a random token substitution; the noise perturbations, "
+    "smoothing, NPPR and the attacks act on continuous inputs: check the model from its embedding output (pass "
+    "the embedded inputs, and the layers after the embedding as the model)")
+
+
 def _unreadable(dataset, read: int, error: Exception) -> str:
     """What to say when reading a dataset's items failed after ``read`` items: for a map-style
     dataset, the first index of ``range(len(dataset))`` that cannot be read (a ``__len__`` larger
@@ -96,7 +107,7 @@ def _unreadable(dataset, read: int, error: Exception) -> str:
     return f"reading the dataset failed after {read} items: {type(error).__name__}: {error}"
 
 
-def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
+def _checked(x: torch.Tensor, y: torch.Tensor, discrete: bool = False) -> TensorData:
     """The data as ``TensorData`` once its shapes, dtypes and values make sense (``load_data``)."""
     _check_rows(x, y)
     _check_label_shape(x, y)
@@ -104,16 +115,14 @@ def _checked(x: torch.Tensor, y: torch.Tensor) -> TensorData:
         whole = y.dtype.is_floating_point and bool((y == y.round()).all()) and bool((y >= 0).all())
         raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}"
                               + (": they hold whole numbers, pass y.long()" if whole else ""))
-    if not x.dtype.is_floating_point:
-        raise RobustDataError(f"inputs must be floating point (got {x.dtype}): " + (
+    if not (x.dtype.is_floating_point or discrete):
+        raise RobustDataError(f"inputs must be floating point for this check and perturbation (got {x.dtype}): " + (
             "convert images with torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
-            if is_image_batch(x) else
-            "numeric features such as counts: pass x.float(), with bounds= in their units (e.g. (0, inf) for counts); "
-            "token ids are not numbers to perturb: check the model from its embedding output (pass the embedded "
-            "inputs, and the layers after the embedding as the model)"))
+            if is_image_batch(x) else INTEGER_ADVICE))
     if (y < 0).any():
         raise RobustDataError(f"labels must be >= 0, got minimum {int(y.min())}")
-    check_finite(x)
+    if x.dtype.is_floating_point or x.is_complex():
+        check_finite(x)
     return TensorData(x, y.long())
 
 

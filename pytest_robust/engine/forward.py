@@ -157,17 +157,20 @@ class Forward:
         return x.new_empty((0, self.n_classes or 0))
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for every row of x (no gradients), computed in chunks of at most ``batch_size``.
+        """Logits for every row of x (no gradients), computed in chunks of at most ``batch_size``,
+        in x's dtype (float32 for integer inputs: token ids).
 
         ``no_grad`` rather than ``inference_mode``: a model that builds a cache on its first call
         would otherwise hold inference tensors that a later gradient pass cannot use."""
 
+        dtype = x.dtype if x.dtype.is_floating_point else torch.float32  # token ids: logits in float32
+
         def run(start: int, stop: int) -> torch.Tensor:
             with torch.no_grad():
-                return self.validated(self.called(x[start:stop]), stop - start, x[start:stop]).to(x.dtype)
+                return self.validated(self.called(x[start:stop]), stop - start, x[start:stop]).to(dtype)
 
         parts = self.chunked(len(x), run)
-        return torch.cat(parts) if parts else self._empty(x)
+        return torch.cat(parts) if parts else self._empty(x).to(dtype)
 
     def grad(self, x: torch.Tensor, y: torch.Tensor, objective, with_logits: bool = False):
         """(objective(logits, y) per row, its gradient with respect to x[, the logits]), chunked

@@ -109,24 +109,26 @@ class Run:
         self.device = resolve_device(device, model)
         self.interface = context.interface
         check_data_normalization(data, perturbation, self.interface.normalize)
-        self.ds = load_data(data, context.data_keys)
+        self.ds = load_data(data, context.data_keys,
+                            discrete=declared.discrete and bool(getattr(perturbation, "discrete", False)))
         self.details: dict = {}
         self.model_dtype = model_dtype(model)
         self.dtype = working_dtype(self.model_dtype, self.ds.x.dtype)
-        if self.ds.x.dtype != self.dtype:
+        if self.ds.x.dtype.is_floating_point and self.ds.x.dtype != self.dtype:
             whose = "the model's dtype" if self.dtype == self.model_dtype else "the working dtype"
             self.details["dtype_note"] = f"the data ({self.ds.x.dtype}) was converted to {whose} {self.dtype}"
             self.ds = TensorData(self.ds.x.to(self.dtype), self.ds.y)
         self.ds = place(self.ds, self.device)
         self.perturbation = perturbation
-        if perturbation is not None:
+        if perturbation is not None and self.ds.x.dtype.is_floating_point:
             inspect_inputs(self.ds, perturbation, self.interface.normalize is not None)
         self.execution = context.execution
         autocast = autocast_dtype(self.execution.precision, self.device)
         self.precision = describe_precision(self.model_dtype, autocast)
         normalize = self.interface.normalize
         self.forward = Forward(model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
-                               input_dtype=self.model_dtype if self.model_dtype != self.dtype else None,
+                               input_dtype=self.model_dtype if self.model_dtype != self.dtype and
+                               self.ds.x.dtype.is_floating_point else None,
                                autocast=autocast, channels_last=self.execution.channels_last,
                                normalize=None if normalize is None else interface.Normalizer(
                                    normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),

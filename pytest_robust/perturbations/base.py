@@ -175,6 +175,9 @@ class Perturbation(ABC):
     #: named in the error ``inspect.perturbation.check_images_only`` gives on other inputs, with
     #: the perturbations to use instead. None for perturbations of any input.
     images_only: str | None = None
+    #: True when the perturbation may take and return integer inputs (token ids: a substitution of
+    #: the user's), which the checks declared ``discrete`` then accept (``Metric.discrete``).
+    discrete = False
 
     def __init__(self, bounds=(0.0, 1.0)):
         self.bounds = checked_box(bounds)
@@ -216,7 +219,10 @@ class Perturbation(ABC):
 
 
 class CallablePerturbation(Perturbation):
-    """A user's function ``fn(x, generator) -> x'``; no clipping (the function owns its box)."""
+    """A user's function ``fn(x, generator) -> x'``; no clipping (the function owns its box). It
+    may take and return integer inputs (token ids) where the check allows them (``discrete``)."""
+
+    discrete = True
 
     def __init__(self, fn: Callable[[torch.Tensor, torch.Generator], torch.Tensor]):
         super().__init__(bounds=None)
@@ -224,6 +230,9 @@ class CallablePerturbation(Perturbation):
 
     def sample(self, x, generator):
         out = self.fn(x, generator)
+        if isinstance(out, torch.Tensor) and out.dtype.is_floating_point != x.dtype.is_floating_point:
+            raise ArgumentError(f"perturbation {self!r} must return inputs of the input's kind: {x.dtype} in, "
+                                f"{out.dtype} out (token ids stay integers; continuous inputs stay floating point)")
         if not isinstance(out, torch.Tensor) or out.shape != x.shape:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ArgumentError(

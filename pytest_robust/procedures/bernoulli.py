@@ -168,7 +168,8 @@ def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor, need
     with contextlib.ExitStack() as deferred:
         for m, (forward, each) in enumerate(zip(models, runs)):
             deferred.enter_context(forward.deferring())
-            for j, part in enumerate(correct_predictions(forward.logits(x.to(each.dtype)), y).split(needed)):
+            inputs = x.to(each.dtype) if x.dtype.is_floating_point else x  # token ids stay integers
+            for j, part in enumerate(correct_predictions(forward.logits(inputs), y).split(needed)):
                 local[j, m * blk: m * blk + len(part)] = part
         local[:, width: width + len(models)] = torch.cat([f.finite_flag(dev) for f in models])
         local[:, -1] = min(f.batch_size for f in models)

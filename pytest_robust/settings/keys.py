@@ -160,7 +160,7 @@ def parse_layer(values: dict, source: str) -> dict:
             parsed[name] = by_name[name].parse(name, value)
         except SettingError as err:
             where = source.replace("<key>", name).replace("<flag>", name.replace("_", "-"))
-            raise SettingError(f"{name} ({where})", value, err.accepted) from None
+            raise SettingError(f"{name} ({where})", value, err.accepted, name=name) from None
     return parsed
 
 

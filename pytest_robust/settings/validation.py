@@ -306,16 +306,19 @@ class RunArgs:
         return 1.0 - self.confidence
 
 
+def threshold_value(key: str, value, direction: str = ">=") -> float:
+    """The one rule for thresholds: of an "at least" requirement (``direction`` ">=", an accuracy)
+    a probability strictly between 0 and 1, of an "at most" one ("<=", a loss) a number >= 0."""
+    return non_negative_float(key, value) if direction == "<=" else open_unit(key, value)
+
+
 def check_run_args(*, threshold, confidence, budget, seed, batch_size, direction: str = ">=") -> RunArgs:
     """Validate and convert the common arguments of a metric function (raises SettingError).
 
     A threshold of an "at least" requirement (``direction`` ">=", an accuracy) is a probability
     strictly between 0 and 1; one of an "at most" requirement ("<=", a loss) is a number >= 0."""
-    if threshold is not None:
-        check = non_negative_float if direction == "<=" else open_unit
-        threshold = check("threshold", threshold)
     return RunArgs(
-        threshold=threshold,
+        threshold=None if threshold is None else threshold_value("threshold", threshold, direction),
         confidence=open_unit("confidence", confidence),
         budget=None if budget is None else positive_int("budget", budget),
         seed=non_negative_int("seed", seed),

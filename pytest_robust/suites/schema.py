@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 from pytest_robust.checks.registry import CheckSpec, suggest
-from pytest_robust.checks.spec import budget_of, parse_marker
-from pytest_robust.errors import MarkerError, SettingError, SuiteError
+from pytest_robust.checks.spec import budget_of
+from pytest_robust.errors import ArgumentError, SettingError, SuiteError
 from pytest_robust.settings.keys import COMMAND_LINE_SOURCE, KEY_NAMES, PER_RUN, Settings, parse_layer
 from pytest_robust.settings.validation import positive_float
 from pytest_robust.suites.document import KeyPath, SuiteDocument, shown_value
@@ -216,26 +216,17 @@ def _check(ctx: _Context, index: int, raw) -> Check:
     name = _check_name(ctx, path, raw, index)
     metric_name = _metric_of(ctx, path, raw)
     metric = ctx.metrics[metric_name]
-    threshold_key, params = metric.keywords(metric_name)
-    allowed = tuple(dict.fromkeys((metric_name, threshold_key) + params + metric.paired_keys() + CHECK_KEYS
-                                  + SUITE_SETTINGS))
-    for key in raw:
-        if key in NOT_IN_SUITES and key not in allowed:
-            raise doc.error(path + (key,), f"not a suite setting: {key} {NOT_IN_SUITES[key]}")
-    doc.no_unknown_keys(path, raw, allowed, f"a {metric_name} check takes")
-    missing = [k for k in (() if "reference" in raw else (threshold_key,)) + metric.required if k not in raw]
-    if missing:
-        raise doc.error(path + (metric_name,), f"a {metric_name} check needs " + ", ".join(f"{k}:" for k in missing))
+    keywords = {k: v for k, v in raw.items() if k not in CHECK_KEYS}
+    if "reference" in keywords:  # a factory, built when the check runs; the door sees a name
+        keywords["reference"] = "reference"
+    if "perturbation" in keywords:
+        keywords["perturbation"] = perturbation_of(doc, path + ("perturbation",), raw["perturbation"],
+                                                   ctx.perturbations)
     overrides = _settings(doc, path, {k: v for k, v in raw.items() if k in SUITE_SETTINGS})
-    kwargs = {k: v for k, v in raw.items() if k in (metric_name, threshold_key) + params + metric.paired_keys()}
-    if "reference" in kwargs:  # a factory, built when the check runs; the marker rules see a name
-        kwargs["reference"] = "reference"
-    if "perturbation" in kwargs:
-        kwargs["perturbation"] = perturbation_of(doc, path + ("perturbation",), raw["perturbation"], ctx.perturbations)
-    try:
-        spec = parse_marker((), {**kwargs, **overrides}, ctx.metrics)
-    except MarkerError as err:
-        raise doc.error(path + (threshold_key,), str(err)) from None
+    try:  # the one door: the marker's keyword rules, errors located at the key they name
+        spec = metric.accept(metric_name, keywords, spelling="suite", settings=CHECK_KEYS + SUITE_SETTINGS)
+    except (ArgumentError, SettingError) as err:
+        raise doc.error(path + ((err.key,) if err.key in raw else (metric_name,)), str(err)) from None
     if spec.paired:
         spec.paired["reference"] = factory(doc, path, raw, "reference", ctx.folder)
     settings = ctx.settings.replace(overrides, f"in {doc.where}")

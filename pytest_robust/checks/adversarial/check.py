@@ -299,20 +299,13 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
                     effect=", so the attack may move every input to the same point (the box's centre) and no "
                            "classifier can stay robust")
     norm_ball = ball_of(norm, largest)
-    restarts = restarts or norm_ball.restarts
-    schedule = Schedule(eps=largest, steps=steps, restarts=restarts, targets=targets,
+    schedule = Schedule(eps=largest, steps=steps, restarts=restarts or norm_ball.restarts, targets=targets,
                         square_queries=square_queries if norm_ball.square else 0, bounds=run.perturbation.bounds,
                         norm=norm, ranking=ranking, per_feature=per_feature)
     total = len(run.ds)
     n = total if inputs is None else min(inputs, total)
     classes = _classes(run)
-    per_input_cost, used = schedule.worst_case(classes), schedule.used_targets(classes)
-    ranked = f" + {schedule.ranked(classes)} ranking gradient(s)" if schedule.ranked(classes) else ""
-    run.require(1 + per_input_cost, (
-        f"to attack one input with up to {per_input_cost} (1 clean + ({restarts} restart(s) + {used} "
-        f"target(s) of {classes} classes) x {schedule.run_cost()} APGD evaluations{ranked} + "
-        f"{schedule.square_queries} Square queries), plus 1 to probe the number of classes; or lower steps=, "
-        "targets= or square_queries="))
+    per_input_cost = _required(run, schedule, classes)
     order = torch.randperm(total, generator=stream_generator(run.seed, "adversarial-order", 0))[:n]
     threshold = run.args.threshold
     gate = SequentialGate(threshold, run.alpha, horizon=n) if threshold is not None and 0 < threshold < 1 else None
@@ -322,10 +315,6 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
     if warning:
         warnings.warn(warning, RobustWarning, stacklevel=2)
     details = _details(run, schedule, found, masking, classes, total)
-    attacked = len(found["outcome"])
-    short = attacked < n and not run.clock.stopped and (gate is None or gate.decision is None)
-    if short:  # the budget paid for the first `attacked` inputs of the seeded order
-        details["budget_stop"] = {"attacked": attacked, "chosen": n, "worst_case_per_input": per_input_cost}
     if per_feature is not None:
         details["attack"]["eps"] = size_repr(eps)
     pictures = None
@@ -335,9 +324,8 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
         pictures["note"] = "the misclassified point the attack found (the clean input where the model errs without one)"
     label = f"{schedule.ball().title} eps={size_repr(eps)}{bounds_repr(schedule.bounds)}: {schedule.describe(classes)}"
     note = HONESTY + (f"; {warning}" if warning else "")
+    spent = _budget_stop(run, details, len(found["outcome"]), n, per_input_cost, gate)
     robust = found["outcome"] == ROBUST
-    spent = (f"the budget of {run.args.budget} model evaluations paid for {attacked} of the {n} inputs (each "
-             f"attack costs up to {per_input_cost}; inputs broken early cost less)") if short else ""
     if gate is None:
         details["bounds"] = "one-sided Clopper-Pearson over the inputs attacked, each at the stated confidence"
         return rate_result(run, robust, label, details, "; ".join(filter(None, (spent and f"estimated on {spent}",
@@ -346,13 +334,37 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
     estimate, lower, upper, info = summary(stream, run.alpha, threshold)
     details.update(info, bounds="anytime-valid betting confidence sequence over the inputs attacked in random order",
                    early_decision={"decided_after": stream.used, "attacked": len(robust), "chosen": n})
-    if spent and gate.decision is None:
+    if spent:
         details["inconclusive_reason"] = (f"{spent}, and they did not decide: raise budget= (--robust-budget) to "
                                           "attack more of them, or move the threshold away from the estimate")
     elif gate.decision is not None and stream.used < n:
         note = f"decided after {stream.used} of {n} inputs (attacked in a seeded random order); {note}"
     return run.result(estimate=estimate, lower=lower, upper=upper, draws=stream.used, perturbation=label,
                       details=details, note=note, gallery=pictures)
+
+
+def _required(run: Run, schedule: Schedule, classes: int) -> int:
+    """The worst-case model evaluations of one input's attack; a budget that cannot pay for one
+    input (and the probe of the classes) is refused up front, naming the parts of that cost."""
+    per_input_cost, used = schedule.worst_case(classes), schedule.used_targets(classes)
+    ranked = f" + {schedule.ranked(classes)} ranking gradient(s)" if schedule.ranked(classes) else ""
+    run.require(1 + per_input_cost, (
+        f"to attack one input with up to {per_input_cost} (1 clean + ({schedule.restarts} restart(s) + {used} "
+        f"target(s) of {classes} classes) x {schedule.run_cost()} APGD evaluations{ranked} + "
+        f"{schedule.square_queries} Square queries), plus 1 to probe the number of classes; or lower steps=, "
+        "targets= or square_queries="))
+    return per_input_cost
+
+
+def _budget_stop(run: Run, details: dict, attacked: int, n: int, per_input_cost: int,
+                 gate: SequentialGate | None) -> str:
+    """When the budget, not the gate or the time limit, ended the attack before the ``n`` chosen
+    inputs: ``details["budget_stop"]`` and what the message says of it; "" otherwise."""
+    if attacked >= n or run.clock.stopped or (gate is not None and gate.decision is not None):
+        return ""
+    details["budget_stop"] = {"attacked": attacked, "chosen": n, "worst_case_per_input": per_input_cost}
+    return (f"the budget of {run.args.budget} model evaluations paid for {attacked} of the {n} inputs (each attack "
+            f"costs up to {per_input_cost}; inputs broken early cost less)")
 
 
 adversarial_accuracy = function("adversarial_accuracy", DECLARATION)
