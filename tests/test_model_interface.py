@@ -268,8 +268,9 @@ def test_settings_reach_markers_and_messages(pytester, monkeypatch):
     import json
 
     results = json.loads((pytester.path / "rep" / "results.json").read_text())["results"]
-    assert results[0]["details"]["model_interface"] == {"normalize": [list(MEAN), list(STD)], "logits": 0}
-    assert results[1]["details"]["model_interface"] == {"normalize": None, "logits": 0}
+    assert results[0]["details"]["model_interface"] == {"normalize": [list(MEAN), list(STD)], "logits": 0,
+                                                         "embedding": None}
+    assert results[1]["details"]["model_interface"] == {"normalize": None, "logits": 0, "embedding": None}
     assert "normalized inside the model" in (pytester.path / "rep" / "summary.md").read_text()
 
 

@@ -105,3 +105,31 @@ def test_a_rerun_on_new_draws_passes_the_bound_half_the_time_and_the_green_thres
         green += lower[k2] >= s["green"]
     assert 0.45 <= at_bound / 4000 <= 0.75  # about 1/2 (rounding down to the grid adds a little)
     assert green / 4000 >= 0.95
+
+
+def test_a_suggestion_from_a_model_near_chance_says_not_to_paste_it(pytester):
+    """Swapped labels: the estimate is low, the label check speaks in the estimate mode of
+    --robust-suggest, and the suggestion carries its advice instead of standing alone."""
+    pytester.makeconftest(REGISTER)
+    pytester.makepyfile(factories=FACTORIES, test_swapped="""
+import pytest
+import torch
+from factories import halves, step
+from pytest_robust import UniformLinf
+
+@pytest.fixture
+def robust_model():
+    return step(0.8)
+
+@pytest.fixture
+def robust_data():
+    x, y = halves(400)
+    return x, 1 - torch.as_tensor(y)
+
+@pytest.mark.robust(tsrm=0.9, perturbation=UniformLinf(eps=0.5), budget=400)
+def test_marker():
+    pass
+""")
+    out = pytester.runpytest("--robust-suggest", "-W", "ignore::pytest_robust.errors.RobustWarning").stdout.str()
+    line = next(line for line in out.splitlines() if "-> tsrm=" in line)
+    assert "do not paste it before the label check is answered: the model is near or below chance" in line

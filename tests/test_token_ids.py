@@ -1,7 +1,9 @@
-"""Token ids as inputs: TSRM (and its paired form) takes integer inputs with a perturbation of the
-user's that takes and returns them (a random token substitution); every other check, and the
-built-in noise, refuse integer inputs naming the fixes for counts and for token ids. On generated
-sentences and a bag-of-embeddings model whose weights are set by hand (no training)."""
+"""Token ids as inputs: with embedding= every check acts on the embedding's output (by name,
+"auto" or the module; through every door); TSRM (and its paired form) also takes integer inputs
+with a perturbation of the user's that takes and returns them (a random token substitution);
+otherwise integer inputs are refused naming the fixes for counts and for token ids. On generated
+sentences and a bag-of-embeddings model whose weights are set by hand (no training), and a tiny
+randomly initialised BERT."""
 
 from __future__ import annotations
 
@@ -75,8 +77,9 @@ def test_the_paired_gate_compares_two_models_on_the_same_substitutions():
 ])
 def test_integer_inputs_elsewhere_are_refused_naming_the_fixes_for_counts_and_token_ids(call):
     with pytest.raises(pr.RobustDataError, match=r"got torch.int64\): numeric features such as counts: pass "
-                                                  r"x.float\(\).*token ids: tsrm .* takes them with a perturbation "
-                                                  r"of your own.*embedding output") as caught:
+                                                  r"x.float\(\).*token ids: give embedding= .* every check perturbs "
+                                                  r"the embedding's output; or, for tsrm, a perturbation of your "
+                                                  r"own") as caught:
         call(BagOfEmbeddings(), sentences(20))
     assert "ToTensor" not in str(caught.value) and "255" not in str(caught.value)
 
@@ -84,3 +87,184 @@ def test_integer_inputs_elsewhere_are_refused_naming_the_fixes_for_counts_and_to
 def test_a_substitution_that_returns_floats_is_named():
     with pytest.raises(pr.ArgumentError, match=r"torch.int64 in, torch.float32 out"):
         pr.tsrm(BagOfEmbeddings(), sentences(20), perturbation=lambda ids, g: ids.float(), budget=100)
+
+
+# -- embedding=: the checks act on the embedding's output -------------------------------------------------------
+
+NOISE = pr.GaussianNoise(sigma=0.5, bounds=None)
+
+
+def test_embedding_by_name_or_module_measures_the_embedded_inputs_and_states_their_norm():
+    model, (ids, y) = BagOfEmbeddings(), sentences()
+    by_name = pr.tsrm(model, (ids, y), perturbation=NOISE, budget=3000, embedding="embedding")
+    by_module = pr.tsrm(model, (ids, y), perturbation=NOISE, budget=3000, embedding=model.embedding)
+    with torch.no_grad():
+        vectors = model.embedding(ids)
+
+    class Rest(torch.nn.Module):  # the layers after the embedding, by hand
+        def forward(self, v):
+            m = v.mean(dim=(1, 2))
+            return torch.stack([-m, m], dim=1)
+
+    by_hand = pr.tsrm(Rest(), (vectors, y), perturbation=NOISE, budget=3000)
+    assert by_name.estimate == by_module.estimate == by_hand.estimate
+    norm = float(vectors.norm(dim=-1).mean())
+    assert by_name.details["embedding"]["mean_norm"] == pytest.approx(norm, rel=1e-6)
+    assert f"in the embedding space of 'embedding' (dimension 1, mean vector norm {norm:.4g})" in by_name.message()
+
+
+@pytest.mark.parametrize("check", ["adversarial", "certified", "nppr"])
+def test_the_gradient_and_smoothing_checks_act_on_the_embedding(check):
+    model, (ids, y) = BagOfEmbeddings(), sentences(64)
+    if check == "adversarial":  # the mean of 12 one-number vectors moves by eps: 3 majority tokens survive 0.2
+        r = pr.adversarial_accuracy(model, (ids, y), eps=0.2, bounds=None, steps=5, embedding="embedding")
+        broken = pr.adversarial_accuracy(model, (ids, y), eps=1.0, bounds=None, steps=5, embedding="embedding")
+        assert r.estimate == 1.0 and broken.estimate == 0.0
+    elif check == "certified":
+        r = pr.certified_accuracy(model, (ids, y), sigma=0.25, radius=0.1, embedding="embedding")
+        assert r.estimate > 0.9
+    else:
+        r = pr.nppr(model, (ids, y), eps=0.2, bounds=None, latent_dim=2, components=2, fit_steps=3, fit_batch_size=8,
+                    draws_per_input=2, budget=20_000, embedding="embedding")
+        assert 0 <= r.estimate <= 1
+    assert "embedding space of 'embedding'" in r.message()
+
+
+def test_a_hugging_face_model_takes_embedding_auto():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=LENGTH)
+    torch.manual_seed(0)
+    bert = transformers.BertForSequenceClassification(config).eval()
+    ids, y = sentences(32)
+    r = pr.tsrm(bert, (ids, y), perturbation=pr.GaussianNoise(sigma=0.1, bounds=None), budget=500, embedding="auto")
+    assert r.details["embedding"]["module"] == "bert.embeddings.word_embeddings" and r.draws == 500
+    a = pr.adversarial_accuracy(bert, (ids, y), eps=0.05, bounds=None, steps=3, square_queries=5, embedding="auto")
+    assert 0 <= a.estimate <= 1
+
+
+class PaddingAware(BagOfEmbeddings):
+    """Reads the ids a second time: a mask of the non-padding tokens (id 0 pads)."""
+
+    def forward(self, ids):
+        keep = (ids != 0).float()
+        m = (self.embedding(ids).squeeze(-1) * keep).sum(1) / keep.sum(1).clamp(min=1)
+        return torch.stack([-m, m], dim=1)
+
+
+def test_a_model_that_reads_the_ids_beyond_the_embedding_is_refused():
+    with pytest.raises(pr.RobustModelError, match=r"reads the token ids elsewhere than through "
+                                                   r"embedding='embedding': its logits on the first 16 inputs differ"):
+        pr.tsrm(PaddingAware(), sentences(), perturbation=NOISE, budget=100, embedding="embedding")
+
+
+@pytest.mark.parametrize("spec, error", [
+    ("embeding", r"embedding='embeding' is invalid: expected the dotted name of a module of the model; its "
+                 r"embedding modules: 'embedding'"),
+    ("auto", r"the model has no get_input_embeddings\(\)"),
+    ("not a name", r"embedding='not a name' is invalid"),
+])
+def test_an_embedding_that_is_not_there_is_a_setting_error(spec, error):
+    with pytest.raises(pr.SettingError, match=error):
+        pr.tsrm(BagOfEmbeddings(), sentences(), perturbation=NOISE, budget=100, embedding=spec)
+
+
+def test_embedding_on_continuous_inputs_and_with_normalize_are_refused():
+    with pytest.raises(pr.RobustDataError, match=r"embedding= takes integer token ids, and these inputs are "
+                                                  r"torch.float32"):
+        pr.tsrm(BagOfEmbeddings(), (torch.rand(10, 12), torch.zeros(10, dtype=torch.long)), perturbation=NOISE,
+                budget=100, embedding="embedding")
+    with pytest.raises(pr.SettingError, match=r"None with embedding="):
+        pr.tsrm(BagOfEmbeddings(), sentences(), perturbation=NOISE, budget=100, embedding="embedding",
+                normalize=(0.5, 0.25))
+
+
+def test_hugging_face_dict_items_are_read_and_a_padded_attention_mask_is_refused():
+    ids, y = sentences(20)
+
+    class Items(torch.utils.data.Dataset):
+        def __init__(self, mask):
+            self.mask = mask
+
+        def __len__(self):
+            return len(y)
+
+        def __getitem__(self, i):
+            return {"input_ids": ids[i], "attention_mask": self.mask[i], "label": y[i]}
+
+    full = pr.tsrm(BagOfEmbeddings(), Items(torch.ones_like(ids)), perturbation=NOISE, budget=500,
+                   embedding="embedding")
+    assert full.estimate == pr.tsrm(BagOfEmbeddings(), (ids, y), perturbation=NOISE, budget=500,
+                                    embedding="embedding").estimate
+    padded = torch.ones_like(ids)
+    padded[:, -2:] = 0
+    with pytest.raises(pr.RobustDataError, match="attention_mask with padded positions"):
+        pr.tsrm(BagOfEmbeddings(), Items(padded), perturbation=NOISE, budget=500, embedding="embedding")
+
+
+def test_embedding_reaches_the_check_from_a_marker_the_command_line_and_yaml(pytester):
+    pytester.makeconftest(f"""
+import sys
+sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+import pytest
+from test_token_ids import BagOfEmbeddings, sentences
+
+
+@pytest.fixture
+def robust_model():
+    return BagOfEmbeddings()
+
+
+@pytest.fixture
+def robust_data():
+    return sentences()
+
+
+def factory_model():
+    return BagOfEmbeddings()
+
+
+def factory_data():
+    return sentences()
+""")
+    pytester.makepyfile(test_marker="""
+import pytest
+from pytest_robust import GaussianNoise
+
+@pytest.mark.robust(tsrm=0.8, perturbation=GaussianNoise(sigma=0.5, bounds=None), embedding="embedding", budget=3000)
+def test_marker():
+    pass
+
+@pytest.mark.robust(tsrm=0.8, perturbation=GaussianNoise(sigma=0.5, bounds=None), budget=3000)
+def test_command_line():
+    pass
+""")
+    pytester.makefile(".yaml", robust_tokens="""
+model: conftest:factory_model
+data: conftest:factory_data
+settings:
+  embedding: embedding
+checks:
+  - name: yaml
+    tsrm: 0.8
+    perturbation: {GaussianNoise: {sigma: 0.5, bounds: null}}
+    budget: 3000
+""")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-embedding", "embedding", "--robust-report", "rep")
+    result.assert_outcomes(passed=3)
+    import json
+
+    results = json.loads((pytester.path / "rep" / "results.json").read_text())["results"]
+    assert len({r["estimate"] for r in results}) == 1
+    assert all(r["details"]["embedding"]["module"] == "embedding" for r in results)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_embedding_with_reduced_and_double_precision_models(dtype):
+    model, (ids, y) = BagOfEmbeddings().to(dtype), sentences()
+    r = pr.tsrm(model, (ids, y), perturbation=NOISE, budget=2000, embedding="embedding")
+    reference = pr.tsrm(BagOfEmbeddings(), (ids, y), perturbation=NOISE, budget=2000, embedding="embedding")
+    assert r.precision == str(dtype).removeprefix("torch.")
+    # float64 draws its noise in float64 (other numbers), and a reduced-precision model rounds a few
+    # borderline means the other way: the same figure within 0.02 (the 95% interval is about +-0.013)
+    assert abs(r.estimate - reference.estimate) <= 0.02

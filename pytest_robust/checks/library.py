@@ -3,12 +3,12 @@ path from parameters to a ``Result`` that library calls and the pytest layer sha
 
 ``function(name, metric)`` builds ``name(model, data, *, <threshold>=None, <parameters>,
 confidence=0.95, budget=<the metric's>, seed=0, batch_size=1024, device=None, normalize=None,
-logits=None, data_keys=None, time_limit=None)``: everything after (model, data) is keyword-only (an
+logits=None, embedding=None, data_keys=None, time_limit=None)``: everything after (model, data) is keyword-only (an
 analysis may take the parameters it declares ``positional`` in that place too), so that a swapped
 threshold and radius cannot go unnoticed; a misspelt keyword is refused by the one door
 (``Metric.accept``) with the closest valid one. The call's context (``context.RunContext``) is the
 one in force (the public ``execution()`` / ``model_interface()`` blocks), read once here, with the
-call's ``normalize=``, ``logits=``, ``data_keys=`` and ``time_limit=`` laid over it.
+call's ``normalize=``, ``logits=``, ``embedding=``, ``data_keys=`` and ``time_limit=`` laid over it.
 
 ``evaluate`` validates the parameters by their declaration, builds the check's ``run.Run``
 (direction, streams and certificate from the declaration, the context as given), calls the body
@@ -36,7 +36,8 @@ from pytest_robust.settings import validation
 from pytest_robust.settings.keys import Settings
 
 #: The common keywords of every check, with their library defaults (budget: the metric's).
-COMMON = ("confidence", "budget", "seed", "batch_size", "device", "normalize", "logits", "data_keys", "time_limit")
+COMMON = ("confidence", "budget", "seed", "batch_size", "device", "normalize", "logits", "embedding", "data_keys",
+          "time_limit")
 #: Library defaults of settings keys a check takes that differ from the pytest layer's: a library
 #: call caches nothing unless it names a directory.
 LIBRARY_SETTINGS = {"cache_dir": None}
@@ -98,8 +99,8 @@ def function(name: str, metric: Metric, public: str | None = None):
         settings = Settings(**{k: given.pop(k) for k in metric.settings})
         spec = metric.accept(name, given, spelling="call", where=where, settings=())
         paired = None if spec.paired is None else (spec.paired["reference"], spec.paired["margin"])
-        context = _context(common.pop("normalize"), common.pop("logits"), common.pop("data_keys"),
-                           common.pop("time_limit"))
+        context = _context(common.pop("normalize"), common.pop("logits"), common.pop("embedding"),
+                           common.pop("data_keys"), common.pop("time_limit"))
         return evaluate(name, metric, model, data, spec.threshold, metric.resolved(spec.params, settings),
                         context=context, paired=paired, **common).value
 
@@ -110,11 +111,12 @@ def function(name: str, metric: Metric, public: str | None = None):
     return check
 
 
-def _context(normalize, logits, data_keys, time_limit) -> RunContext:
+def _context(normalize, logits, embedding, data_keys, time_limit) -> RunContext:
     """A library call's context: the one in force, with the call's own keywords laid over it."""
     now = ambient()
     interface = ModelInterface(now.interface.normalize if normalize is None else normalize,
-                               now.interface.logits if logits is None else logits)
+                               now.interface.logits if logits is None else logits,
+                               now.interface.embedding if embedding is None else embedding)
     return now.replace(interface=interface, data_keys=data_keys, time_limit=time_limit)
 
 

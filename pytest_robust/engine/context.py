@@ -65,7 +65,8 @@ class RunContext:
                       warning_site: tuple[str, int] | None = None) -> "RunContext":
         """The context of a check whose settings (``settings.keys.Settings``) the pytest layer resolved."""
         return cls(Execution(settings.precision, settings.channels_last, settings.compile, settings.deterministic),
-                   ModelInterface(settings.normalize, settings.logits), settings.data_keys, settings.time_limit,
+                   ModelInterface(settings.normalize, settings.logits, settings.embedding), settings.data_keys,
+                   settings.time_limit,
                    progress, warning_site)
 
     def replace(self, **changes) -> "RunContext":
@@ -106,10 +107,11 @@ def execution(precision: str = "fp32", channels_last: bool = False, compile: boo
 
 
 @contextlib.contextmanager
-def model_interface(normalize=None, logits=None):
-    """Library calls inside the block normalize inside the model call and pick the logits so
-    (validated here; ``interface.ModelInterface``); a call's own ``normalize=``/``logits=`` win."""
-    with _layered(interface=ModelInterface(normalize, logits)) as now:
+def model_interface(normalize=None, logits=None, embedding=None):
+    """Library calls inside the block normalize inside the model call, pick the logits and read
+    token ids through the embedding so (validated here; ``interface.ModelInterface``); a call's own
+    ``normalize=``/``logits=``/``embedding=`` win."""
+    with _layered(interface=ModelInterface(normalize, logits, embedding)) as now:
         yield now.interface
 
 

@@ -81,10 +81,10 @@ def _read(data, keys) -> tuple:
 #: What integer inputs that are not images can be, and what each needs.
 INTEGER_ADVICE = (
     "numeric features such as counts: pass x.float(), with bounds= in their units (e.g. (0, inf) for counts); "
-    "token ids: tsrm (and its paired form) takes them with a perturbation of your own that takes and returns "
-    "token ids, a callable (x, generator) -> x' such as a random token substitution; the noise perturbations, "
-    "smoothing, NPPR and the attacks act on continuous inputs: check the model from its embedding output (pass "
-    "the embedded inputs, and the layers after the embedding as the model)")
+    "token ids: give embedding= (the model's embedding module: 'auto' for a Hugging Face model, or its dotted "
+    "name, e.g. embedding='bert.embeddings.word_embeddings'), so that every check perturbs the embedding's output; "
+    "or, for tsrm, a perturbation of your own that takes and returns token ids, a callable (x, generator) -> x' "
+    "such as a random token substitution")
 
 
 def _unreadable(dataset, read: int, error: Exception) -> str:

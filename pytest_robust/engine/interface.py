@@ -24,6 +24,8 @@ fixture call).
   attribute name (str), an index (int), or a callable ``output -> logits tensor``. A key or an
   index leaves a tensor output alone (one session-wide ``--robust-logits 0`` then serves models
   of both kinds); a callable is applied to every output.
+- ``embedding=``: the inputs are token ids and the checks act on the output of this module of the
+  model (``engine.embedding``): "auto", a dotted name, or the module.
 - One-logit binary classifiers (the ``BCEWithLogitsLoss`` shape): logits of shape ``(batch,)`` or
   ``(batch, 1)`` are read as the two-class logits ``[0, z]`` (``two_classes``), so class 1 is
   predicted iff z > 0 (z = 0 is a tie, counted as an error like any tie) and every check gives the
@@ -49,10 +51,15 @@ class ModelInterface:
 
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     logits: str | int | Callable | None = None
+    embedding: object = None  # token ids through this embedding module (``engine.embedding``)
 
     def __post_init__(self):  # validated and converted here: SettingError names the key
         object.__setattr__(self, "normalize", validation.normalization("normalize", self.normalize))
         object.__setattr__(self, "logits", validation.logits_selector("logits", self.logits))
+        object.__setattr__(self, "embedding", validation.embedding("embedding", self.embedding))
+        if self.normalize is not None and self.embedding is not None:
+            raise SettingError("normalize", self.normalize, "None with embedding= (token ids are not normalized; "
+                                                            "the embedding vectors are the model's own)")
 
     def space(self) -> str:
         """Where sizes live, for messages: "" without normalization."""
@@ -63,9 +70,12 @@ class ModelInterface:
 
     def describe(self) -> dict:
         """JSON-able facts (results, cache keys): the normalization and the selector's name."""
-        chosen = self.logits
-        shown = getattr(chosen, "__qualname__", repr(chosen)) if callable(chosen) else chosen
-        return {"normalize": None if self.normalize is None else [list(p) for p in self.normalize], "logits": shown}
+        def shown(chosen):
+            return type(chosen).__name__ if hasattr(chosen, "forward") else \
+                getattr(chosen, "__qualname__", repr(chosen)) if callable(chosen) else chosen
+
+        return {"normalize": None if self.normalize is None else [list(p) for p in self.normalize],
+                "logits": shown(self.logits), "embedding": shown(self.embedding)}
 
 
 # -- the normalization ---------------------------------------------------------------------------

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
+
 from pytest_robust.errors import RobustDataError
 
 #: Keys of mapping items (the Hugging Face datasets shape) read as the input and as the label.
-INPUT_KEYS = ("image", "pixel_values", "input", "inputs", "x")
+INPUT_KEYS = ("image", "pixel_values", "input_ids", "input", "inputs", "x")
 
 
 LABEL_KEYS = ("label", "labels", "target", "targets", "y")
@@ -23,6 +25,7 @@ def input_and_label(item, keys: tuple[str, str] | None = None) -> tuple:
     if isinstance(item, (tuple, list)) and len(item) == 2:
         return item[0], item[1]
     if isinstance(item, Mapping):
+        _check_no_padding(item)
         named = keys
         keys = sorted(map(str, item))
         if named is not None:
@@ -52,5 +55,16 @@ def input_and_label(item, keys: tuple[str, str] | None = None) -> tuple:
             "input_key,label_key), rename the columns (datasets' rename_column) or pass an (x, y) tensor pair"
         )
     raise RobustDataError(f"each data item must be an (input, label) pair or a mapping, got {type(item).__name__}")
+
+
+def _check_no_padding(item: Mapping) -> None:
+    """A mapping item whose ``attention_mask`` has padded positions (zeros) is refused: a check calls
+    the model with the input alone, so the mask would be dropped and the padding read as tokens."""
+    mask = item.get("attention_mask")
+    if mask is not None and not bool((torch.as_tensor(mask) != 0).all()):
+        raise RobustDataError(
+            "the data items carry an attention_mask with padded positions, which a check cannot pass to the model "
+            "(it calls model(input_ids) alone, so the padding would be read as tokens): give inputs of one length "
+            "without padding (all-ones masks are ignored), e.g. sentences cut or grouped to one length")
 
 

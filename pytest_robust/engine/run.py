@@ -62,6 +62,7 @@ from pytest_robust.engine.clock import Clock
 from pytest_robust.engine.context import RunContext
 from pytest_robust.engine.data import TensorData, load_data, place
 from pytest_robust.engine.device import resolve_device
+from pytest_robust.engine.embedding import embedded
 from pytest_robust.engine.forward import Forward, correct_predictions
 from pytest_robust.engine.gallery import gallery as worst_gallery
 from pytest_robust.engine.guard import guarded
@@ -109,9 +110,15 @@ class Run:
         self.device = resolve_device(device, model)
         self.interface = context.interface
         check_data_normalization(data, perturbation, self.interface.normalize)
-        self.ds = load_data(data, context.data_keys,
-                            discrete=declared.discrete and bool(getattr(perturbation, "discrete", False)))
+        token_ids = self.interface.embedding is not None
+        self.ds = load_data(data, context.data_keys, discrete=token_ids or (
+            declared.discrete and bool(getattr(perturbation, "discrete", False))))
         self.details: dict = {}
+        if token_ids:  # the checks act on the embedding's output (engine.embedding)
+            model, vectors, self.details["embedding"] = embedded(model, self.interface.embedding, self.ds.x,
+                                                                 self.args.batch_size, self.interface.logits,
+                                                                 self.device)
+            self.model, self.ds = model, TensorData(vectors, self.ds.y)
         self.model_dtype = model_dtype(model)
         self.dtype = working_dtype(self.model_dtype, self.ds.x.dtype)
         if self.ds.x.dtype.is_floating_point and self.ds.x.dtype != self.dtype:
@@ -367,6 +374,6 @@ class Run:
             "tie_rate": self._tie_rate(accounts["ties"], evaluated),
             "execution": {**self.execution.__dict__, "precision_ran": self.precision},
             "model_interface": self.interface.describe(),
-            "space": self.interface.space(),
+            "space": self.details["embedding"]["space"] if "embedding" in self.details else self.interface.space(),
             "model_was_training": self.info.get("model_was_training", False),
         }

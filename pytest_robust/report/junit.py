@@ -24,11 +24,11 @@ def enforced(r: Result) -> bool:
 
 def case_name(r: Result) -> str:
     """``TSRM 0.951 [0.942, 0.960] >= 0.9 PASS | UniformLinf(eps=0.1) | test_x.py::test_y``; with
-    ``normalize=`` the perturbation is followed by "in pixel units, normalized inside the model";
+    ``normalize=`` or ``embedding=`` the perturbation is followed by the space of its sizes;
     a check recorded with ``enforce=False`` says "FAIL, NOT ENFORCED"."""
     threshold = "" if r.threshold is None else f" {r.direction} {r.threshold:g}"
     numbers = "" if r.estimate is None else f" {r.estimate:.3f} [{r.lower:.3f}, {r.upper:.3f}]"
-    space = " in pixel units, normalized inside the model" if r.details.get("space") else ""
+    space = f" in {r.details['space']}" if r.details.get("space") else ""
     status = r.status.upper() + ("" if enforced(r) else ", NOT ENFORCED")
     return (f"{r.name}{numbers}{threshold} {status} | {r.perturbation}{space} | "
             f"{r.test_id or 'programmatic'}")

@@ -69,8 +69,15 @@ def lines(results: list[dict]) -> list[str]:
            f"with probability about {pct} (docs/settings.md, 'Choosing thresholds')"]
     for r, s in rows:
         out.append(f"{r.test_id}: {r.name} {r.estimate:.4f}, bound {s['bound']:.4f} -> {s['paste']} "
-                   f"(green: {s['green']:.2f})")
+                   f"(green: {s['green']:.2f}){_doubt(r)}")
     return out
+
+
+def _doubt(r: Result) -> str:
+    """What the label check said of the run behind a suggestion (``engine.inspect.labels``): such a
+    threshold would enshrine a model that is near chance or constant, so it says so; "" otherwise."""
+    advice = r.details.get("clean_accuracy_advice")
+    return f"; do not paste it before the label check is answered: {advice}" if advice else ""
 
 
 def markdown(results: list[dict]) -> str:
@@ -79,5 +86,5 @@ def markdown(results: list[dict]) -> str:
     head = lines(results)[0] if rows else "no check produced an estimate"
     table = ["| check | metric | estimate | bound | suggested | green | paste |", "|---|---|---|---|---|---|---|"]
     table += [f"| {md_text(r.test_id)} | {md_text(r.name)} | {r.estimate:.4f} | {s['bound']:.4f} | "
-              f"{s['threshold']:.2f} | {s['green']:.2f} | `{s['paste']}` |" for r, s in rows]
+              f"{s['threshold']:.2f} | {s['green']:.2f} | `{s['paste']}`{md_text(_doubt(r))} |" for r, s in rows]
     return f"# Suggested thresholds\n\n{head}\n\n" + "\n".join(table) + "\n"

@@ -42,6 +42,7 @@ class Settings:
     normalize: tuple | None = None  # ((mean, ...), (std, ...)): applied inside the model call
     logits: object = None  # which part of the model's output holds the logits (key, index, callable)
     data_keys: tuple | None = None  # (input key, label key) of mapping data items
+    embedding: object = None  # the model's embedding module (a dotted name, "auto" or the module): token ids
 
     def replace(self, values: dict, source: str) -> "Settings":
         """A copy with ``values`` (raw, validated here) applied; ``source`` names their origin."""
@@ -132,6 +133,10 @@ KEYS = (
         "the keys of mapping data items that hold the input and the label, as input_key,label_key (e.g. "
         "img,klass); default: the common names (image, pixel_values, input, inputs, x; label, labels, "
         "target, targets, y)"),
+    Key("embedding", validation.embedding,
+        "the model's embedding module, for token-id inputs: the checks perturb its output, in the embedding's "
+        "units: auto (a Hugging Face model's get_input_embeddings()), or its dotted name (e.g. "
+        "bert.embeddings.word_embeddings); default: none (inputs as they are)"),
 )
 KEY_NAMES = tuple(k.name for k in KEYS)
 assert KEY_NAMES == tuple(f.name for f in fields(Settings)), "KEYS and Settings must list the same keys"

@@ -371,6 +371,22 @@ def normalization(key: str, value):
     return mean, std
 
 
+def embedding(key: str, value):
+    """``embedding``: None (or "none") for inputs the model takes as they are; "auto" (a Hugging Face
+    model's ``get_input_embeddings()``); the dotted name of the model's embedding module
+    ("bert.embeddings.word_embeddings"); or the module itself (any callable object)."""
+    if value is None or (callable(value) and not isinstance(value, str)):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("", "none"):
+            return None
+        if text == "auto" or all(part.isidentifier() or part.isdigit() for part in text.split(".")):
+            return text
+    raise SettingError(key, value, "'auto', the dotted name of the model's embedding module (e.g. "
+                                   "'bert.embeddings.word_embeddings', 'encoder.0') or the module itself")
+
+
 def logits_selector(key: str, value):
     """``logits``: None (find the logits: a tensor, ``.logits``, or a ``"logits"`` key), a key or
     attribute name (str), an index (int; digits in text from the command line or ini) or a callable."""

@@ -1,0 +1,136 @@
+"""Token ids through the model's embedding (the ``embedding=`` setting): the checks act on the
+embedding's output, in its own units, while the model keeps taking token ids.
+
+With ``embedding=`` (``"auto"``: a Hugging Face model's ``get_input_embeddings()``; a dotted name
+such as ``"bert.embeddings.word_embeddings"``; or the module itself), a check's inputs are integer
+token ids of any shape S. ``embedded`` computes the embedding vectors e = E(ids), of shape
+S × d, once per check, in batches, in eval mode; they are the check's continuous inputs: noise,
+smoothing, NPPR and attacks perturb them, and every size (eps, sigma, radius) is in the
+embedding's units (the message states the mean norm of the vectors, to size them against).
+``ThroughEmbedding`` is the model the check calls: given vectors e', it calls the model on
+placeholder ids of shape S (zeros) while a forward hook replaces E's output with e', so every
+layer after E sees e' exactly as it would see E(ids) of a real input, gradients included.
+
+That is sound only when the model reads the ids through E alone. ``embedded`` checks it on the
+first ``PROBE_INPUTS`` inputs: the model's logits on the real ids must equal those of
+``ThroughEmbedding`` on their clean vectors (within ``TOLERANCE`` of the largest logit); a model
+that also reads the ids elsewhere (a padding mask computed from the ids, a second embedding of
+them) is refused, naming the difference, rather than measured wrongly.
+
+Not covered: a forward that needs more than the ids (an attention mask with padded positions is
+refused where the data carries one: ``items.input_and_label``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from pytest_robust.engine.interface import logits_of
+from pytest_robust.errors import RobustDataError, RobustModelError, SettingError
+
+#: Inputs on which the model's logits through the real ids and through the embedding are compared.
+PROBE_INPUTS = 16
+#: Largest difference between those logits, as a share of their largest magnitude (float16 and
+#: bfloat16 models round the two paths alike: the same layers see the same vectors).
+TOLERANCE = 1e-3
+
+
+def resolve(model: torch.nn.Module, spec) -> tuple[torch.nn.Module, str]:
+    """(the embedding module, its name for messages) of ``spec``: "auto", a dotted name in the
+    model, or a module (of the model, or any callable module). A SettingError names what exists."""
+    if isinstance(spec, torch.nn.Module):
+        name = next((n for n, m in model.named_modules() if m is spec), None)
+        return spec, name or type(spec).__name__
+    if spec == "auto":
+        getter = getattr(model, "get_input_embeddings", None)
+        if getter is None:
+            raise SettingError("embedding", spec, "a dotted name or the module itself: the model has no "
+                                                  f"get_input_embeddings() (auto is for Hugging Face models); its "
+                                                  f"embedding modules: {_embeddings(model)}")
+        module = getter()
+        name = next((n for n, m in model.named_modules() if m is module), "get_input_embeddings()")
+        return module, name
+    try:
+        return model.get_submodule(spec), spec
+    except AttributeError:
+        raise SettingError("embedding", spec, f"the dotted name of a module of the model; its embedding modules: "
+                                              f"{_embeddings(model)}") from None
+
+
+def _embeddings(model: torch.nn.Module) -> str:
+    found = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
+    return ", ".join(repr(n) for n in found[:6]) or "none (no torch.nn.Embedding)"
+
+
+class ThroughEmbedding(torch.nn.Module):
+    """The model on embedding vectors (module docstring): ``forward(vectors)`` calls the model on
+    zero ids of the vectors' shape less the last dimension, with the embedding's output replaced."""
+
+    def __init__(self, model: torch.nn.Module, embedding: torch.nn.Module):
+        super().__init__()
+        self.model, self.embedding = model, embedding
+
+    def forward(self, vectors: torch.Tensor):
+        ids = torch.zeros(vectors.shape[:-1], dtype=torch.long, device=vectors.device)
+
+        def replace(module, args, output):
+            return vectors.to(output.dtype)
+
+        handle = self.embedding.register_forward_hook(replace)
+        try:
+            return self.model(ids)
+        finally:
+            handle.remove()
+
+
+def embedded(model: torch.nn.Module, spec, ids: torch.Tensor, batch_size: int, selector, device) -> tuple:
+    """(the model on vectors, the vectors of ``ids`` (float, on the ids' device), what to record):
+    see the module docstring. The embedding runs on ``device`` (the model's) in eval mode, batch by
+    batch; ``selector`` picks the logits (``interface.logits_of``)."""
+    if ids.dtype.is_floating_point:
+        raise RobustDataError(f"embedding= takes integer token ids, and these inputs are {ids.dtype}: pass the "
+                              "token ids (the tokenizer's input_ids), or drop embedding= for continuous inputs")
+    module, name = resolve(model, spec)
+    with torch.no_grad(), _evaluating(model):
+        vectors = torch.cat([module(ids[i:i + batch_size].to(device)).to(ids.device)
+                             for i in range(0, len(ids), batch_size)])
+        if not (isinstance(vectors, torch.Tensor) and vectors.dtype.is_floating_point
+                and vectors.shape[:-1] == ids.shape):
+            raise RobustModelError(f"embedding={name!r} must map token ids of shape {tuple(ids.shape[1:])} to vectors "
+                                   f"of shape {tuple(ids.shape[1:])} x dimension; it returned "
+                                   f"{tuple(vectors.shape) if isinstance(vectors, torch.Tensor) else type(vectors)}")
+        through = ThroughEmbedding(model, module)
+        _check_reads_ids_only(model, through, ids[:PROBE_INPUTS].to(device), vectors[:PROBE_INPUTS].to(device), name,
+                              selector)
+    norm = float(vectors[: 4096].float().norm(dim=-1).mean())
+    facts = {"module": name, "dimension": int(vectors.shape[-1]), "mean_norm": norm,
+             "space": f"the embedding space of {name!r} (dimension {vectors.shape[-1]}, mean vector norm {norm:.4g})"}
+    return through, vectors.float() if vectors.dtype in (torch.float16, torch.bfloat16) else vectors, facts
+
+
+@contextlib.contextmanager
+def _evaluating(model: torch.nn.Module):
+    """The model in eval mode inside the block (dropout off), each module's mode restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def _check_reads_ids_only(model, through, ids, vectors, name: str, selector) -> None:
+    """RobustModelError unless the model's logits on ``ids`` are those through the embedding."""
+    real = logits_of(model(ids), selector, len(ids)).float()
+    replaced = logits_of(through(vectors), selector, len(ids)).float()
+    gap = float((real - replaced).abs().max())
+    if gap > TOLERANCE * max(1.0, float(real.abs().max())):
+        raise RobustModelError(
+            f"the model reads the token ids elsewhere than through embedding={name!r}: its logits on the first "
+            f"{len(ids)} inputs differ by up to {gap:.4g} when the ids reach it only through that module (a padding "
+            "mask computed from the ids, a second embedding of them?), so the checks cannot perturb its inputs "
+            "there; name the module every use of the ids goes through, or check the layers after it on the "
+            "embedded inputs (docs: text and sequences)")
