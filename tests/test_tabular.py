@@ -391,3 +391,42 @@ def test_a_per_feature_size_is_held_against_each_features_own_box_width():
     with pytest.warns(pr.RobustWarning, match=r"eps=2 is at least the width 1 of the input box at element 2"):
         pr.tsrm(model, (x, torch.zeros(64, dtype=torch.long)),
                 perturbation=pr.UniformLinf(eps=torch.tensor([0.1, 30.0, 2.0]), bounds=(lo, hi)), budget=64)
+
+
+# -- NPPR with one radius per feature ------------------------------------------------------------------------
+
+
+class Seen(torch.nn.Module):
+    """Wraps a model and keeps every input row it evaluates."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.rows = inner, []
+
+    def forward(self, x):
+        self.rows.append(x.detach().clone())
+        return self.inner(x)
+
+
+def test_nppr_takes_one_radius_per_feature_and_keeps_features_of_radius_0_fixed(cancer):
+    x, y, model = cancer
+    options = {**NPPR, "cache_dir": None}
+    scalar = pr.nppr(model, (x, y), bounds=None, **options)
+    constant = pr.nppr(model, (x, y), bounds=None, **{**options, "eps": torch.full((30,), 0.1)})
+    assert (constant.estimate, constant.lower, constant.upper) == (scalar.estimate, scalar.lower, scalar.upper)
+    eps = torch.full((30,), 0.3)
+    eps[:15] = 0.0
+    seen = Seen(model)
+    r = pr.nppr(seen, (x, y), bounds=None, **{**options, "eps": eps})
+    assert "LearnedGMM(eps=per-feature (30,) in [0, 0.3]" in r.message()
+    rows = torch.cat(seen.rows)
+    fixed = {tuple(row) for row in x[:, :15].tolist()}
+    assert all(tuple(row) in fixed for row in rows[:, :15].tolist())  # the learned noise, PGD and the context
+    nearest = torch.cdist(rows[:, 15:].double(), x[:, 15:].double(), p=float("inf")).min(dim=1).values
+    assert float(nearest.max()) <= 0.3 + 1e-6  # every other feature within its radius of some input
+
+
+def test_nppr_per_feature_radii_are_l_inf_only(cancer):
+    x, y, model = cancer
+    with pytest.raises(pr.SettingError, match=r"one number with norm='l2'"):
+        pr.nppr(model, (x, y), bounds=None, norm="l2", **{**NPPR, "eps": torch.full((30,), 0.1), "cache_dir": None})

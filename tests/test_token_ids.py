@@ -268,3 +268,11 @@ def test_embedding_with_reduced_and_double_precision_models(dtype):
     # float64 draws its noise in float64 (other numbers), and a reduced-precision model rounds a few
     # borderline means the other way: the same figure within 0.02 (the 95% interval is about +-0.013)
     assert abs(r.estimate - reference.estimate) <= 0.02
+
+
+def test_inputs_of_several_tensors_are_named_with_the_fix():
+    ids, y = sentences(10)
+    with pytest.raises(pr.RobustDataError, match=r"the inputs are 2 tensors \(\(input_ids, attention_mask\)\?\), "
+                                                  r"and a check passes the model one input tensor"):
+        pr.tsrm(BagOfEmbeddings(), ((ids, torch.ones_like(ids)), y), perturbation=NOISE, budget=100,
+                embedding="embedding")

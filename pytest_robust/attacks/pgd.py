@@ -61,7 +61,7 @@ def pgd(
     forward: Forward,
     x: torch.Tensor,
     y: torch.Tensor,
-    eps: float,
+    eps: float | torch.Tensor,
     *,
     steps: int = 50,
     step_size: float | None = None,
@@ -72,14 +72,15 @@ def pgd(
 ) -> Attack:
     """PGD on every row of x through the forward wrapper (counted, capped, OOM-safe).
 
+    ``eps``: one radius, or one per coordinate (a tensor placed like x: ``perturbations.base.size_like``).
     Costs restarts x (steps + 1) model evaluations per input (steps of them with a backward pass),
     with no host read. The random starts come from ``generator``: one
     torch.Generator for all rows, or ``streams.RowStreams`` (one generator per block of rows, so that a
     block's starts do not depend on the blocks attacked with it). Every returned point lies in the
     feasible box; the returned loss is the loss there.
     """
-    if not eps > 0:
-        raise ArgumentError(f"eps must be > 0, got {eps!r}")
+    if not bool(torch.as_tensor(eps).gt(0).any()):
+        raise ArgumentError(f"eps must be > 0 (per feature: >= 0, not all 0), got {eps!r}")
     if steps < 1 or restarts < 1:
         raise ArgumentError(f"steps and restarts must be >= 1, got steps={steps}, restarts={restarts}")
     step_size = 2.5 * eps / steps if step_size is None else step_size

@@ -54,6 +54,11 @@ def _read(data, keys) -> tuple:
 
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list)):
         return data
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        raise RobustDataError(
+            f"the inputs are {len(data[0])} tensors ((input_ids, attention_mask)?), and a check passes the model "
+            "one input tensor: pass the token ids alone (inputs of one length need no mask: give embedding= for "
+            "token ids), or the model as a module whose forward takes one tensor")
     if isinstance(data, torch.utils.data.DataLoader) or isinstance(data, torch.utils.data.Dataset):
         if isinstance(data, torch.utils.data.DataLoader):
             loader = check_loader_order(data)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from pytest_robust.perturbations.base import Perturbation
+from pytest_robust.perturbations.base import Perturbation, size_like, size_repr
 
 
 class ProjectedGaussian(Perturbation):
@@ -21,11 +21,12 @@ class ProjectedGaussian(Perturbation):
         self.eps, self.sigma, self.norm = eps, sigma, norm
 
     def sample(self, x, generator):
-        delta = self.sigma * torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        sigma, eps = (size_like(v, x, self._placed) for v in (self.sigma, self.eps))  # per feature in L-inf
+        delta = sigma * torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
         if self.norm == "linf":
-            return x + delta.clamp(-self.eps, self.eps)
+            return x + delta.clamp(-eps, eps)
         norms = delta.flatten(start_dim=1).norm(dim=1).clamp(min=1e-12)
         return x + delta * (self.eps / norms).clamp(max=1.0).reshape(-1, *([1] * (x.ndim - 1)))
 
     def __repr__(self):
-        return f"ProjectedGaussian(sigma={self.sigma:g}, {self.norm} ball eps={self.eps:g})"
+        return f"ProjectedGaussian(sigma={size_repr(self.sigma)}, {self.norm} ball eps={size_repr(self.eps)})"

@@ -11,6 +11,7 @@ from pytest_robust.settings.validation import (
     positive_float,
     positive_int,
     positive_pair,
+    size,
     text,
 )
 
@@ -18,7 +19,8 @@ DECLARATION = Metric(
     "pytest_robust.checks.nppr.check:evaluate", title="NPPR", budget=300_000, settings=("cache_dir", "refit"),
     perturbation="pytest_robust.checks.nppr.check:ball",
     params=(
-        Param("eps", positive_float, REQUIRED, "radius of the ball the learned noise lives in, in input units"),
+        Param("eps", size, REQUIRED, "radius of the ball the learned noise lives in, in input units; in L-inf also "
+              "one radius per feature (a tensor broadcasting to one input; 0 keeps a feature fixed)"),
         Param("norm", choice("linf", "l2"), "linf", "the ball's norm"),
         Param("components", positive_int, 7, "mixture components"),
         Param("latent_dim", positive_int, 128, "latent dimension of the mixture"),

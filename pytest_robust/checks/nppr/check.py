@@ -97,6 +97,7 @@ def evaluate(run: Run, feature_layer, fit_data, fit_fraction, bounds, **options)
     accuracy (``pgd_steps`` steps) as the adversarial floor. ``cache_dir`` (None: no cache) and
     ``refit`` control reuse of fitted mixtures.
     """
+    options["eps"] = _radius(options["eps"], options["norm"])
     check_scale("NPPR", "eps", options["eps"], run.ds.x, bounds, norm=options["norm"], share=0.5,
                 below=1.0 if options["norm"] == "linf" else None,  # from 1, the ball's own inspection warns
                 effect=", so the noise may move every input to the same point and no classifier can stay robust")
@@ -125,6 +126,17 @@ def evaluate(run: Run, feature_layer, fit_data, fit_fraction, bounds, **options)
     return run.result(estimate=estimate, lower=lower, upper=upper, draws=gate.used, n_inputs=len(eval_ds),
                       perturbation=repr(frozen), details=details, note=_note(details, run.args.confidence),
                       gallery=gallery(details["per_input"], ">=", frozen, eval_ds, run.seed, rows))
+
+
+def _radius(eps, norm: str):
+    """eps as the check uses it: a number, or in L-inf one radius per feature as a float64 tensor
+    (a sequence or array given per feature); L2 radii are one number."""
+    if isinstance(eps, (int, float)):
+        return float(eps)
+    if norm != "linf":
+        raise SettingError("eps", eps, "one number with norm='l2' (a ball has one radius; per-feature radii are "
+                                       "L-inf only)")
+    return torch.as_tensor(eps.detach().cpu() if hasattr(eps, "detach") else eps, dtype=torch.float64)
 
 
 def _per_input_table(eval_index: list[int], clean_correct: torch.Tensor, pr: np.ndarray) -> dict:

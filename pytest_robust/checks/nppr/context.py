@@ -16,7 +16,7 @@ import torch
 from pytest_robust.attacks import pgd
 from pytest_robust.engine.data import TensorData
 from pytest_robust.engine.run import Run
-from pytest_robust.perturbations.base import Perturbation
+from pytest_robust.perturbations.base import Perturbation, size_like
 from pytest_robust.perturbations.noise import UniformL2, UniformLinf
 from pytest_robust.perturbations.projected import ProjectedGaussian
 from pytest_robust.procedures.bernoulli import block_size, summary
@@ -33,20 +33,22 @@ def per_input_pr(outcomes: np.ndarray, indices: np.ndarray, n: int) -> tuple[np.
         return np.where(counts > 0, correct / np.maximum(counts, 1), np.nan), counts
 
 
-def pgd_floor(run: Run, ds: TensorData, eps: float, steps: int, bounds) -> float:
+def pgd_floor(run: Run, ds: TensorData, eps, steps: int, bounds) -> float:
     """PGD robust accuracy (L-inf, cross-entropy, one random start; an input counts as broken when
     any iterate is misclassified) on the evaluation inputs, blocks of ``block_size`` inputs shared over ranks."""
 
-    def attack(x: torch.Tensor, y: torch.Tensor, streams) -> dict:
-        return {"fooled": pgd(run.forward, x, y, eps, steps=steps, bounds=bounds, generator=streams).fooled}
+    def attack(x: torch.Tensor, y: torch.Tensor, streams) -> dict:  # a per-feature eps placed like x
+        return {"fooled": pgd(run.forward, x, y, size_like(eps, x), steps=steps, bounds=bounds,
+                              generator=streams).fooled}
 
     fooled = over_blocks(run, ds.x, ds.y, block_size(ds.x), "nppr-pgd", attack)["fooled"]
     return int((~fooled).sum()) / len(ds)
 
 
-def context_noises(eps: float, norm: str, shape: tuple[int, ...], bounds) -> dict[str, Perturbation]:
+def context_noises(eps, norm: str, shape: tuple[int, ...], bounds) -> dict[str, Perturbation]:
     """The predefined distributions NPPR is compared with, inside the same ball and box: Gaussian
-    N(0, sigma^2) projected into the ball (sigma = eps for L-inf, eps / sqrt(D) for L2) and uniform."""
+    N(0, sigma^2) projected into the ball (sigma = eps for L-inf, per feature where eps is, and
+    eps / sqrt(D) for L2) and uniform."""
     if norm == "linf":
         return {"gaussian": ProjectedGaussian(eps, eps, norm, bounds), "uniform": UniformLinf(eps=eps, bounds=bounds)}
     return {

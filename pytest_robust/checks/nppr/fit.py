@@ -52,7 +52,7 @@ from pytest_robust.engine.device import upload
 from pytest_robust.engine.run import Run
 from pytest_robust.engine.streams import host_rng, stream_generator
 from pytest_robust.errors import ArgumentError, RobustWarning
-from pytest_robust.perturbations.base import Perturbation, bounds_repr
+from pytest_robust.perturbations.base import Perturbation, bounds_repr, size_like, size_repr
 
 #: At most this many points of the fit loss curve are kept (averaged over windows of steps).
 CURVE_POINTS = 200
@@ -84,9 +84,16 @@ class FitSettings:
 
 
 def mixture_config(options: dict, eval_ds: TensorData, fit_logits, fit_features) -> GMMConfig:
-    shape = tuple(eval_ds.x.shape[1:])
+    """The mixture's configuration; a per-feature eps (a tensor) as one radius per coordinate of one
+    input (``GMMConfig.radius``), its largest as ``eps``."""
+    shape, eps = tuple(eval_ds.x.shape[1:]), options["eps"]
+    radius = None
+    if isinstance(eps, torch.Tensor):
+        one = eval_ds.x[:1].double()
+        per = size_like(eps, one).expand(one.shape).reshape(shape)
+        radius, eps = tuple(per.flatten().tolist()), float(per.max())
     return GMMConfig(
-        eps=options["eps"], norm=options["norm"], components=options["components"],
+        eps=eps, radius=radius, norm=options["norm"], components=options["components"],
         latent_dim=options["latent_dim"], covariance=options["covariance"], dependency=options["dependency"],
         input_shape=shape, n_classes=fit_logits.shape[1],
         feature_dim=None if fit_features is None else fit_features.shape[1],
@@ -298,7 +305,8 @@ class FrozenGMM(Perturbation):
 
     def __repr__(self) -> str:
         c = self.gmm.cfg
+        eps = f"{c.eps:g}" if c.radius is None else size_repr(torch.tensor(c.radius).reshape(c.input_shape))
         return (
-            f"LearnedGMM(eps={c.eps:g}, norm={c.norm}, K={c.components}, latent={c.latent_dim}, "
+            f"LearnedGMM(eps={eps}, norm={c.norm}, K={c.components}, latent={c.latent_dim}, "
             f"covariance={c.covariance}, dependency={c.dependency}{bounds_repr(self.box)})"
         )

@@ -81,6 +81,7 @@ class GMMConfig:
     n_classes: int
     feature_dim: int | None
     grid_size: int
+    radius: tuple[float, ...] | None = None  # L-inf: one radius per coordinate of one input (eps their largest)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -210,6 +211,8 @@ class GMMPerturbation(nn.Module):
         diagonal = _diagonal_positions(d) if cfg.covariance == "full" else torch.arange(d)
         scale_init[:, diagonal] = _UNIT_SCALE
         self.components = _head(components_from, cfg, torch.cat([torch.randn(k * d), scale_init.flatten()]))
+        radius = None if cfg.radius is None else torch.tensor(cfg.radius).reshape(cfg.input_shape)
+        self.register_buffer("radius", radius)  # per coordinate, or None: cfg.eps everywhere
         if cfg.is_image:
             channels, height, width = cfg.input_shape
             self.grid = (min(cfg.grid_size, height), min(cfg.grid_size, width))
@@ -277,10 +280,16 @@ class GMMPerturbation(nn.Module):
                 u = F.interpolate(u, size=(height, width), mode="bicubic", align_corners=False)
         return u.reshape(*lead, *self.cfg.input_shape)
 
+    @property
+    def size(self):
+        """The L-inf radius: per coordinate (a tensor of one input's shape) or one number."""
+        return self.cfg.eps if self.radius is None else self.radius
+
     def budget(self, u: torch.Tensor) -> torch.Tensor:
-        """delta = eps tanh(u) (L-inf) or eps u / ||u||_2 over each input's coordinates (L2)."""
+        """delta = eps tanh(u) (L-inf, eps per coordinate where given) or eps u / ||u||_2 over each
+        input's coordinates (L2)."""
         if self.cfg.norm == "linf":
-            return self.cfg.eps * torch.tanh(u)
+            return self.size * torch.tanh(u)
         dims = tuple(range(u.ndim - len(self.cfg.input_shape), u.ndim))
         norm = u.flatten(start_dim=dims[0]).norm(dim=-1).clamp(min=1e-12)
         return self.cfg.eps * u / norm.reshape(*norm.shape, *([1] * len(dims)))
@@ -292,7 +301,7 @@ class GMMPerturbation(nn.Module):
         (for L2 the clamp only enforces the box; the L2 ball lies inside that L-inf box).
         """
         delta = self.budget(self.decode(z))
-        lo, hi = feasible_box(x, self.cfg.eps, bounds)  # of the batch, so per-channel bounds meet its channels
+        lo, hi = feasible_box(x, self.size, bounds)  # of the batch, so per-channel bounds meet its channels
         return torch.minimum(torch.maximum(x[:, None] + delta, lo[:, None]), hi[:, None])
 
 
