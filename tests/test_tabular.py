@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 
 import pytest
@@ -189,17 +190,41 @@ def test_the_image_default_eps_is_refused_on_features_with_the_fix(cancer):
 
 @pytest.mark.parametrize("size, warns", [(50.0, True), (4.0, False), (0.1, False)])
 def test_a_size_several_times_the_spread_of_the_data_is_warned_about_naming_the_spread(cancer, size, warns):
-    """Standardized features have spread 1: the rule warns from 5 times the median spread on."""
+    """Standardized features have spread 1: the rule warns from 5 times a feature's spread on."""
     import warnings
 
     x, y, model = cancer
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pr.tsrm(model, (x, y), perturbation=pr.UniformLinf(eps=size, bounds=None), budget=300)
-    said = [str(w.message) for w in caught if "times the median standard deviation" in str(w.message)]
+    said = [str(w.message) for w in caught if "times the standard deviation of feature" in str(w.message)]
     assert bool(said) == warns
     if warns:
-        assert "eps (50) is 50 times the median standard deviation of the features, 1, over the 200 inputs" in said[0]
+        assert re.search(r"eps \(50\) is 50 times the standard deviation of feature \d+, 1, over the 200 "
+                         r"inputs", said[0])
+
+
+@pytest.mark.parametrize("call", ["tsrm", "adversarial_l2", "certified"])
+def test_one_size_for_raw_features_on_scales_10_5_apart_is_warned_about_naming_the_feature(call):
+    """Raw breast-cancer features: areas spread by hundreds, smoothness by thousandths. One number
+    for all of them moves the least-varying ones by many of their standard deviations."""
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    x, y = torch.tensor(data.data[:200], dtype=torch.float32), torch.tensor(data.target[:200])
+    model = torch.nn.Linear(30, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if call == "tsrm":
+            pr.tsrm(model, (x, y), perturbation=pr.UniformLinf(eps=8 / 255, bounds=None), budget=300)
+        elif call == "adversarial_l2":
+            pr.adversarial_accuracy(model, (x, y), eps=1.0, norm="l2", bounds=None, steps=2, inputs=4)
+        else:
+            pr.certified_accuracy(model, (x, y), sigma=0.25, radius=0.1, max_draws=200)
+    said = [str(w.message) for w in caught if "times the standard deviation of feature" in str(w.message)]
+    assert said, [str(w.message) for w in caught]
+    fix = "give eps per feature" if call == "tsrm" else "is one number here, so give the model inputs on one scale"
+    assert fix in said[0] and "grey levels" not in " ".join(str(w.message) for w in caught)
 
 
 def test_a_per_feature_size_is_held_against_each_features_own_spread():
@@ -430,3 +455,63 @@ def test_nppr_per_feature_radii_are_l_inf_only(cancer):
     x, y, model = cancer
     with pytest.raises(pr.SettingError, match=r"one number with norm='l2'"):
         pr.nppr(model, (x, y), bounds=None, norm="l2", **{**NPPR, "eps": torch.full((30,), 0.1), "cache_dir": None})
+
+
+# -- what a new user gets wrong with tables ---------------------------------------------------------------------
+
+
+def test_a_per_feature_size_of_the_wrong_shape_is_named_as_a_size(cancer):
+    x, y, model = cancer
+    with pytest.raises(pr.ArgumentError, match=r"a per-feature size of shape \(13,\) does not fit inputs of shape "
+                                               r"\(30,\)"):
+        pr.tsrm(model, (x, y), perturbation=pr.UniformLinf(eps=torch.full((13,), 0.1), bounds=None), budget=100)
+
+
+def test_a_dataset_that_stops_early_and_misaligned_pandas_labels_are_refused(cancer):
+    pd = pytest.importorskip("pandas")
+    x, y, model = cancer
+
+    class Stops(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(y) + 10
+
+        def __getitem__(self, i):
+            if i >= len(y):
+                raise StopIteration
+            return x[i], y[i]
+
+    with pytest.raises(pr.RobustDataError, match=r"__len__ is 210, but reading it in order yielded 200 items "
+                                                  r".*StopIteration at item 200"):
+        pr.tsrm(model, Stops(), perturbation=NOISE["perturbation"], budget=100)
+    frame, labels = pd.DataFrame(x.numpy()), pd.Series(y.numpy())
+    with pytest.raises(pr.RobustDataError, match=r"the inputs' and the labels' index differ .* y.loc\[X.index\]"):
+        pr.tsrm(model, (frame, labels.sample(frac=1.0, random_state=0)), **NOISE)
+
+
+def test_lists_of_rows_are_read_and_ragged_rows_named(cancer):
+    x, y, model = cancer
+    assert pr.tsrm(model, (x.tolist(), y.tolist()), **NOISE).estimate == pr.tsrm(model, (x, y), **NOISE).estimate
+    with pytest.raises(pr.RobustDataError, match=r"rows of different lengths"):
+        pr.tsrm(model, ([[1.0, 2.0], [1.0]], [0, 1]), **NOISE)
+
+
+def test_a_two_logit_model_of_probabilities_is_not_called_one_logit():
+    class Confident(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(2))
+
+        def forward(self, x):
+            return torch.tensor([0.0, 1.0]).expand(len(x), 2) + 0 * self.bias
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pr.tsrm(Confident(), (torch.randn(40, 3), torch.ones(40, dtype=torch.long)), **NOISE)
+    said = " ".join(str(w.message) for w in caught)
+    assert "one-logit" not in said and "every row sums to 1" in said
+
+
+def test_a_normalization_per_feature_is_stated_briefly(cancer):
+    x, y, model = cancer
+    r = pr.tsrm(model, (x, y), normalize=(x.mean(0).tolist(), x.std(0).tolist()), **NOISE)
+    assert "normalized inside the model (mean 30 values from" in r.message()

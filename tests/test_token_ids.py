@@ -276,3 +276,89 @@ def test_inputs_of_several_tensors_are_named_with_the_fix():
                                                   r"and a check passes the model one input tensor"):
         pr.tsrm(BagOfEmbeddings(), ((ids, torch.ones_like(ids)), y), perturbation=NOISE, budget=100,
                 embedding="embedding")
+
+
+# -- what a new user gets wrong with token ids ------------------------------------------------------------------
+
+
+class GRUClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding, self.rnn = torch.nn.Embedding(VOCAB, 4), torch.nn.GRU(4, 4, batch_first=True)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.embedding(ids))[1][0])
+
+
+def test_an_embedding_that_cannot_take_ids_or_is_not_the_models_is_named():
+    ids, y = sentences(20)
+    with pytest.raises(pr.RobustModelError, match=r"embedding='rnn' cannot take token ids .* e.g. one of "
+                                                   r"'embedding'"):
+        pr.tsrm(GRUClassifier(), (ids, y), perturbation=NOISE, budget=100, embedding="rnn")
+    with pytest.raises(pr.SettingError, match=r"a module of the model .* this Embedding is not one of its "
+                                              r"submodules"):
+        pr.tsrm(BagOfEmbeddings(), (ids, y), perturbation=NOISE, budget=100, embedding=BagOfEmbeddings().embedding)
+    r = pr.tsrm(GRUClassifier(), (ids, y), perturbation=NOISE, budget=100, embedding="embedding")
+    assert r.details["embedding"]["dimension"] == 4
+
+
+def test_token_ids_outside_the_vocabulary_are_named():
+    ids, y = sentences(20)
+    with pytest.raises(pr.RobustDataError, match=r"token ids range from \d+ to 94, outside the vocabulary 0..49"):
+        pr.tsrm(BagOfEmbeddings(), (ids + 45, y), perturbation=NOISE, budget=100, embedding="embedding")
+    with pytest.raises(pr.RobustDataError, match=r"the model cannot take token ids from \d+ to \d+ .* a perturbation "
+                                                  r"of your own, that it draws ids below the vocabulary size"):
+        pr.tsrm(BagOfEmbeddings(), (ids, y), perturbation=lambda t, g: t + 1000, budget=100)
+
+
+def test_items_of_python_lists_read_as_their_tensors():
+    ids, y = sentences(20)
+
+    class Lists(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(y)
+
+        def __getitem__(self, i):
+            return {"input_ids": ids[i].tolist(), "attention_mask": [1] * LENGTH, "label": int(y[i])}
+
+    lists = pr.tsrm(BagOfEmbeddings(), Lists(), perturbation=NOISE, budget=500, embedding="embedding")
+    tensors = pr.tsrm(BagOfEmbeddings(), (ids, y), perturbation=NOISE, budget=500, embedding="embedding")
+    assert lists.estimate == tensors.estimate
+
+
+def test_corruptions_on_token_ids_say_images_only():
+    with pytest.raises(pr.ArgumentError, match="is for images only"):
+        pr.corruption_accuracy(BagOfEmbeddings(), sentences(20), budget=100)
+
+
+def test_a_global_embedding_is_switched_off_per_check_and_named_on_continuous_inputs(pytester):
+    pytester.makeconftest("""
+import pytest
+import torch
+
+@pytest.fixture
+def robust_model():
+    return torch.nn.Linear(3, 2)
+
+@pytest.fixture
+def robust_data():
+    return torch.randn(40, 3), torch.randint(0, 2, (40,))
+""")
+    pytester.makepyfile(test_features="""
+import pytest
+from pytest_robust import GaussianNoise
+
+@pytest.mark.robust(tsrm=0.01, perturbation=GaussianNoise(sigma=0.1, bounds=None), budget=200)
+def test_inherits():
+    pass
+
+@pytest.mark.robust(tsrm=0.01, perturbation=GaussianNoise(sigma=0.1, bounds=None), budget=200, embedding="none")
+def test_switched_off():
+    pass
+""")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--robust-embedding", "embedding", "-W",
+                                "ignore::pytest_robust.errors.RobustWarning")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*give this check embedding='none' (where --robust-embedding*"])

@@ -36,6 +36,12 @@ def as_tensor(value, role: str) -> torch.Tensor:
         value = value.to_numpy()  # a pandas Series
     elif hasattr(value, "toarray") and hasattr(value, "nnz"):
         value = value.toarray()  # a scipy.sparse matrix or array
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        try:
+            return torch.stack(list(value))  # one tensor per input
+        except RuntimeError:
+            raise RobustDataError(f"the {role} are tensors of different shapes ({tuple(value[0].shape)}, ...; ragged "
+                                  "sequences?): pad or cut them to one shape") from None
     if not isinstance(value, np.ndarray):
         try:
             return torch.as_tensor(value)
@@ -83,6 +89,9 @@ def _not_numbers(array: np.ndarray, role: str) -> str:
                 "classes the model's class names in output order (scikit-learn's LabelEncoder sorts them, which "
                 "matches only a model trained on its codes)")
     bad = next((v for v in array.flat if isinstance(v, (str, bytes)) or not _is_number(v)), array.flat[0])
+    if isinstance(bad, (list, tuple, np.ndarray)):
+        return (f"the {role} are rows of different lengths (a row of {len(bad)} values; ragged sequences?): pad or "
+                "cut them to one length (token ids: the tokenizer's padding=True or truncation)")
     return (f"the inputs hold a value that is not a number ({bad!r}, of type {type(bad).__name__}): encode such "
             "features as numbers as the model was trained (one-hot columns, category codes); text for a token-id "
             "model goes in as its token ids (the tokenizer's output), not as strings")

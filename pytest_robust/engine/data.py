@@ -5,6 +5,7 @@ a Dataset or a DataLoader (``load_data``), each item read as (input, label)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -53,17 +54,22 @@ def _read(data, keys) -> tuple:
     """(x, y) of an (x, y) pair, a Dataset or a DataLoader (``load_data``), not yet checked."""
 
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list)):
+        _check_aligned(*data)
         return data
     if isinstance(data, (tuple, list)) and len(data) == 2:
-        raise RobustDataError(
-            f"the inputs are {len(data[0])} tensors ((input_ids, attention_mask)?), and a check passes the model "
-            "one input tensor: pass the token ids alone (inputs of one length need no mask: give embedding= for "
-            "token ids), or the model as a module whose forward takes one tensor")
+        parts = data[0]
+        if parts and all(isinstance(p, torch.Tensor) for p in parts) and len(parts) != len(data[1]):
+            raise RobustDataError(
+                f"the inputs are {len(parts)} tensors ((input_ids, attention_mask)?), and a check passes the model "
+                "one input tensor: pass the token ids alone (inputs of one length need no mask: give embedding= for "
+                "token ids), or the model as a module whose forward takes one tensor")
+        _check_aligned(*data)
+        return data  # inputs as a list of rows (numbers, or one tensor per input)
     if isinstance(data, torch.utils.data.DataLoader) or isinstance(data, torch.utils.data.Dataset):
         if isinstance(data, torch.utils.data.DataLoader):
             loader = check_loader_order(data)
         else:
-            loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False)
+            loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False, collate_fn=_collate)
         check_reads_repeat(loader.dataset, keys)
         xs, ys = [], []
         with host_rng(0):
@@ -74,6 +80,7 @@ def _read(data, keys) -> tuple:
                     ys.append(as_tensor(labels, "labels"))
             except (IndexError, KeyError) as error:
                 raise RobustDataError(_unreadable(loader.dataset, sum(map(len, ys)), error)) from error
+        _check_all_read(loader.dataset, sum(map(len, ys)))
         if not xs:
             raise RobustDataError("the data is empty: the dataset or loader yielded no items")
         return torch.cat(xs), torch.cat(ys)
@@ -90,6 +97,73 @@ INTEGER_ADVICE = (
     "name, e.g. embedding='bert.embeddings.word_embeddings'), so that every check perturbs the embedding's output; "
     "or, for tsrm, a perturbation of your own that takes and returns token ids, a callable (x, generator) -> x' "
     "such as a random token substitution")
+
+
+def _collate(items: list):
+    """A batch of Dataset items as torch's default collate makes it, with list values (a Hugging Face
+    dataset not set to torch format: ``input_ids`` as a list of ids) read as tensors first, so that
+    a list is one input, not one value per position."""
+    def tensors(item):
+        if isinstance(item, Mapping):
+            return {k: _as_tensor_if_list(v) for k, v in item.items()}
+        if isinstance(item, tuple):
+            return tuple(_as_tensor_if_list(v) for v in item)
+        return item
+
+    return torch.utils.data.default_collate([tensors(item) for item in items])
+
+
+def _as_tensor_if_list(value):
+    if not isinstance(value, list):
+        return value
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return value  # text or ragged: left for the containers' errors
+
+
+def _check_aligned(x, y) -> None:
+    """pandas inputs and labels are read by position: refuse two whose index differ (a Series
+    shuffled or filtered apart from its DataFrame), naming the fix."""
+    index_x, index_y = getattr(x, "index", None), getattr(y, "index", None)
+    if hasattr(index_x, "equals") and hasattr(index_y, "equals") and not index_x.equals(index_y):
+        raise RobustDataError(
+            "the inputs' and the labels' index differ (first rows: "
+            f"{list(index_x[:3])} and {list(index_y[:3])}): pytest-robust reads both by position, so align them, "
+            "e.g. y = y.loc[X.index], or reset both with .reset_index(drop=True)")
+
+
+def _check_all_read(dataset, read: int) -> None:
+    """A map-style dataset that yielded fewer items than its ``__len__`` (its ``__getitem__``
+    raised StopIteration, which ends a loader silently) is refused, naming both counts."""
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return
+    try:
+        length = len(dataset)
+    except TypeError:
+        return
+    if read < length:
+        stop = next((i for i in range(read, length) if _stops(dataset, i)), read)
+        raise RobustDataError(f"the dataset's __len__ is {length}, but reading it in order yielded {stop} items (its "
+                              f"__getitem__ raised StopIteration at item {stop}, which ends a loader): make __len__ "
+                              "return the number of items the dataset holds")
+
+
+def _stops(dataset, index: int) -> bool:
+    try:
+        dataset[index]
+    except StopIteration:
+        return True
+    return False
+
+
+def check_continuous(x: torch.Tensor) -> None:
+    """Integer inputs where the check and its perturbation need continuous ones: a RobustDataError
+    with the fix in the inputs' terms (images, counts, token ids)."""
+    if not x.dtype.is_floating_point:
+        raise RobustDataError(f"inputs must be floating point for this check and perturbation (got {x.dtype}): " + (
+            "convert images with torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
+            if is_image_batch(x) else INTEGER_ADVICE))
 
 
 def _unreadable(dataset, read: int, error: Exception) -> str:
@@ -120,10 +194,8 @@ def _checked(x: torch.Tensor, y: torch.Tensor, discrete: bool = False) -> Tensor
         whole = y.dtype.is_floating_point and bool((y == y.round()).all()) and bool((y >= 0).all())
         raise RobustDataError(f"labels must be integer class indices, got dtype {y.dtype}"
                               + (": they hold whole numbers, pass y.long()" if whole else ""))
-    if not (x.dtype.is_floating_point or discrete):
-        raise RobustDataError(f"inputs must be floating point for this check and perturbation (got {x.dtype}): " + (
-            "convert images with torchvision's ToTensor() or x.float() / 255 so that eps is in [0, 1] pixel units"
-            if is_image_batch(x) else INTEGER_ADVICE))
+    if not discrete:
+        check_continuous(x)
     if (y < 0).any():
         raise RobustDataError(f"labels must be >= 0, got minimum {int(y.min())}")
     if x.dtype.is_floating_point or x.is_complex():

@@ -42,7 +42,11 @@ def resolve(model: torch.nn.Module, spec) -> tuple[torch.nn.Module, str]:
     model, or a module (of the model, or any callable module). A SettingError names what exists."""
     if isinstance(spec, torch.nn.Module):
         name = next((n for n, m in model.named_modules() if m is spec), None)
-        return spec, name or type(spec).__name__
+        if name is None:
+            raise SettingError("embedding", spec, "a module of the model (it is called inside model(ids)); this "
+                                                  f"{type(spec).__name__} is not one of its submodules: pass the "
+                                                  f"model's own, e.g. one of {_embeddings(model)}")
+        return spec, name
     if spec == "auto":
         getter = getattr(model, "get_input_embeddings", None)
         if getter is None:
@@ -91,11 +95,22 @@ def embedded(model: torch.nn.Module, spec, ids: torch.Tensor, batch_size: int, s
     batch; ``selector`` picks the logits (``interface.logits_of``)."""
     if ids.dtype.is_floating_point:
         raise RobustDataError(f"embedding= takes integer token ids, and these inputs are {ids.dtype}: pass the "
-                              "token ids (the tokenizer's input_ids), or drop embedding= for continuous inputs")
+                              "token ids (the tokenizer's input_ids), or for continuous inputs give this check "
+                              "embedding='none' (where --robust-embedding, robust_embedding in ini or a suite's "
+                              "settings set it for every check) or leave embedding= out")
     module, name = resolve(model, spec)
+    vocabulary = getattr(module, "num_embeddings", None)
+    if isinstance(vocabulary, int) and (int(ids.max()) >= vocabulary or int(ids.min()) < 0):
+        raise RobustDataError(f"token ids range from {int(ids.min())} to {int(ids.max())}, outside the vocabulary "
+                              f"0..{vocabulary - 1} of embedding={name!r}: tokenize with the model's own tokenizer")
+    try:
+        with torch.no_grad(), _evaluating(model):
+            vectors = torch.cat([module(ids[i:i + batch_size].to(device)).to(ids.device)
+                                 for i in range(0, len(ids), batch_size)])
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        raise RobustModelError(f"embedding={name!r} cannot take token ids ({type(err).__name__}: {err}): name the "
+                               f"module that maps the ids to vectors, e.g. one of {_embeddings(model)}") from None
     with torch.no_grad(), _evaluating(model):
-        vectors = torch.cat([module(ids[i:i + batch_size].to(device)).to(ids.device)
-                             for i in range(0, len(ids), batch_size)])
         if not (isinstance(vectors, torch.Tensor) and vectors.dtype.is_floating_point
                 and vectors.shape[:-1] == ids.shape):
             raise RobustModelError(f"embedding={name!r} must map token ids of shape {tuple(ids.shape[1:])} to vectors "

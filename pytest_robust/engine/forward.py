@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from pytest_robust.engine.interface import logits_of
+from pytest_robust.engine.interface import selected_logits, two_classes
 from pytest_robust.errors import (
     BudgetError,
     NotDifferentiable,
@@ -80,6 +80,7 @@ class Forward:
     by_phase: dict = field(default_factory=dict)
     current: str = "gate"
     role: str = ""  # which model this is, when not the model under test (errors.of_model)
+    one_logit: bool = False  # the last output was one logit per row (read as [0, z])
 
     def report_progress(self, **fields) -> None:
         """Fields for the progress line, if the check has one; values may be callables, evaluated
@@ -225,13 +226,24 @@ class Forward:
 
             explain_signature_error(model, err)
             raise
+        except IndexError as err:
+            if x.dtype.is_floating_point:
+                raise
+            raise RobustDataError(
+                f"the model cannot take token ids from {int(x.min())} to {int(x.max())} ({type(err).__name__}: {err}): "
+                "ids must lie within the model's vocabulary; check the data's ids and, for a perturbation of your "
+                "own, that it draws ids below the vocabulary size") from err
         except (RuntimeError, ValueError) as err:
             if self.n_classes is None and not is_oom(err):
                 from pytest_robust.engine.inspect.model import explain_model_error
 
                 explain_model_error(x, err)
             raise
-        return logits_of(out, self.selector, len(x)) if own else out
+        if not own:
+            return out
+        chosen = selected_logits(out, self.selector, len(x))
+        self.one_logit = isinstance(chosen, torch.Tensor) and (chosen.ndim == 1 or chosen.shape[1:] == (1,))
+        return two_classes(chosen, len(x))
 
     def validated(self, z, n: int, x: torch.Tensor | None = None) -> torch.Tensor:
         """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches
@@ -247,7 +259,7 @@ class Forward:
         if self.n_classes is None:
             from pytest_robust.engine.inspect.model import check_outputs
 
-            check_outputs(z)
+            check_outputs(z, self.one_logit)
             self.n_classes = z.shape[1]
             if self.max_label is not None and self.max_label >= self.n_classes:
                 binary = self.n_classes == 2 and bool((z[:, 0] == 0).all())

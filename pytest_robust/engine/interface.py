@@ -65,7 +65,8 @@ class ModelInterface:
         """Where sizes live, for messages: "" without normalization."""
         if self.normalize is None:
             return ""
-        mean, std = (", ".join(f"{v:g}" for v in part) for part in self.normalize)
+        mean, std = (", ".join(f"{v:g}" for v in part) if len(part) <= 4 else
+                     f"{len(part)} values from {min(part):g} to {max(part):g}" for part in self.normalize)
         return f"pixel units, normalized inside the model (mean {mean}; std {std})"
 
     def describe(self) -> dict:
@@ -106,7 +107,7 @@ def logits_of(output, selector, rows: int):
     """The logits tensor in ``output`` (``selector``: the ``logits`` setting; module docstring),
     one-logit outputs read as two classes (``two_classes``). Anything else is a
     ``RobustModelError`` that says which part looks like the logits and how to choose it."""
-    return two_classes(_logits_of(output, selector, rows), rows)
+    return two_classes(selected_logits(output, selector, rows), rows)
 
 
 def two_classes(z, rows: int):
@@ -125,8 +126,9 @@ def two_classes(z, rows: int):
     return torch.cat([torch.zeros_like(z), z], dim=1)
 
 
-def _logits_of(output, selector, rows: int):
-    """The logits tensor in ``output`` as the model gave it (``logits_of``)."""
+def selected_logits(output, selector, rows: int):
+    """The logits tensor in ``output`` as the model gave it (``logits_of``): one-logit outputs still
+    of shape (rows,) or (rows, 1)."""
     import torch
 
     if selector is not None and (callable(selector) or not isinstance(output, torch.Tensor)):

@@ -61,7 +61,11 @@ def _check_no_padding(item: Mapping) -> None:
     """A mapping item whose ``attention_mask`` has padded positions (zeros) is refused: a check calls
     the model with the input alone, so the mask would be dropped and the padding read as tokens."""
     mask = item.get("attention_mask")
-    if mask is not None and not bool((torch.as_tensor(mask) != 0).all()):
+    try:
+        padded = mask is not None and not bool((torch.as_tensor(mask) != 0).all())
+    except (TypeError, ValueError, RuntimeError):
+        padded = False  # not a mask of numbers: not this check's to judge
+    if padded:
         raise RobustDataError(
             "the data items carry an attention_mask with padded positions, which a check cannot pass to the model "
             "(it calls model(input_ids) alone, so the padding would be read as tokens): give inputs of one length "

@@ -60,7 +60,7 @@ import torch
 from pytest_robust.engine import collective, interface, precision
 from pytest_robust.engine.clock import Clock
 from pytest_robust.engine.context import RunContext
-from pytest_robust.engine.data import TensorData, load_data, place
+from pytest_robust.engine.data import TensorData, check_continuous, load_data, place
 from pytest_robust.engine.device import resolve_device
 from pytest_robust.engine.embedding import embedded
 from pytest_robust.engine.forward import Forward, correct_predictions
@@ -70,7 +70,7 @@ from pytest_robust.engine.inspect.data import check_data_normalization, is_image
 from pytest_robust.engine.inspect.labels import label_warnings, probe_labels, probe_rows
 from pytest_robust.engine.inspect.model import check_model
 from pytest_robust.engine.inspect.normalization import PROBE_INPUTS, probe_normalization
-from pytest_robust.engine.inspect.perturbation import inspect_inputs
+from pytest_robust.engine.inspect.perturbation import check_images_only, inspect_inputs
 from pytest_robust.engine.precision import autocast_dtype, describe_precision, model_dtype, working_dtype
 from pytest_robust.engine.streams import stream_generator
 from pytest_robust.errors import ArgumentError, RobustModelError, RobustWarning, SettingError, of_model
@@ -111,8 +111,11 @@ class Run:
         self.interface = context.interface
         check_data_normalization(data, perturbation, self.interface.normalize)
         token_ids = self.interface.embedding is not None
-        self.ds = load_data(data, context.data_keys, discrete=token_ids or (
-            declared.discrete and bool(getattr(perturbation, "discrete", False))))
+        self.ds = load_data(data, context.data_keys, discrete=True)  # integers are judged below
+        if perturbation is not None:  # "images only" comes before what integer inputs would need
+            check_images_only(perturbation, self.ds.x)
+        if not (token_ids or (declared.discrete and bool(getattr(perturbation, "discrete", False)))):
+            check_continuous(self.ds.x)
         self.details: dict = {}
         if token_ids:  # the checks act on the embedding's output (engine.embedding)
             model, vectors, self.details["embedding"] = embedded(model, self.interface.embedding, self.ds.x,

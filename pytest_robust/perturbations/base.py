@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from pytest_robust.engine.inspect.perturbation import box_for, check_perturbation_object
+from pytest_robust.engine.inspect.perturbation import box_for, check_perturbation_object, size_for
 from pytest_robust.errors import ArgumentError, RobustWarning
 from pytest_robust.results import NO_IDENTITY
 from pytest_robust.settings import validation
@@ -81,11 +81,7 @@ def size_like(size, x: torch.Tensor, cache: dict | None = None):
     key = (x.device, x.dtype, tuple(x.shape[1:]))
     if cache is not None and key in cache:
         return cache[key]
-    try:
-        placed = box_for((size, size), x)[0]
-    except ArgumentError as err:
-        raise ArgumentError(str(err).replace("bounds of shape", "a per-feature size of shape").replace(
-            "each of lo and hi", "it")) from None
+    placed = size_for(size, x)
     if cache is not None:
         cache[key] = placed
     return placed

@@ -38,7 +38,7 @@ def _row(r: Result) -> tuple[str, ...]:
     return (
         r.test_id.rsplit("/", 1)[-1] or "(outside pytest)",
         r.name,
-        r.perturbation,
+        r.perturbation + (f" in {r.details['space']}" if r.details.get("space") else ""),  # its units, when stated
         _number(r.estimate),
         f"[{r.lower:.4f}, {r.upper:.4f}] @{percent(r.confidence)}" if ran else "-",
         "-" if r.threshold is None else f"{r.direction} {r.threshold:g}",

@@ -77,7 +77,7 @@ from pytest_robust.checks.library import function
 from pytest_robust.engine import collective
 from pytest_robust.engine.gallery import gallery
 from pytest_robust.engine.inspect.data import is_image_batch
-from pytest_robust.engine.inspect.perturbation import check_scale
+from pytest_robust.engine.inspect.perturbation import check_scale, check_spread
 from pytest_robust.engine.run import Run
 from pytest_robust.engine.streams import stream_generator
 from pytest_robust.errors import ArgumentError, RobustWarning, SettingError
@@ -298,6 +298,8 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
         check_scale("adversarial accuracy", "eps", eps, run.ds.x, run.perturbation.bounds, share=0.5, below=1.0,
                     effect=", so the attack may move every input to the same point (the box's centre) and no "
                            "classifier can stay robust")
+    else:  # a radius: held against the spread of the feature that varies least
+        check_spread("adversarial accuracy", "eps", eps, run.ds.x, norm="l2")
     norm_ball = ball_of(norm, largest)
     schedule = Schedule(eps=largest, steps=steps, restarts=restarts or norm_ball.restarts, targets=targets,
                         square_queries=square_queries if norm_ball.square else 0, bounds=run.perturbation.bounds,

@@ -103,7 +103,7 @@ def evaluate(run: Run, radius, sigma, alpha, max_draws) -> Result:
     to certify even when every draw is correct, too few inputs or too small a budget for the
     threshold) raise ``SettingError`` before any model evaluation.
     """
-    check_scale("certified accuracy", "sigma", sigma, run.ds.x, None,
+    check_scale("certified accuracy", "sigma", sigma, run.ds.x, None, per_feature_ok=False,
                 effect=", so the noise drowns the inputs and the smoothed classifier is close to a constant")
     check_scale("certified accuracy", "radius", radius, run.ds.x, None, norm="l2",
                 effect=", so the L2 ball around any input holds every point of that range and inputs of "

@@ -39,12 +39,12 @@ def check_model(model) -> None:
     raise RobustModelError(f"the model must be a torch.nn.Module, got {type(model).__name__}: {hint}")
 
 
-def check_outputs(z: torch.Tensor) -> None:
+def check_outputs(z: torch.Tensor, one_logit: bool = False) -> None:
     """RobustWarning when the model's outputs look like probabilities (non-negative rows that
-    sum to 1, or a one-logit output read as ``[0, z]`` whose z all lie in [0, 1]: a final
-    sigmoid): losses (the q-loss's cross-entropy, NPPR's margin) and, for a sigmoid, the
+    sum to 1, or a one-logit output (``one_logit``) read as ``[0, z]`` whose z all lie in [0, 1]:
+    a final sigmoid): losses (the q-loss's cross-entropy, NPPR's margin) and, for a sigmoid, the
     predictions (class 1 iff z > 0) need logits."""
-    if z.shape[1] == 2 and bool((z[:, 0] == 0).all()) and bool(((z[:, 1] >= 0) & (z[:, 1] <= 1)).all()):
+    if one_logit and bool(((z[:, 1] >= 0) & (z[:, 1] <= 1)).all()):
         warnings.warn(
             "the model's one-logit outputs all lie in [0, 1]: they look like sigmoid probabilities (a "
             "torch.sigmoid at the end of the model?). pytest-robust reads a one-logit output z as the logits "

@@ -62,6 +62,17 @@ def _bound_like(bound, x: torch.Tensor) -> torch.Tensor:
     raise _misfit(t, x)
 
 
+def size_for(size, x: torch.Tensor) -> torch.Tensor:
+    """A per-feature size (eps, sigma, scale) laid against the batch x like a bound (``box_for``):
+    a tensor in x's dtype on x's device; a shape that does not fit is an ArgumentError that names
+    the size, not a bound."""
+    try:
+        return box_for((size, size), x)[0]
+    except ArgumentError as err:
+        raise ArgumentError(str(err).replace("bounds of shape", "a per-feature size of shape").replace(
+            "do not fit", "does not fit").replace("each of lo and hi", "it")) from None
+
+
 def _misfit(t: torch.Tensor, x: torch.Tensor) -> ArgumentError:
     """The error for a bound of t's shape that does not fit the batch x, with the shapes that do."""
     one = tuple(x.shape[1:])
@@ -94,7 +105,8 @@ def _tightest(size, bounds, x: torch.Tensor) -> tuple[float, float, str]:
         return (float(size.max()) if isinstance(size, torch.Tensor) else float(size)), width, where
     lo, hi = box_for(bounds, x[:1])
     widths = (hi - lo).double().expand(x[:1].shape).flatten()
-    sizes = torch.as_tensor(size, dtype=torch.float64).to(widths.device).expand(x[:1].shape).flatten()
+    sizes = (size_for(size, x[:1].double()) if per_feature else torch.tensor(float(size), dtype=torch.float64)
+             ).expand(x[:1].shape).flatten()
     shares = torch.where(torch.isfinite(widths) & (widths > 0), sizes / widths, torch.zeros_like(sizes))
     j = int(shares.argmax())
     where = "the input box" if lo.numel() * hi.numel() == 1 else f"the input box at element {j} (flattened)"
@@ -107,7 +119,7 @@ SPREAD_RATIO = 5.0
 SPREAD_INPUTS = 4096
 
 
-def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf") -> None:
+def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf", per_feature_ok: bool = True) -> None:
     """RobustWarning when a size is several times the spread of the data it was given: a unit
     mistake (eps=50 on standardized features is 50 standard deviations), never a silent number.
 
@@ -115,47 +127,53 @@ def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf
     (the first ``SPREAD_INPUTS``); features that never vary (s_j = 0) are left out. The rule, with
     r = ``SPREAD_RATIO`` (5):
 
-    - a per-feature size (a tensor, one value per feature) warns when size_j >= r s_j for some j;
-    - one number for every feature warns when size >= r x median_j s_j: at least half the features
-      would move by r standard deviations or more (images have pixels that hardly vary, whose
-      spread alone would make every image eps look large);
-    - an L2 size (``norm="l2"``: a radius) warns when size >= r x sqrt(sum_j s_j^2), the data's
-      root-mean-square distance from its mean.
+    - a size per coordinate (an L-inf radius, a noise level; one number or one per feature) warns
+      when size_j >= r s_j for some feature j. On images one number is held against the median
+      s_j instead: images have pixels that hardly vary (borders), whose spread alone would make
+      every image eps look large;
+    - an L2 radius (``norm="l2"``) warns when it is at least r times the smallest s_j (it would
+      move that feature by r standard deviations), on images r times the data's root-mean-square
+      distance from its mean, sqrt(sum_j s_j^2).
 
-    The warning names the size, the spread it was held against and where."""
+    The warning names the size, the spread it was held against and where, and the fix: one size per
+    feature where the check takes one (``per_feature_ok``), else inputs on one scale."""
     if len(x) < 2:
         return
     spread = x[:SPREAD_INPUTS].double().std(dim=0)
     varies = spread > 0
     if not bool(varies.any()):
         return
-    per_feature = isinstance(size, torch.Tensor) and size.numel() > 1
-    if norm == "l2":
+    images, per_feature = is_image_batch(x), isinstance(size, torch.Tensor) and size.numel() > 1
+    if norm == "l2" and images:
         against, what = float(spread.pow(2).sum().sqrt()), "the data's root-mean-square distance from its mean"
         ratio = float(size) / against
-    elif per_feature:
-        sized = torch.broadcast_to(box_for((size, size), x[:1])[0].to(spread), spread.shape)
+    elif images and not per_feature:
+        against = float(spread[varies].median())
+        ratio, what = float(size) / against, "the median standard deviation of the features"
+    else:  # each feature against its own spread; an L2 radius reaches every feature
+        sized = torch.broadcast_to(size_for(size, x[:1]).to(spread) if per_feature else
+                                   torch.tensor(float(size), dtype=spread.dtype), spread.shape)
         ratios = torch.where(varies, sized / torch.where(varies, spread, 1.0), 0.0)
         at = int(ratios.flatten().argmax())
         index = tuple(int(i) for i in torch.unravel_index(torch.tensor(at), spread.shape))
         ratio, against = float(ratios.flatten()[at]), float(spread.flatten()[at])
         what = f"the standard deviation of feature {index[0] if len(index) == 1 else index}"
-    else:
-        against = float(spread[varies].median())
-        ratio, what = float(size) / against, "the median standard deviation of the features"
     if ratio < SPREAD_RATIO:
         return
     shown = "per feature" if per_feature else f"{float(size):g}"
+    fix = (f"for features on different scales give {name} per feature, e.g. a fraction of the training scaler's "
+           "scale_" if per_feature_ok and norm != "l2" else
+           f"{name} is one number here, so give the model inputs on one scale (standardized, with the scaler as "
+           "the model's first layer)")
     warnings.warn(
         f"{owner}: {name} ({shown}) is {ratio:.3g} times {what}, {against:.4g}, over the {min(len(x), SPREAD_INPUTS)} "
         f"inputs given (a warning from {SPREAD_RATIO:g} times on): {name} is in the units of the data, so check "
-        f"that it is not meant in other units; for features on different scales give {name} per feature, e.g. a "
-        "fraction of the training scaler's scale_ (docs: tabular data)",
+        f"that it is not meant in other units; {fix} (docs: tabular data)",
         RobustWarning, stacklevel=3)
 
 
 def check_scale(owner: str, name: str, size, x: torch.Tensor, bounds, *, norm: str = "linf",
-                share: float = 1.0, effect: str = "", below: float | None = None) -> None:
+                share: float = 1.0, effect: str = "", below: float | None = None, per_feature_ok: bool = True) -> None:
     """RobustWarning when a size parameter (an L-inf radius, a per-coordinate noise level, an
     L2 radius with ``norm="l2"``) is at least ``share`` of the range it lives in: the width of the
     box ``bounds`` (without a box: of the data's range), or for L2 sizes the box's L2 diameter
@@ -165,8 +183,9 @@ def check_scale(owner: str, name: str, size, x: torch.Tensor, bounds, *, norm: s
     helper for every check's sizes: a perturbation's (``check_size``), smoothing's sigma and
     radius, an attack's eps, NPPR's ball. A per-feature size (a tensor) or a per-feature box is
     compared feature by feature: the feature whose size is the largest share of its own width
-    speaks. The size is also held against the spread of the data (``check_spread``)."""
-    check_spread(owner, name, size, x, norm)
+    speaks. The size is also held against the spread of the data (``check_spread``; ``per_feature_ok``:
+    the check takes one size per feature)."""
+    check_spread(owner, name, size, x, norm, per_feature_ok)
     size, width, where = _tightest(size, bounds, x)
     if norm == "l2":
         scale = width * math.sqrt(math.prod(x.shape[1:]))
@@ -176,9 +195,11 @@ def check_scale(owner: str, name: str, size, x: torch.Tensor, bounds, *, norm: s
     if not scale > 0 or size < share * scale or (below is not None and size >= below * scale):
         return
     part = "" if share == 1 else "half " if share == 0.5 else f"{share:g} x "
+    units = ("8 grey levels in [0, 1] pixel space is 8/255, not 8" if is_image_batch(x) else
+             "a fraction of the features' spread, e.g. of the training scaler's scale_")
     warnings.warn(
         f"{owner}: {name}={size:g} is at least {part}{reach}{effect}; {name} is in the units of your inputs "
-        "(8 grey levels in [0, 1] pixel space is 8/255, not 8)",
+        f"({units})",
         RobustWarning,
         stacklevel=3,
     )
@@ -267,7 +288,6 @@ def inspect_inputs(ds, perturbation, normalized: bool = False) -> None:
     """The checks that need both data and perturbation: inputs inside its box, a size that fits
     the box, and a perturbation that draws from its generator (``normalized``: the check normalizes
     inside the model call). Runs once per check, before any evaluation."""
-    check_images_only(perturbation, ds.x)
     check_in_box(ds.x, getattr(perturbation, "bounds", None), normalized=normalized)
     check_size(perturbation, ds.x)
     check_uses_generator(perturbation, ds.x)
