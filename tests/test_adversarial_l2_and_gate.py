@@ -280,3 +280,12 @@ def test_a_gate_on_ten_thousand_inputs_decides_within_the_default_budget():
     assert r.details["attack"]["worst_case_per_input"] * 10_000 > r.budget == 1_000_000
     assert r.verdict == "pass" and r.details["early_decision"]["decided_after"] < 10_000
     assert "budget_stop" not in r.details and r.forward_passes <= r.budget
+
+
+def test_the_summary_shows_on_how_many_inputs_an_early_decision_was_made():
+    from pytest_robust.report.markdown import summary_markdown
+
+    x, y = _population(600, 540)
+    r = adversarial_accuracy(Separated(), (x, y), threshold=0.5, **FAST)
+    decided = r.details["early_decision"]["decided_after"]
+    assert f"(on {decided} of 600 inputs)" in summary_markdown([r.to_dict()], {"torch": "any"})

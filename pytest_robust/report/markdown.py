@@ -46,12 +46,22 @@ def _shown(cell) -> str:
 def _row(r: Result, icon: dict) -> str:
     """The summary table's row of one check."""
     space = r.details.get("space")
-    estimate = "–" if r.estimate is None else f"{r.estimate:.4f}"
+    estimate = "–" if r.estimate is None else f"{r.estimate:.4f}{_subset(r)}"
     threshold = "–" if r.threshold is None else f"{r.direction} {r.threshold:g}"
     return (f"| {md_text(r.test_id)} | {md_text(r.name)} | {md_text(r.perturbation)}"
             f"{f' ({md_text(space)})' if space else ''} | {estimate} | "
             f"{deciding_bound(r)} | {threshold} | {icon.get(r.status, r.status)} | "
             f"{r.forward_passes}/{r.budget} | {r.seconds:.1f} s |")
+
+
+def _subset(r: Result) -> str:
+    """" (on 18 of 10000 inputs)" when a check's estimate is over a subset of its chosen inputs: a gate
+    that decided early, or a budget that paid for fewer (``details["early_decision"]``,
+    ``details["budget_stop"]``); "" otherwise."""
+    early, stop = r.details.get("early_decision") or {}, r.details.get("budget_stop") or {}
+    used, chosen = (stop.get("attacked"), stop.get("chosen")) if stop else (early.get("decided_after"),
+                                                                           early.get("chosen"))
+    return f" (on {used} of {chosen} inputs)" if used is not None and chosen and used < chosen else ""
 
 
 def _counts_line(parsed: list, comparison: list[dict] | None, baseline: dict | None) -> str:
