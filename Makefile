@@ -16,11 +16,12 @@ $(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 ## install: create .venv and install the package with its test and example dependencies
 install: $(BIN)/.installed
 
-DEMO = $(BIN)/python -m pytest examples/digits examples/tabular -rxs -p no:cacheprovider --junitxml=$(REPORTS)/demo-junit.xml \
+DEMO = $(BIN)/python -m pytest examples/digits examples/tabular examples/text -rxs -p no:cacheprovider --junitxml=$(REPORTS)/demo-junit.xml \
 	--robust-report $(REPORTS)/robust --robust-junitxml $(REPORTS)/robust-junit.xml --robust-per-input csv
 
-## demo: the example robustness suites: the digits models (images, every check) and a breast-cancer MLP
-## (tabular features: noise and attacks in the features' own units), about a minute on 2 cores;
+## demo: the example robustness suites: the digits models (images, every check), a breast-cancer MLP
+## (tabular features: noise and attacks in the features' own units) and a sentiment model on token
+## ids (substitutions, and noise, an attack and a certificate on its embedding), about a minute on 2 cores;
 ## JUnit XML in reports/, report directory (summary, per-input CSV, plots, galleries) in reports/robust;
 ## ROBUST_ARGS="..." adds pytest-robust options (CI: --robust-compare main, --robust-save main)
 demo: $(BIN)/.installed
