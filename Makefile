@@ -56,6 +56,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_nppr.py --threads 1
 	$(BIN)/python benchmarks/bench_corruptions.py --threads 2 | tee benchmarks/results/corruptions_cpu.txt
 	$(BIN)/python benchmarks/bench_syncs.py --threads 1 | tee benchmarks/results/syncs_cpu.txt
+	$(BIN)/python benchmarks/bench_overhead.py --threads 1 --steps 256 --runs 5 | tee benchmarks/results/overhead_cpu.txt
 	$(BIN)/python -m pip install --quiet --no-deps torchattacks==3.5.1
 	$(BIN)/python benchmarks/bench_adversarial.py --threads 2 | tee benchmarks/results/adversarial_cpu.txt
 	$(BIN)/python benchmarks/bench_paired.py --threads 1 --seeds 5 | tee benchmarks/results/paired_cpu.txt

@@ -1,0 +1,134 @@
+"""Host work per step of the checks' hot loops: the engine against a bare loop doing the same work.
+
+Run from the repository root:
+
+    python benchmarks/bench_overhead.py [--threads 1] [--steps 64] [--runs 3] [--device cpu|cuda]
+
+The model costs almost nothing (one linear layer on 3x8x8 inputs, 10 classes), so what a step costs
+beyond the model is the host's work: Python, small kernels, host reads. Each row times the engine
+and a bare loop that does the same work per step of ``BATCH`` (512) model evaluations, alternating
+``--runs`` times (``common.interleaved``), and reports microseconds per step (the median run):
+
+- TSRM, estimate: ``tsrm(..., budget=steps x 512)``; bare: draw 512 input indices and the uniform
+  noise from a generator, add, clamp to [0, 1], evaluate, score against the labels, and read the
+  count back once per step.
+- TSRM, undecided gate: the same with a threshold at the accuracy the estimate found (the gate
+  runs every step and never decides).
+- certified accuracy's draws: ``certify(..., n0=0, n=...)`` on 2048 inputs, which draws Gaussian
+  noise for every input and counts each input's top class (the draws behind certified accuracy,
+  CERTIFY and the pA report); bare: 512 noisy copies of 4 inputs per step, evaluate, count the
+  classes per input (``bincount``), read the counts back.
+
+The host overhead is the engine's time per step less the bare loop's; the issue's goal is at most
+250 microseconds per 512-draw step. Other hot loops (corruption draws, NPPR sampling, q's MCMC and
+attack steps) have no bare twin here yet.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+
+import torch
+from common import header, interleaved, markdown_table, parse_args, report, sync, timed
+
+from pytest_robust import UniformLinf, certify, tsrm
+
+#: Model evaluations per step, in the engine and the bare loops.
+BATCH = 512
+#: Inputs of the data set the checks draw from.
+INPUTS = 2048
+#: Half-width of the uniform noise.
+EPS = 0.1
+
+
+def setup(device: torch.device):
+    """(model, x, y): a linear model on 3x8x8 inputs in [0, 1] with 10 classes, seeded."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 10)).eval().to(device)
+    x = torch.rand(INPUTS, 3, 8, 8, device=device)
+    with torch.no_grad():
+        y = model(x).argmax(1)  # labels the model gets right, so no label warnings
+    return model, x, y
+
+
+def bare_tsrm(model, x, y, steps: int) -> int:
+    """The TSRM step without the engine (module docstring)."""
+    g = torch.Generator(device=x.device).manual_seed(0)
+    hits = 0
+    with torch.no_grad():
+        for _ in range(steps):
+            idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
+            noise = (torch.rand((BATCH, *x.shape[1:]), generator=g, device=x.device) * 2 - 1) * EPS
+            z = model((x[idx] + noise).clamp(0, 1))
+            hits += int((z.argmax(1) == y[idx]).sum())
+    return hits
+
+
+def bare_smoothing(model, x, y, steps: int) -> int:
+    """The smoothing draws without the engine: 4 inputs x 128 noisy copies per step (module docstring)."""
+    g = torch.Generator(device=x.device).manual_seed(0)
+    per, total = 4, 0
+    with torch.no_grad():
+        for step in range(steps):
+            rows = torch.arange(step * per, step * per + per, device=x.device) % len(x)
+            copies = x[rows].repeat_interleave(BATCH // per, dim=0)
+            noise = torch.randn(copies.shape, generator=g, device=x.device) * 0.25
+            top = model(copies + noise).argmax(1)
+            counts = torch.bincount(rows.repeat_interleave(BATCH // per) * 10 + top, minlength=len(x) * 10)
+            total += int(counts.sum())
+    return total
+
+
+def row(name: str, runs: int, steps: int, engine, bare, device) -> list[str]:
+    """One table row: microseconds per step of the engine and of the bare loop (median of
+    ``runs`` interleaved runs), their difference and their ratio."""
+    def clock(fn):
+        return timed(fn, device)[1] / steps * 1e6
+
+    engine_us, bare_us = interleaved(runs, lambda: clock(engine), lambda: clock(bare))
+    e, b = statistics.median(engine_us), statistics.median(bare_us)
+    spread = f"{min(engine_us) - max(bare_us):.0f}-{max(engine_us) - min(bare_us):.0f}"
+    return [name, f"{e:.0f}", f"{b:.0f}", f"{e - b:.0f}", spread, f"{b / e:.2f}"]
+
+
+def main() -> None:
+    args = parse_args(__doc__, extra={
+        "--steps": dict(type=int, default=64, help="steps of 512 evaluations per run (default 64)"),
+        "--runs": dict(type=int, default=3, help="interleaved runs of each (default 3)"),
+    })
+    warnings.simplefilter("ignore")  # the checks' advice is not what is measured here
+    model, x, y = setup(args.device)
+    steps, runs, device = args.steps, args.runs, args.device
+    budget = steps * BATCH
+    noise = UniformLinf(eps=EPS)
+    # a threshold at the accuracy under the noise: the gate cannot decide within the budget
+    accuracy = tsrm(model, (x, y), perturbation=noise, budget=budget, batch_size=BATCH, device=device).estimate
+
+    def section() -> str:
+        tsrm(model, (x, y), perturbation=noise, budget=BATCH, batch_size=BATCH, device=device)  # warm-up
+        rows = [
+            row("TSRM, estimate", runs, steps,
+                lambda: tsrm(model, (x, y), perturbation=noise, budget=budget, batch_size=BATCH, device=device),
+                lambda: bare_tsrm(model, x, y, steps), device),
+            row("TSRM, undecided gate", runs, steps,
+                lambda: tsrm(model, (x, y), perturbation=noise, budget=budget, batch_size=BATCH, device=device,
+                             threshold=min(0.99, max(0.01, accuracy)), confidence=0.999),
+                lambda: bare_tsrm(model, x, y, steps), device),
+            row("certified accuracy's draws", runs, steps,
+                lambda: certify(model, (x[: steps * 4], y[: steps * 4]), 0.25, n0=1, n=BATCH // 4 - 1,
+                                alpha=0.001, batch_size=BATCH, device=device),
+                lambda: bare_smoothing(model, x, y, steps), device),
+        ]
+        sync(device)
+        facts = (f"linear model on 3x8x8 inputs, {BATCH} evaluations per step, {steps} steps per run, median of "
+                 f"{runs} interleaved runs")
+        return header(device, facts) + "\n\n" + markdown_table(
+            ["hot loop", "engine µs/step", "bare µs/step", "host overhead µs", "overhead range", "bare / engine"],
+            rows, "lrrrrr")
+
+    report("Host work per step: engine vs a bare loop", section)
+
+
+if __name__ == "__main__":
+    main()
