@@ -153,9 +153,11 @@ class PaddingAware(BagOfEmbeddings):
 
 
 def test_a_model_that_reads_the_ids_beyond_the_embedding_is_refused():
-    with pytest.raises(pr.RobustModelError, match=r"reads the token ids elsewhere than through "
-                                                   r"embedding='embedding': its logits on the first 16 inputs differ"):
-        pr.tsrm(PaddingAware(), sentences(), perturbation=NOISE, budget=100, embedding="embedding")
+    ids, y = sentences()
+    ids[:, -4:] = 0  # padding, which the model masks by reading the ids
+    with pytest.raises(pr.RobustModelError, match=r"reads the token ids elsewhere than through embedding='embedding': "
+                                                   r"its logits on 16 inputs spread over the data differ"):
+        pr.tsrm(PaddingAware(), (ids, y), perturbation=NOISE, budget=100, embedding="embedding")
 
 
 @pytest.mark.parametrize("spec, error", [
@@ -362,3 +364,50 @@ def test_switched_off():
                                 "ignore::pytest_robust.errors.RobustWarning")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*give this check embedding='none' (where --robust-embedding*"])
+
+
+# -- found in review --------------------------------------------------------------------------------------------
+
+
+def test_a_callable_logits_selector_is_applied_once_by_the_label_probe():
+    class Scores(BagOfEmbeddings):
+        def forward(self, ids):
+            return {"scores": super().forward(ids)}
+
+    ids, y = sentences(40)
+    r = pr.tsrm(Scores(), (ids, y), perturbation=substitute(0.1), budget=200, logits=lambda out: out["scores"])
+    assert r.details["label_probe"]["inputs"] == 40
+
+
+def test_a_substitution_with_embedding_is_refused_naming_embedding_none():
+    with pytest.raises(pr.RobustDataError, match=r"takes and returns token ids, but with embedding= every check "
+                                                  r"perturbs the embedding vectors: give this check "
+                                                  r"embedding='none'"):
+        pr.tsrm(BagOfEmbeddings(), sentences(20), perturbation=substitute(0.1), budget=100, embedding="embedding")
+
+
+def test_a_model_with_a_padding_mask_runs_on_data_without_padding():
+    class Masked(BagOfEmbeddings):  # id 0 pads; the data holds none
+        def forward(self, ids):
+            keep = (ids != 0).float()
+            m = (self.embedding(ids).squeeze(-1) * keep).sum(1) / keep.sum(1).clamp(min=1)
+            return torch.stack([-m, m], dim=1)
+
+    r = pr.tsrm(Masked(), sentences(), perturbation=NOISE, budget=500, embedding="embedding")
+    assert r.draws == 500
+
+
+def test_list_items_of_a_dataset_are_pairs_not_transposed():
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
+
+    class Lists(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return [x[i].tolist(), int(y[i])]
+
+    from pytest_robust.engine.data import load_data
+
+    ds = load_data(Lists())
+    assert torch.allclose(ds.x, x) and ds.y.tolist() == y.tolist()

@@ -80,7 +80,8 @@ def _read(data, keys) -> tuple:
                     ys.append(as_tensor(labels, "labels"))
             except (IndexError, KeyError) as error:
                 raise RobustDataError(_unreadable(loader.dataset, sum(map(len, ys)), error)) from error
-        _check_all_read(loader.dataset, sum(map(len, ys)))
+        if not isinstance(data, torch.utils.data.DataLoader):  # a loader may read a subset on purpose
+            _check_all_read(loader.dataset, sum(map(len, ys)))
         if not xs:
             raise RobustDataError("the data is empty: the dataset or loader yielded no items")
         return torch.cat(xs), torch.cat(ys)
@@ -106,7 +107,7 @@ def _collate(items: list):
     def tensors(item):
         if isinstance(item, Mapping):
             return {k: _as_tensor_if_list(v) for k, v in item.items()}
-        if isinstance(item, tuple):
+        if isinstance(item, (tuple, list)) and len(item) == 2:  # (input, label), a list too
             return tuple(_as_tensor_if_list(v) for v in item)
         return item
 

@@ -8,11 +8,12 @@ S × d, once per check, in batches, in eval mode; they are the check's continuou
 smoothing, NPPR and attacks perturb them, and every size (eps, sigma, radius) is in the
 embedding's units (the message states the mean norm of the vectors, to size them against).
 ``ThroughEmbedding`` is the model the check calls: given vectors e', it calls the model on
-placeholder ids of shape S (zeros) while a forward hook replaces E's output with e', so every
+placeholder ids of shape S (the largest id in the data: a real token, not padding) while a
+forward hook replaces E's output with e', so every
 layer after E sees e' exactly as it would see E(ids) of a real input, gradients included.
 
-That is sound only when the model reads the ids through E alone. ``embedded`` checks it on the
-first ``PROBE_INPUTS`` inputs: the model's logits on the real ids must equal those of
+That is sound only when the model reads the ids through E alone. ``embedded`` checks it on
+``PROBE_INPUTS`` inputs spread over the data: the model's logits on the real ids must equal those of
 ``ThroughEmbedding`` on their clean vectors (within ``TOLERANCE`` of the largest logit); a model
 that also reads the ids elsewhere (a padding mask computed from the ids, a second embedding of
 them) is refused, naming the difference, rather than measured wrongly.
@@ -72,12 +73,12 @@ class ThroughEmbedding(torch.nn.Module):
     """The model on embedding vectors (module docstring): ``forward(vectors)`` calls the model on
     zero ids of the vectors' shape less the last dimension, with the embedding's output replaced."""
 
-    def __init__(self, model: torch.nn.Module, embedding: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, embedding: torch.nn.Module, placeholder: int):
         super().__init__()
-        self.model, self.embedding = model, embedding
+        self.model, self.embedding, self.placeholder = model, embedding, placeholder
 
     def forward(self, vectors: torch.Tensor):
-        ids = torch.zeros(vectors.shape[:-1], dtype=torch.long, device=vectors.device)
+        ids = torch.full(vectors.shape[:-1], self.placeholder, dtype=torch.long, device=vectors.device)
 
         def replace(module, args, output):
             return vectors.to(output.dtype)
@@ -99,7 +100,8 @@ def embedded(model: torch.nn.Module, spec, ids: torch.Tensor, batch_size: int, s
                               "embedding='none' (where --robust-embedding, robust_embedding in ini or a suite's "
                               "settings set it for every check) or leave embedding= out")
     module, name = resolve(model, spec)
-    vocabulary = getattr(module, "num_embeddings", None)
+    table = next((m for m in module.modules() if isinstance(m, torch.nn.Embedding)), None)  # e.g. in bert.embeddings
+    vocabulary = getattr(module, "num_embeddings", None) or (None if table is None else table.num_embeddings)
     if isinstance(vocabulary, int) and (int(ids.max()) >= vocabulary or int(ids.min()) < 0):
         raise RobustDataError(f"token ids range from {int(ids.min())} to {int(ids.max())}, outside the vocabulary "
                               f"0..{vocabulary - 1} of embedding={name!r}: tokenize with the model's own tokenizer")
@@ -116,9 +118,9 @@ def embedded(model: torch.nn.Module, spec, ids: torch.Tensor, batch_size: int, s
             raise RobustModelError(f"embedding={name!r} must map token ids of shape {tuple(ids.shape[1:])} to vectors "
                                    f"of shape {tuple(ids.shape[1:])} x dimension; it returned "
                                    f"{tuple(vectors.shape) if isinstance(vectors, torch.Tensor) else type(vectors)}")
-        through = ThroughEmbedding(model, module)
-        _check_reads_ids_only(model, through, ids[:PROBE_INPUTS].to(device), vectors[:PROBE_INPUTS].to(device), name,
-                              selector)
+        through = ThroughEmbedding(model, module, int(ids.max()))
+        rows = torch.linspace(0, len(ids) - 1, min(len(ids), PROBE_INPUTS)).round().long().unique()
+        _check_reads_ids_only(model, through, ids[rows].to(device), vectors[rows].to(device), name, selector)
     norm = float(vectors[: 4096].float().norm(dim=-1).mean())
     facts = {"module": name, "dimension": int(vectors.shape[-1]), "mean_norm": norm,
              "space": f"the embedding space of {name!r} (dimension {vectors.shape[-1]}, mean vector norm {norm:.4g})"}
@@ -137,6 +139,24 @@ def _evaluating(model: torch.nn.Module):
             m.training = mode
 
 
+def check_perturbation_of_vectors(perturbation, ids: torch.Tensor) -> None:
+    """With ``embedding=`` a perturbation acts on the embedding vectors. A callable that takes and
+    returns token ids (a substitution) would be handed vectors and perturb them as numbers, so it is
+    tried on two inputs' ids first and refused, with the fix, when it returns integers."""
+    fn = getattr(perturbation, "fn", None)
+    if fn is None or ids.dtype.is_floating_point:
+        return
+    try:
+        out = fn(ids[:2].clone(), torch.Generator(device=ids.device).manual_seed(0))
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        return  # a perturbation of vectors need not take ids at all
+    if isinstance(out, torch.Tensor) and not out.dtype.is_floating_point:
+        raise RobustDataError(
+            f"perturbation {perturbation!r} takes and returns token ids, but with embedding= every check perturbs "
+            "the embedding vectors: give this check embedding='none' (where --robust-embedding, ini or a suite "
+            "sets it) to perturb the ids themselves, or a perturbation of vectors")
+
+
 def _check_reads_ids_only(model, through, ids, vectors, name: str, selector) -> None:
     """RobustModelError unless the model's logits on ``ids`` are those through the embedding."""
     real = logits_of(model(ids), selector, len(ids)).float()
@@ -144,8 +164,8 @@ def _check_reads_ids_only(model, through, ids, vectors, name: str, selector) -> 
     gap = float((real - replaced).abs().max())
     if gap > TOLERANCE * max(1.0, float(real.abs().max())):
         raise RobustModelError(
-            f"the model reads the token ids elsewhere than through embedding={name!r}: its logits on the first "
-            f"{len(ids)} inputs differ by up to {gap:.4g} when the ids reach it only through that module (a padding "
-            "mask computed from the ids, a second embedding of them?), so the checks cannot perturb its inputs "
-            "there; name the module every use of the ids goes through, or check the layers after it on the "
+            f"the model reads the token ids elsewhere than through embedding={name!r}: its logits on {len(ids)} "
+            f"inputs spread over the data differ by up to {gap:.4g} when the ids reach it only through that module "
+            "(a padding mask computed from the ids, a second embedding of them?), so the checks cannot perturb its "
+            "inputs there; name the module every use of the ids goes through, or check the layers after it on the "
             "embedded inputs (docs: text and sequences)")

@@ -292,7 +292,8 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
     is a radius in pixel units: on inputs that are not images the check asks for eps= instead. An
     L-inf eps may be one radius per feature (its largest is the ``eps`` of step sizes and reports)."""
     eps = _radius(run, eps)
-    per_feature = size_like(eps, run.ds.x) if isinstance(eps, torch.Tensor) else None
+    # on the device the attack blocks run on (the data may stay in pinned host memory)
+    per_feature = size_like(eps, run.ds.x[:1].to(run.device)) if isinstance(eps, torch.Tensor) else None
     largest = float(eps.max()) if per_feature is not None else eps
     if norm == "linf":
         check_scale("adversarial accuracy", "eps", eps, run.ds.x, run.perturbation.bounds, share=0.5, below=1.0,

@@ -52,6 +52,9 @@ def split_data(run: Run, fit_data, fit_fraction: float, bounds) -> tuple[TensorD
                 "a data object (an (x, y) pair, Dataset or DataLoader); a fixture name is resolved "
                 "only by the pytest layer",
             )
+        if run.interface.embedding is not None:
+            raise SettingError("fit_data", fit_data, "None with embedding= (the mixture is then fitted on a split of "
+                                                     "the data, embedded like it)")
         fit_ds = load_data(fit_data, run.context.data_keys)
         fit_ds = TensorData(fit_ds.x.to(run.dtype), fit_ds.y)
         overlap = _shared_rows(fit_ds.x, ds.x)

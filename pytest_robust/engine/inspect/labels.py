@@ -48,13 +48,11 @@ def probe_labels(forward, x: torch.Tensor, y: torch.Tensor) -> dict:
     model's output has no (batch, classes) logits (the check itself said what is wrong) or the
     probe ran out of memory."""
     from pytest_robust.engine.forward import correct_predictions
-    from pytest_robust.engine.interface import logits_of
 
     step = max(1, min(len(x), forward.batch_size))
     try:
-        with torch.no_grad():
-            z = torch.cat([logits_of(forward.called(x[i:i + step]), forward.selector, len(x[i:i + step]))
-                           for i in range(0, len(x), step)])
+        with torch.no_grad():  # called() picks the logits (the logits= selector) once
+            z = torch.cat([forward.called(x[i:i + step]) for i in range(0, len(x), step)])
     except torch.OutOfMemoryError:
         return {}
     if not (z.ndim == 2 and len(z) == len(x) and z.shape[1] >= 2):

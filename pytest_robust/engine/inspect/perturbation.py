@@ -115,8 +115,10 @@ def _tightest(size, bounds, x: torch.Tensor) -> tuple[float, float, str]:
 
 #: A size of at least this many standard deviations of the data is warned about (``check_spread``).
 SPREAD_RATIO = 5.0
-#: Inputs (the first ones) the spread of the data is measured on.
+#: Inputs (the first ones) the spread of the data is measured on, at most ...
 SPREAD_INPUTS = 4096
+#: ... and at most this many values of them (64 MiB in float32): large images use fewer inputs.
+SPREAD_VALUES = 2**24
 
 
 def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf", per_feature_ok: bool = True) -> None:
@@ -124,7 +126,8 @@ def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf
     mistake (eps=50 on standardized features is 50 standard deviations), never a silent number.
 
     The spread of feature j is s_j, the standard deviation of coordinate j over the inputs given
-    (the first ``SPREAD_INPUTS``); features that never vary (s_j = 0) are left out. The rule, with
+    (the first ``SPREAD_INPUTS``, fewer for large inputs: at most ``SPREAD_VALUES`` values, in
+    float32); features that never vary (s_j = 0) are left out. The rule, with
     r = ``SPREAD_RATIO`` (5):
 
     - a size per coordinate (an L-inf radius, a noise level; one number or one per feature) warns
@@ -137,9 +140,10 @@ def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf
 
     The warning names the size, the spread it was held against and where, and the fix: one size per
     feature where the check takes one (``per_feature_ok``), else inputs on one scale."""
+    rows = max(2, min(SPREAD_INPUTS, SPREAD_VALUES // max(1, x[0].numel())))
     if len(x) < 2:
         return
-    spread = x[:SPREAD_INPUTS].double().std(dim=0)
+    spread = x[:rows].float().std(dim=0).double()
     varies = spread > 0
     if not bool(varies.any()):
         return
@@ -166,7 +170,7 @@ def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf
            f"{name} is one number here, so give the model inputs on one scale (standardized, with the scaler as "
            "the model's first layer)")
     warnings.warn(
-        f"{owner}: {name} ({shown}) is {ratio:.3g} times {what}, {against:.4g}, over the {min(len(x), SPREAD_INPUTS)} "
+        f"{owner}: {name} ({shown}) is {ratio:.3g} times {what}, {against:.4g}, over the {min(len(x), rows)} "
         f"inputs given (a warning from {SPREAD_RATIO:g} times on): {name} is in the units of the data, so check "
         f"that it is not meant in other units; {fix} (docs: tabular data)",
         RobustWarning, stacklevel=3)
