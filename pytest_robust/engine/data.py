@@ -137,25 +137,34 @@ def _check_aligned(x, y) -> None:
 def _check_all_read(dataset, read: int) -> None:
     """A map-style dataset that yielded fewer items than its ``__len__`` (its ``__getitem__``
     raised StopIteration, which ends a loader silently) is refused, naming both counts."""
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        return
-    try:
-        length = len(dataset)
-    except TypeError:
-        return
-    if read < length:
-        stop = next((i for i in range(read, length) if _stops(dataset, i)), read)
+    length = _length(dataset)
+    if length is not None and read < length:
+        stop = _first_failure(dataset, read, length, StopIteration)[0]
+        stop = read if stop is None else stop
         raise RobustDataError(f"the dataset's __len__ is {length}, but reading it in order yielded {stop} items (its "
                               f"__getitem__ raised StopIteration at item {stop}, which ends a loader): make __len__ "
                               "return the number of items the dataset holds")
 
 
-def _stops(dataset, index: int) -> bool:
+def _length(dataset) -> int | None:
+    """``len(dataset)`` of a map-style dataset; None for an iterable one or one without a length."""
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return None
     try:
-        dataset[index]
-    except StopIteration:
-        return True
-    return False
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _first_failure(dataset, start: int, length: int, errors) -> tuple:
+    """(index, error) of the first item in [start, length) whose reading raises one of ``errors``;
+    (None, None) when every one reads."""
+    for index in range(start, length):
+        try:
+            dataset[index]
+        except errors as err:
+            return index, err
+    return None, None
 
 
 def check_continuous(x: torch.Tensor) -> None:
@@ -171,20 +180,12 @@ def _unreadable(dataset, read: int, error: Exception) -> str:
     """What to say when reading a dataset's items failed after ``read`` items: for a map-style
     dataset, the first index of ``range(len(dataset))`` that cannot be read (a ``__len__`` larger
     than the items it holds)."""
-    try:
-        length = len(dataset)
-    except TypeError:
-        length = None
-    if length is None or isinstance(dataset, torch.utils.data.IterableDataset):
+    length = _length(dataset)
+    index, failed = (None, None) if length is None else _first_failure(dataset, read, length, (IndexError, KeyError))
+    if index is None:
         return f"reading the data failed after {read} items: {type(error).__name__}: {error}"
-    for index in range(read, length):
-        try:
-            dataset[index]
-        except (IndexError, KeyError) as failed:
-            return (f"the dataset's __len__ is {length}, but item {index} cannot be read ({type(failed).__name__}: "
-                    f"{failed}): make __len__ return the number of items the dataset holds (items "
-                    f"0..{length - 1} are read)")
-    return f"reading the dataset failed after {read} items: {type(error).__name__}: {error}"
+    return (f"the dataset's __len__ is {length}, but item {index} cannot be read ({type(failed).__name__}: "
+            f"{failed}): make __len__ return the number of items the dataset holds (items 0..{length - 1} are read)")
 
 
 def _checked(x: torch.Tensor, y: torch.Tensor, discrete: bool = False) -> TensorData:

@@ -8,7 +8,7 @@ S × d, once per check, in batches, in eval mode; they are the check's continuou
 smoothing, NPPR and attacks perturb them, and every size (eps, sigma, radius) is in the
 embedding's units (the message states the mean norm of the vectors, to size them against).
 ``ThroughEmbedding`` is the model the check calls: given vectors e', it calls the model on
-placeholder ids of shape S (the largest id in the data: a real token, not padding) while a
+stand-in ids of shape S (the largest id in the data: a real token, not padding) while a
 forward hook replaces E's output with e', so every
 layer after E sees e' exactly as it would see E(ids) of a real input, gradients included.
 
@@ -28,6 +28,7 @@ import contextlib
 
 import torch
 
+from pytest_robust.engine.inspect.labels import probe_rows
 from pytest_robust.engine.interface import logits_of
 from pytest_robust.errors import RobustDataError, RobustModelError, SettingError
 
@@ -71,14 +72,15 @@ def _embeddings(model: torch.nn.Module) -> str:
 
 class ThroughEmbedding(torch.nn.Module):
     """The model on embedding vectors (module docstring): ``forward(vectors)`` calls the model on
-    zero ids of the vectors' shape less the last dimension, with the embedding's output replaced."""
+    stand-in ids (``stand_in`` everywhere) of the vectors' shape less the last dimension, with the
+    embedding's output replaced by the vectors."""
 
-    def __init__(self, model: torch.nn.Module, embedding: torch.nn.Module, placeholder: int):
+    def __init__(self, model: torch.nn.Module, embedding: torch.nn.Module, stand_in: int):
         super().__init__()
-        self.model, self.embedding, self.placeholder = model, embedding, placeholder
+        self.model, self.embedding, self.stand_in = model, embedding, stand_in
 
     def forward(self, vectors: torch.Tensor):
-        ids = torch.full(vectors.shape[:-1], self.placeholder, dtype=torch.long, device=vectors.device)
+        ids = torch.full(vectors.shape[:-1], self.stand_in, dtype=torch.long, device=vectors.device)
 
         def replace(module, args, output):
             return vectors.to(output.dtype)
@@ -119,7 +121,7 @@ def embedded(model: torch.nn.Module, spec, ids: torch.Tensor, batch_size: int, s
                                    f"of shape {tuple(ids.shape[1:])} x dimension; it returned "
                                    f"{tuple(vectors.shape) if isinstance(vectors, torch.Tensor) else type(vectors)}")
         through = ThroughEmbedding(model, module, int(ids.max()))
-        rows = torch.linspace(0, len(ids) - 1, min(len(ids), PROBE_INPUTS)).round().long().unique()
+        rows = probe_rows(len(ids), PROBE_INPUTS)
         _check_reads_ids_only(model, through, ids[rows].to(device), vectors[rows].to(device), name, selector)
     norm = float(vectors[: 4096].float().norm(dim=-1).mean())
     facts = {"module": name, "dimension": int(vectors.shape[-1]), "mean_norm": norm,

@@ -37,9 +37,9 @@ def near_chance(classes: int) -> float:
     return min(2 * chance, chance + 0.1 * (1 - chance))
 
 
-def probe_rows(n: int) -> torch.Tensor:
-    """The probed rows of n inputs: ``PROBE_INPUTS`` spread evenly from the first to the last."""
-    return torch.linspace(0, n - 1, min(n, PROBE_INPUTS)).round().long().unique()
+def probe_rows(n: int, count: int = PROBE_INPUTS) -> torch.Tensor:
+    """The probed rows of n inputs: ``count`` spread evenly from the first to the last."""
+    return torch.linspace(0, n - 1, min(n, count)).round().long().unique()
 
 
 def probe_labels(forward, x: torch.Tensor, y: torch.Tensor) -> dict:
