@@ -411,3 +411,47 @@ def test_list_items_of_a_dataset_are_pairs_not_transposed():
 
     ds = load_data(Lists())
     assert torch.allclose(ds.x, x) and ds.y.tolist() == y.tolist()
+
+
+# -- two ranks with uneven shares -----------------------------------------------------------------------------
+
+RANKED = {
+    "tsrm": lambda d: pr.tsrm(BagOfEmbeddings(), d, perturbation=NOISE, budget=1000, embedding="embedding"),
+    "adversarial": lambda d: pr.adversarial_accuracy(BagOfEmbeddings(), d, eps=0.3, bounds=None, steps=3,
+                                                     square_queries=10, embedding="embedding"),
+    "certified": lambda d: pr.certified_accuracy(BagOfEmbeddings(), d, sigma=0.5, radius=0.1, max_draws=500,
+                                                 embedding="embedding"),
+}
+
+
+def _embedded_rank(rank: int, world: int, port: int, out: str) -> None:
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        found = {name: [r.estimate, r.lower, r.upper, r.draws] for name, r in
+                 ((name, check(sentences(63))) for name, check in RANKED.items())}
+        with open(f"{out}/rank{rank}.json", "w") as f:
+            json.dump(found, f)
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_embedding_checks_on_two_ranks_with_uneven_shares_give_the_single_process_numbers(tmp_path):
+    """63 sentences over two ranks: 32 and 31 inputs (and blocks) each."""
+    import json
+
+    import torch.multiprocessing as mp
+    from test_check_shape import _free_port
+
+    single = {name: [r.estimate, r.lower, r.upper, r.draws] for name, r in
+              ((name, check(sentences(63))) for name, check in RANKED.items())}
+    mp.spawn(_embedded_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == json.loads(json.dumps(single))
