@@ -181,27 +181,155 @@ def test_embedding_on_continuous_inputs_and_with_normalize_are_refused():
                 normalize=(0.5, 0.25))
 
 
-def test_hugging_face_dict_items_are_read_and_a_padded_attention_mask_is_refused():
-    ids, y = sentences(20)
+PAD = 3  # the padding token: a real row of the embedding (its vector is not zero)
 
-    class Items(torch.utils.data.Dataset):
-        def __init__(self, mask):
-            self.mask = mask
 
-        def __len__(self):
-            return len(y)
+class MaskedBag(BagOfEmbeddings):
+    """A Hugging Face-like forward(input_ids, attention_mask, token_type_ids): the mean embedding over
+    the real tokens. Records, for every call, the ids and embedding vectors at padded positions and the
+    keywords it got; refuses labels (a Hugging Face forward would compute a loss)."""
 
+    def __init__(self):
+        super().__init__()
+        with torch.no_grad():
+            self.embedding.weight[PAD] = 0.7
+        self.padded_ids, self.padded_vectors, self.keywords = [], [], []
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None, labels=None):
+        assert labels is None, "labels reached the model"
+        e = self.embedding(input_ids).squeeze(-1)
+        pad = attention_mask == 0
+        self.padded_ids.append(input_ids[pad].detach())
+        self.padded_vectors.append(e[pad].detach())
+        self.keywords.append(None if token_type_ids is None else token_type_ids.detach())
+        keep = attention_mask.to(e.dtype)
+        m = (e * keep).sum(1) / keep.sum(1)
+        return torch.stack([-m, m], dim=1)
+
+
+def padded_sentences(n: int = 60, pad: int = PAD):
+    """(ids, attention mask, labels): sentences of 5..LENGTH tokens, right-padded with ``pad``."""
+    ids, y = sentences(n)
+    lengths = torch.randint(5, LENGTH + 1, (n,), generator=torch.Generator().manual_seed(3))
+    mask = (torch.arange(LENGTH)[None] < lengths[:, None]).long()
+    return torch.where(mask.bool(), ids, pad), mask, y
+
+
+class Items(torch.utils.data.Dataset):
+    """The Hugging Face datasets shape: input_ids, attention_mask, token_type_ids (the same for every
+    input), label, and an idx the model does not take."""
+
+    def __init__(self, ids, mask, y):
+        self.ids, self.mask, self.y = ids, mask, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "label": self.y[i], "idx": i,
+                "token_type_ids": torch.zeros(LENGTH, dtype=torch.long)}
+
+
+PADDED_CHECKS = {
+    "tsrm": lambda m, d: pr.tsrm(m, d, perturbation=pr.GaussianNoise(sigma=0.5, bounds=None), budget=600,
+                                 embedding="embedding"),
+    "adversarial": lambda m, d: pr.adversarial_accuracy(m, d, eps=0.5, bounds=None, steps=5, square_queries=10,
+                                                        embedding="embedding"),
+    "certified": lambda m, d: pr.certified_accuracy(m, d, sigma=0.25, radius=0.1, budget=20000,
+                                                    embedding="embedding"),
+}
+
+
+@pytest.mark.parametrize("check", PADDED_CHECKS)
+@pytest.mark.parametrize("form", ["mapping", "pair"])
+def test_padded_inputs_pass_their_mask_and_padding_is_never_perturbed(check, form):
+    ids, mask, y = padded_sentences()
+    model = MaskedBag()
+    if form == "pair":  # ((input_ids, attention_mask), labels): the mask goes in positionally
+        data = ((ids, mask), y)
+    else:
+        data = Items(ids, mask, y)
+    r = PADDED_CHECKS[check](model, data)
+    assert 0 <= r.lower <= r.estimate <= r.upper <= 1
+    # every call saw the padding token and its own vector at every padded position: never perturbed
+    assert len(model.padded_ids) > 2 and all(bool((i == PAD).all()) for i in model.padded_ids)
+    assert all(torch.allclose(v, torch.full_like(v, 0.7)) for v in model.padded_vectors)
+    assert sum(map(len, model.padded_ids)) > 0
+    if form == "mapping":  # token_type_ids, the same for every input, reach the model with each batch
+        assert all(k is not None and not bool(k.any()) for k in model.keywords)
+    # masked positions do not count: another padding token gives the same numbers
+    other = PADDED_CHECKS[check](MaskedBag(), Items(*padded_sentences(pad=11)))
+    assert (other.estimate, other.lower, other.upper) == (r.estimate, r.lower, r.upper)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_padding_is_kept_in_reduced_and_double_precision(dtype):
+    model, data = MaskedBag().to(dtype), Items(*padded_sentences())
+    r = PADDED_CHECKS["tsrm"](model, data)
+    pad = model.embedding.weight[PAD, 0]
+    assert all(bool((v == pad).all()) for v in model.padded_vectors) and sum(map(len, model.padded_vectors)) > 0
+    # as test_embedding_with_reduced_and_double_precision_models: the same figure within 0.02
+    assert abs(r.estimate - PADDED_CHECKS["tsrm"](MaskedBag(), data).estimate) <= 0.02
+
+
+def test_a_substitution_of_padded_token_ids_gets_the_real_ids_and_keeps_the_padding():
+    ids, mask, y = padded_sentences()
+    seen = []
+
+    def perturb(x, generator):
+        seen.append(x.clone())
+        return substitute(0.5)(x, generator)
+
+    model = MaskedBag()
+    r = pr.tsrm(model, ((ids, mask), y), perturbation=perturb, budget=600)
+    assert 0 < r.estimate < 1 and all(int(x.max()) < VOCAB for x in seen)
+    assert all(bool((i == PAD).all()) for i in model.padded_ids) and sum(map(len, model.padded_ids)) > 0
+
+
+def test_values_the_model_takes_must_be_the_same_for_every_input():
+    ids, mask, y = padded_sentences(20)
+
+    class Pairs(Items):
         def __getitem__(self, i):
-            return {"input_ids": ids[i], "attention_mask": self.mask[i], "label": y[i]}
+            return {**super().__getitem__(i), "token_type_ids": torch.arange(LENGTH) % 2 * (i % 2)}
 
-    full = pr.tsrm(BagOfEmbeddings(), Items(torch.ones_like(ids)), perturbation=NOISE, budget=500,
+    with pytest.raises(pr.RobustDataError, match=r"the data's items carry 'token_type_ids', which differs between "
+                                                  r"inputs: a check passes the model the attention mask of each input"):
+        pr.tsrm(MaskedBag(), Pairs(ids, mask, y), perturbation=NOISE, budget=100, embedding="embedding")
+
+
+def test_padding_needs_a_forward_that_takes_the_mask_and_token_ids():
+    ids, mask, y = padded_sentences(20)
+    with pytest.raises(pr.RobustModelError, match=r"carry an attention_mask with padded positions, and the model's "
+                                                   r"forward takes no attention_mask keyword"):
+        pr.tsrm(BagOfEmbeddings(), Items(ids, mask, y), perturbation=NOISE, budget=100, embedding="embedding")
+    x = torch.randn(20, LENGTH, 4)
+    with pytest.raises(pr.RobustDataError, match=r"the inputs are continuous and their attention mask has padded "
+                                                  r"positions"):
+        pr.tsrm(torch.nn.Linear(4, 2), ((x, mask), y), perturbation=NOISE, budget=100)
+
+
+def test_a_box_cannot_hold_padded_embedding_vectors():
+    ids, mask, y = padded_sentences(20)
+    with pytest.raises(pr.SettingError, match=r"expected None for data on padded token ids with embedding="):
+        pr.tsrm(MaskedBag(), Items(ids, mask, y), perturbation=pr.GaussianNoise(sigma=0.1, bounds=(-5, 5)),
+                budget=100, embedding="embedding")
+
+
+def test_the_spread_of_padded_embeddings_leaves_the_padding_out():
+    with pytest.warns(pr.RobustWarning, match=r"sigma \(50\) is [0-9.]+ times the standard deviation of feature "
+                                             r"\(\d+, 0\), [0-9.]+, over the 60 inputs given") as caught:
+        pr.tsrm(MaskedBag(), Items(*padded_sentences()), perturbation=pr.GaussianNoise(sigma=50, bounds=None),
+                budget=100, embedding="embedding")
+    assert not any("nan" in str(w.message) or "inf " in str(w.message) for w in caught)
+
+
+def test_items_without_padding_read_as_plain_token_ids():
+    ids, y = sentences(20)
+    full = pr.tsrm(MaskedBag(), Items(ids, torch.ones_like(ids), y), perturbation=NOISE, budget=500,
                    embedding="embedding")
     assert full.estimate == pr.tsrm(BagOfEmbeddings(), (ids, y), perturbation=NOISE, budget=500,
                                     embedding="embedding").estimate
-    padded = torch.ones_like(ids)
-    padded[:, -2:] = 0
-    with pytest.raises(pr.RobustDataError, match="attention_mask with padded positions"):
-        pr.tsrm(BagOfEmbeddings(), Items(padded), perturbation=NOISE, budget=500, embedding="embedding")
 
 
 def test_embedding_reaches_the_check_from_a_marker_the_command_line_and_yaml(pytester):
@@ -272,11 +400,11 @@ def test_embedding_with_reduced_and_double_precision_models(dtype):
     assert abs(r.estimate - reference.estimate) <= 0.02
 
 
-def test_inputs_of_several_tensors_are_named_with_the_fix():
+def test_inputs_of_more_than_two_tensors_are_named_with_the_fix():
     ids, y = sentences(10)
-    with pytest.raises(pr.RobustDataError, match=r"the inputs are 2 tensors \(\(input_ids, attention_mask\)\?\), "
-                                                  r"and a check passes the model one input tensor"):
-        pr.tsrm(BagOfEmbeddings(), ((ids, torch.ones_like(ids)), y), perturbation=NOISE, budget=100,
+    with pytest.raises(pr.RobustDataError, match=r"the inputs are 3 tensors: a check perturbs one input tensor and "
+                                                  r"passes the model at most one more, its attention mask"):
+        pr.tsrm(BagOfEmbeddings(), ((ids, torch.ones_like(ids), ids), y), perturbation=NOISE, budget=100,
                 embedding="embedding")
 
 
@@ -416,11 +544,13 @@ def test_list_items_of_a_dataset_are_pairs_not_transposed():
 # -- two ranks with uneven shares -----------------------------------------------------------------------------
 
 RANKED = {
-    "tsrm": lambda d: pr.tsrm(BagOfEmbeddings(), d, perturbation=NOISE, budget=1000, embedding="embedding"),
-    "adversarial": lambda d: pr.adversarial_accuracy(BagOfEmbeddings(), d, eps=0.3, bounds=None, steps=3,
-                                                     square_queries=10, embedding="embedding"),
-    "certified": lambda d: pr.certified_accuracy(BagOfEmbeddings(), d, sigma=0.5, radius=0.1, max_draws=500,
-                                                 embedding="embedding"),
+    "tsrm": lambda: pr.tsrm(BagOfEmbeddings(), sentences(63), perturbation=NOISE, budget=1000, embedding="embedding"),
+    "adversarial": lambda: pr.adversarial_accuracy(BagOfEmbeddings(), sentences(63), eps=0.3, bounds=None, steps=3,
+                                                   square_queries=10, embedding="embedding"),
+    "certified": lambda: pr.certified_accuracy(BagOfEmbeddings(), sentences(63), sigma=0.5, radius=0.1, max_draws=500,
+                                               embedding="embedding"),
+    "padded tsrm": lambda: PADDED_CHECKS["tsrm"](MaskedBag(), Items(*padded_sentences(63))),
+    "padded adversarial": lambda: PADDED_CHECKS["adversarial"](MaskedBag(), Items(*padded_sentences(63))),
 }
 
 
@@ -435,7 +565,7 @@ def _embedded_rank(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     try:
         found = {name: [r.estimate, r.lower, r.upper, r.draws] for name, r in
-                 ((name, check(sentences(63))) for name, check in RANKED.items())}
+                 ((name, check()) for name, check in RANKED.items())}
         with open(f"{out}/rank{rank}.json", "w") as f:
             json.dump(found, f)
     finally:
@@ -444,14 +574,14 @@ def _embedded_rank(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_embedding_checks_on_two_ranks_with_uneven_shares_give_the_single_process_numbers(tmp_path):
-    """63 sentences over two ranks: 32 and 31 inputs (and blocks) each."""
+    """63 sentences over two ranks: 32 and 31 inputs (and blocks) each; padded ones too."""
     import json
 
     import torch.multiprocessing as mp
     from test_check_shape import _free_port
 
     single = {name: [r.estimate, r.lower, r.upper, r.draws] for name, r in
-              ((name, check(sentences(63))) for name, check in RANKED.items())}
+              ((name, check()) for name, check in RANKED.items())}
     mp.spawn(_embedded_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == json.loads(json.dumps(single))

@@ -12,7 +12,8 @@ import torch
 
 from pytest_robust.engine.containers import as_tensor
 from pytest_robust.engine.inspect.data import check_finite, check_loader_order, check_reads_repeat, is_image_batch
-from pytest_robust.engine.items import input_and_label
+from pytest_robust.engine.items import input_and_label, parts
+from pytest_robust.engine.padding import Extras, split
 from pytest_robust.engine.streams import host_rng
 from pytest_robust.errors import (
     RobustDataError,
@@ -25,6 +26,7 @@ class TensorData:
 
     x: torch.Tensor
     y: torch.Tensor
+    extras: Extras | None = None  # what the items hold for the model besides x (``padding``)
 
     def __len__(self) -> int:
         return len(self.y)
@@ -46,49 +48,68 @@ def load_data(data, keys: tuple[str, str] | None = None, discrete: bool = False)
     """
     if isinstance(data, TensorData):
         return data
-    x, y = _read(data, keys)
-    return _checked(as_tensor(x, "inputs").detach(), as_tensor(y, "labels").detach(), discrete)  # requires_grad
+    x, y, rest = _read(data, keys)
+    x, extras = split(as_tensor(x, "inputs").detach(), rest)  # requires_grad
+    return _checked(x, as_tensor(y, "labels").detach(), discrete, extras)
 
 
 def _read(data, keys) -> tuple:
-    """(x, y) of an (x, y) pair, a Dataset or a DataLoader (``load_data``), not yet checked."""
+    """(x, y, what else the items hold for the model: ``padding.split``) of an (x, y) pair, a
+    Dataset or a DataLoader (``load_data``), not yet checked."""
 
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list)):
         _check_aligned(*data)
-        return data
+        return *data, {}
     if isinstance(data, (tuple, list)) and len(data) == 2:
-        parts = data[0]
-        if parts and all(isinstance(p, torch.Tensor) for p in parts) and len(parts) != len(data[1]):
-            raise RobustDataError(
-                f"the inputs are {len(parts)} tensors ((input_ids, attention_mask)?), and a check passes the model "
-                "one input tensor: pass the token ids alone (inputs of one length need no mask: give embedding= for "
-                "token ids), or the model as a module whose forward takes one tensor")
+        inputs = data[0]
+        if all(isinstance(p, torch.Tensor) for p in inputs) and len(inputs) != len(data[1]) or _pair(inputs):
+            return *parts(inputs)[:1], data[1], parts(inputs)[1]
         _check_aligned(*data)
-        return data  # inputs as a list of rows (numbers, or one tensor per input)
+        return *data, {}  # inputs as a list of rows (numbers, or one tensor per input)
     if isinstance(data, torch.utils.data.DataLoader) or isinstance(data, torch.utils.data.Dataset):
         if isinstance(data, torch.utils.data.DataLoader):
             loader = check_loader_order(data)
         else:
             loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False, collate_fn=_collate)
         check_reads_repeat(loader.dataset, keys)
-        xs, ys = [], []
+        xs, ys, rests = [], [], []
         with host_rng(0):
             try:
                 for batch in loader:
-                    inputs, labels = input_and_label(batch, keys)
+                    inputs, labels, rest = input_and_label(batch, keys)
                     xs.append(as_tensor(inputs, "inputs"))
                     ys.append(as_tensor(labels, "labels"))
+                    rests.append(rest)
             except (IndexError, KeyError) as error:
                 raise RobustDataError(_unreadable(loader.dataset, sum(map(len, ys)), error)) from error
         if not isinstance(data, torch.utils.data.DataLoader):  # a loader may read a subset on purpose
             _check_all_read(loader.dataset, sum(map(len, ys)))
         if not xs:
             raise RobustDataError("the data is empty: the dataset or loader yielded no items")
-        return torch.cat(xs), torch.cat(ys)
+        return torch.cat(xs), torch.cat(ys), _joined(rests)
     raise RobustDataError(
         "data must be an (x, y) pair (tensors, numpy arrays, a pandas DataFrame and Series, scipy.sparse "
         f"features), a torch Dataset of (input, label) items or a DataLoader, got {type(data).__name__}"
     )
+
+
+def _pair(inputs) -> bool:
+    """Whether the inputs part of an (x, y) pair is (input_ids, attention_mask): two tensors of
+    one shape (the rows of the inputs as a list are one input each)."""
+    return (len(inputs) == 2 and all(isinstance(p, torch.Tensor) for p in inputs) and inputs[0].ndim >= 2
+            and inputs[0].shape == inputs[1].shape)
+
+
+def _joined(rests: list) -> dict:
+    """The values of every batch's rest (``items.input_and_label``) joined by key; a key that
+    some batches lack, or whose values do not join, is left out (not the model's to take)."""
+    joined = {}
+    for key in rests[0]:
+        try:
+            joined[key] = torch.cat([torch.as_tensor(rest[key]) for rest in rests])
+        except (KeyError, TypeError, RuntimeError):
+            continue
+    return joined
 
 
 #: What integer inputs that are not images can be, and what each needs.
@@ -188,7 +209,7 @@ def _unreadable(dataset, read: int, error: Exception) -> str:
             f"{failed}): make __len__ return the number of items the dataset holds (items 0..{length - 1} are read)")
 
 
-def _checked(x: torch.Tensor, y: torch.Tensor, discrete: bool = False) -> TensorData:
+def _checked(x: torch.Tensor, y: torch.Tensor, discrete: bool = False, extras: Extras | None = None) -> TensorData:
     """The data as ``TensorData`` once its shapes, dtypes and values make sense (``load_data``)."""
     _check_rows(x, y)
     _check_label_shape(x, y)
@@ -202,7 +223,7 @@ def _checked(x: torch.Tensor, y: torch.Tensor, discrete: bool = False) -> Tensor
         raise RobustDataError(f"labels must be >= 0, got minimum {int(y.min())}")
     if x.dtype.is_floating_point or x.is_complex():
         check_finite(x)
-    return TensorData(x, y.long())
+    return TensorData(x, y.long(), extras)
 
 
 def _check_rows(x: torch.Tensor, y: torch.Tensor) -> None:

@@ -18,8 +18,10 @@ That is sound only when the model reads the ids through E alone. ``embedded`` ch
 that also reads the ids elsewhere (a padding mask computed from the ids, a second embedding of
 them) is refused, naming the difference, rather than measured wrongly.
 
-Not covered: a forward that needs more than the ids (an attention mask with padded positions is
-refused where the data carries one: ``items.input_and_label``).
+Padded inputs (items with an attention mask: ``padding``): the vector of a padded position is
+marked (``padding.mark_padded``) so that no check moves it; ``ThroughEmbedding`` gives the model
+the padding token's own vector there, the ids of the padding there and the mask, so the model sees
+each input exactly as it would its real ids and mask.
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ import contextlib
 
 import torch
 
+from pytest_robust.engine import padding
 from pytest_robust.engine.inspect.labels import probe_rows
 from pytest_robust.engine.interface import logits_of
 from pytest_robust.errors import RobustDataError, RobustModelError, SettingError
 
+#: Dtypes of embedding vectors that the checks hold in float32 (their working dtype).
+REDUCED = (torch.float16, torch.bfloat16)
 #: Inputs on which the model's logits through the real ids and through the embedding are compared.
 PROBE_INPUTS = 16
 #: Largest difference between those logits, as a share of their largest magnitude (float16 and
@@ -73,14 +78,20 @@ def _embeddings(model: torch.nn.Module) -> str:
 class ThroughEmbedding(torch.nn.Module):
     """The model on embedding vectors (module docstring): ``forward(vectors)`` calls the model on
     stand-in ids (``stand_in`` everywhere) of the vectors' shape less the last dimension, with the
-    embedding's output replaced by the vectors."""
+    embedding's output replaced by the vectors. Where the vectors mark a padded position
+    (``padding.real_positions``) the ids are the padding's (``pad``: its id and its vector), encoded
+    as padded (``padding.encode``) for the model call (``padding.ModelCall``) to pass the mask."""
 
-    def __init__(self, model: torch.nn.Module, embedding: torch.nn.Module, stand_in: int):
+    def __init__(self, model: torch.nn.Module, embedding: torch.nn.Module, stand_in: int, pad=None):
         super().__init__()
-        self.model, self.embedding, self.stand_in = model, embedding, stand_in
+        self.model, self.embedding, self.stand_in, self.pad = model, embedding, stand_in, pad
 
     def forward(self, vectors: torch.Tensor):
         ids = torch.full(vectors.shape[:-1], self.stand_in, dtype=torch.long, device=vectors.device)
+        if self.pad is not None:
+            real = padding.real_positions(vectors)
+            ids = padding.encode(torch.where(real, ids, self.pad[0]), real)
+            vectors = torch.where(real[..., None], vectors, self.pad[1].to(vectors))
 
         def replace(module, args, output):
             return vectors.to(output.dtype)
@@ -92,16 +103,21 @@ class ThroughEmbedding(torch.nn.Module):
             handle.remove()
 
 
-def embedded(model: torch.nn.Module, spec, ids: torch.Tensor, batch_size: int, selector, device) -> tuple:
+def embedded(model: torch.nn.Module, spec, ids: torch.Tensor, batch_size: int, selector, device,
+             call: torch.nn.Module | None = None) -> tuple:
     """(the model on vectors, the vectors of ``ids`` (float, on the ids' device), what to record):
     see the module docstring. The embedding runs on ``device`` (the model's) in eval mode, batch by
-    batch; ``selector`` picks the logits (``interface.logits_of``)."""
+    batch; ``selector`` picks the logits (``interface.logits_of``). ``call`` is the model as the
+    checks call it (``padding.calling``: with the mask and keywords of the items), default ``model``;
+    ids of padded positions come encoded (``padding.encode``)."""
+    call = model if call is None else call
     if ids.dtype.is_floating_point:
         raise RobustDataError(f"embedding= takes integer token ids, and these inputs are {ids.dtype}: pass the "
                               "token ids (the tokenizer's input_ids), or for continuous inputs give this check "
                               "embedding='none' (where --robust-embedding, robust_embedding in ini or a suite's "
                               "settings set it for every check) or leave embedding= out")
     module, name = resolve(model, spec)
+    encoded, (ids, real) = ids, padding.decode(ids)
     table = next((m for m in module.modules() if isinstance(m, torch.nn.Embedding)), None)  # e.g. in bert.embeddings
     vocabulary = getattr(module, "num_embeddings", None) or (None if table is None else table.num_embeddings)
     if isinstance(vocabulary, int) and (int(ids.max()) >= vocabulary or int(ids.min()) < 0):
@@ -120,13 +136,23 @@ def embedded(model: torch.nn.Module, spec, ids: torch.Tensor, batch_size: int, s
             raise RobustModelError(f"embedding={name!r} must map token ids of shape {tuple(ids.shape[1:])} to vectors "
                                    f"of shape {tuple(ids.shape[1:])} x dimension; it returned "
                                    f"{tuple(vectors.shape) if isinstance(vectors, torch.Tensor) else type(vectors)}")
-        through = ThroughEmbedding(model, module, int(ids.max()))
+        pad = None if bool(real.all()) else _padding_token(module, ids, real, device)
+        through = ThroughEmbedding(call, module, int(ids[real].max()), pad)
+        if pad is not None:
+            vectors = padding.mark_padded(vectors.float() if vectors.dtype in REDUCED else vectors, real)
         rows = probe_rows(len(ids), PROBE_INPUTS)
-        _check_reads_ids_only(model, through, ids[rows].to(device), vectors[rows].to(device), name, selector)
-    norm = float(vectors[: 4096].float().norm(dim=-1).mean())
+        _check_reads_ids_only(call, through, encoded[rows].to(device), vectors[rows].to(device), name, selector)
+    norm = float(vectors[: 4096][real[: 4096]].float().norm(dim=-1).mean())
     facts = {"module": name, "dimension": int(vectors.shape[-1]), "mean_norm": norm,
              "space": f"the embedding space of {name!r} (dimension {vectors.shape[-1]}, mean vector norm {norm:.4g})"}
-    return through, vectors.float() if vectors.dtype in (torch.float16, torch.bfloat16) else vectors, facts
+    return through, vectors.float() if vectors.dtype in REDUCED else vectors, facts
+
+
+def _padding_token(module: torch.nn.Module, ids: torch.Tensor, real: torch.Tensor, device) -> tuple:
+    """(id, vector) the model gets at padded positions: the id found most often there, and its
+    embedding (the model masks those positions; ``_check_reads_ids_only`` holds it to that)."""
+    pad = int(torch.mode(ids[~real]).values)
+    return pad, module(torch.tensor([pad], device=device))[0].detach()
 
 
 @contextlib.contextmanager

@@ -71,6 +71,7 @@ from pytest_robust.engine.inspect.labels import label_warnings, probe_labels, pr
 from pytest_robust.engine.inspect.model import check_model
 from pytest_robust.engine.inspect.normalization import PROBE_INPUTS, probe_normalization
 from pytest_robust.engine.inspect.perturbation import check_images_only, inspect_inputs
+from pytest_robust.engine.padding import calling
 from pytest_robust.engine.precision import autocast_dtype, describe_precision, model_dtype, working_dtype
 from pytest_robust.engine.streams import stream_generator
 from pytest_robust.errors import ArgumentError, RobustModelError, RobustWarning, SettingError, of_model
@@ -112,6 +113,11 @@ class Run:
         check_data_normalization(data, perturbation, self.interface.normalize)
         token_ids = self.interface.embedding is not None
         self.ds = load_data(data, context.data_keys, discrete=True)  # integers are judged below
+        try:  # the attention mask and other keys of the items (engine.padding)
+            self.model = calling(model, self.ds.extras)
+        except RobustModelError as err:
+            raise (of_model(err, role) if role else err) from None
+        self.ds = TensorData(self.ds.x, self.ds.y)
         if perturbation is not None:  # "images only" comes before what integer inputs would need
             check_images_only(perturbation, self.ds.x)
         if not (token_ids or (declared.discrete and bool(getattr(perturbation, "discrete", False)))):
@@ -119,10 +125,11 @@ class Run:
         self.details: dict = {}
         if token_ids:  # the checks act on the embedding's output (engine.embedding)
             check_perturbation_of_vectors(perturbation, self.ds.x)
-            model, vectors, self.details["embedding"] = embedded(model, self.interface.embedding, self.ds.x,
-                                                                 self.args.batch_size, self.interface.logits,
-                                                                 self.device)
-            self.model, self.ds = model, TensorData(vectors, self.ds.y)
+            self.model, vectors, self.details["embedding"] = embedded(
+                model, self.interface.embedding, self.ds.x, self.args.batch_size, self.interface.logits, self.device,
+                call=self.model)
+            self.ds = TensorData(vectors, self.ds.y)
+        model = self.model
         self.model_dtype = model_dtype(model)
         self.dtype = working_dtype(self.model_dtype, self.ds.x.dtype)
         if self.ds.x.dtype.is_floating_point and self.ds.x.dtype != self.dtype:

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from pytest_robust.engine.inspect.perturbation import box_for, check_perturbation_object, size_for
+from pytest_robust.engine.padding import decode, keep_padded
 from pytest_robust.errors import ArgumentError, RobustWarning
 from pytest_robust.results import NO_IDENTITY
 from pytest_robust.settings import validation
@@ -225,7 +226,10 @@ class CallablePerturbation(Perturbation):
         self.fn = fn
 
     def sample(self, x, generator):
-        out = self.fn(x, generator)
+        """The function's output; on token ids it gets the real ids and padded positions stay
+        padding (``engine.padding``)."""
+        ids = not x.dtype.is_floating_point
+        out = self.fn(decode(x)[0] if ids else x, generator)
         if isinstance(out, torch.Tensor) and out.dtype.is_floating_point != x.dtype.is_floating_point:
             raise ArgumentError(f"perturbation {self!r} must return inputs of the input's kind: {x.dtype} in, "
                                 f"{out.dtype} out (token ids stay integers; continuous inputs stay floating point)")
@@ -235,7 +239,7 @@ class CallablePerturbation(Perturbation):
                 f"perturbation {self!r} must return a tensor of the input's shape {tuple(x.shape)}, "
                 f"got {got}"
             )
-        return out
+        return keep_padded(x, out) if ids else out
 
     def __repr__(self):
         return stable_identity(self.fn)

@@ -19,6 +19,7 @@ from pytest_robust.engine.inspect.data import (
     is_image_batch,
 )
 from pytest_robust.engine.inspect.model import PROBE_ROWS
+from pytest_robust.engine.padding import check_no_box, real_values
 from pytest_robust.errors import ArgumentError, RobustDataError, RobustWarning
 
 #: Relative slack of the box check: data this close outside the box is float noise, not a mistake.
@@ -90,7 +91,8 @@ def box_width(bounds, x: torch.Tensor) -> tuple[float, str]:
     """(width, what it is) of the range a size is compared with: the narrowest side of the box
     ``bounds`` (per channel or per element), or without a box the range the data ``x`` spans."""
     if bounds is None:
-        low, high = (float(v) for v in torch.aminmax(x.detach()))
+        values = real_values(x := x.detach())  # padded positions left out
+        low, high = (float(v) for v in torch.aminmax(values if values is x else values[~values.isnan()]))
         return high - low, f"the data's range [{low:.4g}, {high:.4g}]"
     lo, hi = box_for(bounds, x[:1])
     return float((hi - lo).min()), "the input box"
@@ -143,7 +145,7 @@ def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf
     rows = max(2, min(SPREAD_INPUTS, SPREAD_VALUES // max(1, x[0].numel())))
     if len(x) < 2:
         return
-    spread = x[:rows].float().std(dim=0).double()
+    spread = _std(real_values(x[:rows].float())).double()
     varies = spread > 0
     if not bool(varies.any()):
         return
@@ -174,6 +176,16 @@ def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf
         f"inputs given (a warning from {SPREAD_RATIO:g} times on): {name} is in the units of the data, so check "
         f"that it is not meant in other units; {fix} (docs: tabular data)",
         RobustWarning, stacklevel=3)
+
+
+def _std(x: torch.Tensor) -> torch.Tensor:
+    """The standard deviation of each coordinate over the rows of x (n - 1 in the denominator),
+    leaving out NaN (padded positions, ``padding.real_values``); NaN with fewer than two values."""
+    if not bool(x.isnan().any()):
+        return x.std(dim=0)
+    count = (~x.isnan()).sum(dim=0)
+    deviation = x - x.nanmean(dim=0)
+    return (deviation.pow(2).nansum(dim=0) / (count - 1).clamp(min=1)).sqrt().where(count > 1, float("nan"))
 
 
 def check_scale(owner: str, name: str, size, x: torch.Tensor, bounds, *, norm: str = "linf",
@@ -303,9 +315,11 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool =
     eps) before the model sees them. 0..255 images get the conversion as their fix; with
     ``normalized`` (the check has ``normalize=``), normalized data gets "give the inputs before
     normalization"; inputs that are not images get advice about bounds= in their features' units.
-    Bounds of a shape that does not fit the inputs are an ArgumentError (``box_for``)."""
+    Bounds of a shape that does not fit the inputs are an ArgumentError (``box_for``); padded
+    embedding vectors take no box (``padding.check_no_box``)."""
     if bounds is None:
         return
+    check_no_box(bounds, x, name)
     lo, hi = box_for(bounds, x)
     width = (hi - lo).abs()
     finite = width[torch.isfinite(width)]
