@@ -170,8 +170,32 @@ class Forward:
             with torch.no_grad():
                 return self.validated(self.called(x[start:stop]), stop - start, x[start:stop]).to(dtype)
 
+        return _joined(self.chunked(len(x), run), lambda: self._empty(x).to(dtype))
+
+    def ranked(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, classes) of the two largest logits of every row of x, as ``logits`` computes
+        them (one ``topk`` per chunk serves the tie count too): what ``correct`` and a vote need."""
+
+        def run(start: int, stop: int) -> tuple:
+            with torch.no_grad():
+                z = self.validated(self.called(x[start:stop]), stop - start, x[start:stop], ties=False)
+                return self.top_two(z)
+
         parts = self.chunked(len(x), run)
-        return torch.cat(parts) if parts else self._empty(x).to(dtype)
+        if not parts:
+            return self._empty(x)[:, :2], torch.zeros((0, 2), dtype=torch.long, device=x.device)
+        values, classes = zip(*parts)
+        return _joined(list(values), None), _joined(list(classes), None)
+
+    def correct(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``correct_predictions`` of the model on the rows x with labels y (through ``ranked``)."""
+        return correct_of(*self.ranked(x), y)
+
+    def top_two(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, classes) of the two largest logits of each row of z; counts its ties in ``ties``."""
+        top = z.detach().topk(2, dim=1)
+        self.ties = self.ties + (top.values[:, 0] == top.values[:, 1]).sum()
+        return top.values, top.indices
 
     def grad(self, x: torch.Tensor, y: torch.Tensor, objective, with_logits: bool = False):
         """(objective(logits, y) per row, its gradient with respect to x[, the logits]), chunked
@@ -219,8 +243,11 @@ class Forward:
         if self.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         try:
-            with torch.autocast(x.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            if self.autocast is None:
                 out = model(x)
+            else:
+                with torch.autocast(x.device.type, dtype=self.autocast):
+                    out = model(x)
         except TypeError as err:
             from pytest_robust.engine.inspect.model import explain_signature_error
 
@@ -245,11 +272,11 @@ class Forward:
         self.one_logit = isinstance(chosen, torch.Tensor) and (chosen.ndim == 1 or chosen.shape[1:] == (1,))
         return two_classes(chosen, len(x))
 
-    def validated(self, z, n: int, x: torch.Tensor | None = None) -> torch.Tensor:
+    def validated(self, z, n: int, x: torch.Tensor | None = None, ties: bool = True) -> torch.Tensor:
         """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches
-        (one host read per batch: the finiteness check); counts its tied rows in ``ties``. When
-        the logits are not finite because the inputs ``x`` were not, the check is blamed, not the
-        model."""
+        (one host read per batch: the finiteness check); counts its tied rows in ``ties`` (unless
+        the caller does, ``top_two``). When the logits are not finite because the inputs ``x``
+        were not, the check is blamed, not the model."""
         if z.ndim != 2 or z.shape[0] != n or z.shape[1] < 2:
             raise RobustModelError(
                 f"the model must return logits of shape (batch, classes) with at least 2 classes, or one logit "
@@ -271,12 +298,12 @@ class Forward:
                 )
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
-        if self.deferred:  # read later, with the caller's own host read (``finite_flag``)
+        if self.deferred:  # read later, with the caller's own host read (``finite``)
             self.finite = torch.isfinite(z).all() & self.finite
         elif not torch.isfinite(z).all():
             self.raise_nonfinite(x, z)
-        top = z.detach().topk(2, dim=1).values
-        self.ties = self.ties + (top[:, 0] == top[:, 1]).sum()
+        if ties:
+            self.top_two(z)
         return z
 
     def raise_nonfinite(self, x: torch.Tensor | None = None, z: torch.Tensor | None = None):
@@ -290,21 +317,17 @@ class Forward:
     @contextlib.contextmanager
     def deferring(self):
         """Inside the block the finiteness of the logits is not read per batch: it accumulates in
-        a device flag that the caller reads with its own host read (``finite_flag``) and hands to
-        ``check_flag``. A stream that reads its outcomes once per step then makes one host read
-        per step instead of two."""
+        a device flag (``finite``: True, or a 0-d boolean tensor) that the caller reads with its
+        own host read and hands to ``check_flag``. A stream that reads its outcomes once per step
+        then makes one host read per step instead of two."""
         self.deferred, self.finite = True, True
         try:
             yield
         finally:
             self.deferred = False
 
-    def finite_flag(self, device) -> torch.Tensor:
-        """1 when every logit since ``deferring`` began was finite, else 0 (a device tensor, (1,))."""
-        return torch.as_tensor(self.finite, device=device).long().reshape(1)
-
     def check_flag(self, flag: int) -> None:
-        """Raise the non-finite-logits error unless ``flag`` (read from ``finite_flag``) is 1."""
+        """Raise the non-finite-logits error unless ``flag`` (read from ``finite``) is 1."""
         if not flag:
             self.raise_nonfinite()
 
@@ -316,4 +339,16 @@ def correct_predictions(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if len(y) == 0:
         return torch.zeros(0, dtype=torch.bool, device=logits.device)
     top = logits.topk(2, dim=1)
-    return (top.indices[:, 0] == y) & (top.values[:, 0] > top.values[:, 1])
+    return correct_of(top.values, top.indices, y)
+
+
+def correct_of(values: torch.Tensor, classes: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``correct_predictions`` from the two largest logits of each row (``Forward.ranked``)."""
+    return (classes[:, 0] == y) & (values[:, 0] > values[:, 1])
+
+
+def _joined(parts: list, empty) -> torch.Tensor:
+    """The chunks' tensors as one (the one chunk itself, uncopied), or ``empty()`` for none."""
+    if not parts:
+        return empty()
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

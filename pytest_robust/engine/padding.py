@@ -20,11 +20,11 @@ the mask travels inside it:
   ``PADDED`` in every coordinate (``mark_padded``). Every perturbation the checks make is a
   bounded change (noise, an attack's step, a learned noise), which does not move a value of
   1e30 in float32 or float64 (its spacing there is about 1e23), so the marker survives every
-  check exactly (a float16 model's input cast reads it as inf, which is found the same way); the model wrapper (``embedding.ThroughEmbedding``) finds it (``real_positions``),
-  gives the model the padding's own vector there and the mask, and gradients there are zero. A
-  box would clamp the marker, so a box with padded embedding vectors is refused
-  (``check_no_box``). Statistics of the data (its spread, its range) leave those positions out
-  (``real_values``).
+  check exactly (a float16 model's input cast reads it as inf, which is found the same way); the
+  model wrapper (``embedding.ThroughEmbedding``) finds it (``real_positions``), gives the model
+  the padding's own vector there and the mask, and gradients there are zero. A box would clamp
+  the marker, so a box with padded embedding vectors is refused (``check_no_box``). Statistics
+  of the data (its spread, its range) leave those positions out (``real_values``).
 """
 
 from __future__ import annotations

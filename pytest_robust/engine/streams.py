@@ -62,11 +62,14 @@ class RowStreams:
         return sum(self.rows_per_block)
 
     def _draw(self, fn, shape) -> torch.Tensor:
-        parts = [
-            fn((n, *shape), generator=g, device=self.device, dtype=self.dtype)
-            for g, n in zip(self.generators, self.rows_per_block)
-        ]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        """Each block's draws made into its rows of one tensor (the numbers of drawing it alone)."""
+        if len(self.generators) == 1:
+            return fn((self.rows, *shape), generator=self.generators[0], device=self.device, dtype=self.dtype)
+        out, start = torch.empty((self.rows, *shape), device=self.device, dtype=self.dtype), 0
+        for g, n in zip(self.generators, self.rows_per_block):
+            fn((n, *shape), generator=g, device=self.device, dtype=self.dtype, out=out[start:start + n])
+            start += n
+        return out
 
     def rand(self, *shape: int) -> torch.Tensor:
         """U[0, 1) draws of shape (rows, *shape)."""

@@ -12,6 +12,7 @@ import torch
 
 from pytest_robust.engine.inspect.perturbation import box_for, check_perturbation_object, size_for
 from pytest_robust.engine.padding import decode, keep_padded
+from pytest_robust.engine.streams import RowStreams
 from pytest_robust.errors import ArgumentError, RobustWarning
 from pytest_robust.results import NO_IDENTITY
 from pytest_robust.settings import validation
@@ -86,6 +87,16 @@ def size_like(size, x: torch.Tensor, cache: dict | None = None):
     if cache is not None:
         cache[key] = placed
     return placed
+
+
+def random(kind: str, x: torch.Tensor, generator) -> torch.Tensor:
+    """Random numbers of x's shape, dtype and device: ``"uniform"`` on [0, 1) (``torch.rand``) or
+    ``"normal"`` (``torch.randn``), from a generator, or from ``streams.RowStreams`` (each block of
+    rows from its own generator: the numbers of drawing that block alone)."""
+    if isinstance(generator, RowStreams):
+        return (generator.rand if kind == "uniform" else generator.randn)(*x.shape[1:])
+    draw = torch.rand if kind == "uniform" else torch.randn
+    return draw(x.shape, generator=generator, device=x.device, dtype=x.dtype)
 
 
 def checked_box(bounds):
@@ -175,6 +186,10 @@ class Perturbation(ABC):
     #: True when the perturbation may take and return integer inputs (token ids: a substitution of
     #: the user's), which the checks declared ``discrete`` then accept (``Metric.discrete``).
     discrete = False
+    #: True when ``sample`` draws each random tensor of the batch's rows with ``random`` and
+    #: combines them element by element into a fresh tensor: then it takes ``streams.RowStreams``
+    #: (a batch of blocks drawn in one call, ``draw_blocks``) and its output is clipped in place.
+    elementwise = False
 
     def __init__(self, bounds=(0.0, 1.0)):
         self.bounds = checked_box(bounds)
@@ -194,25 +209,36 @@ class Perturbation(ABC):
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Draw one perturbed copy of every row of x (before clipping to the box)."""
 
-    def clip(self, x: torch.Tensor) -> torch.Tensor:
+    def clip(self, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """The batch x clamped coordinate-wise to the box (scalar bounds take the cheaper scalar
-        clamp; per-channel bounds as ``inspect.perturbation.box_for``)."""
+        clamp; per-channel bounds as ``inspect.perturbation.box_for``), in x itself with
+        ``inplace`` (the same numbers)."""
         if self.bounds is None:
             return x
         lo, hi = self.bounds
         if isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
-            return x.clamp(float(lo), float(hi))
+            return x.clamp_(float(lo), float(hi)) if inplace else x.clamp(float(lo), float(hi))
         lo, hi = box_for(self.bounds, x)
-        return torch.maximum(torch.minimum(x, hi), lo)
+        return torch.clamp(x, lo, hi, out=x) if inplace else torch.maximum(torch.minimum(x, hi), lo)
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return self.clip(self.sample(x, generator))
+    def __call__(self, x: torch.Tensor, generator) -> torch.Tensor:
+        return self.clip(self.sample(x, generator), inplace=self.elementwise)
 
     def draw(self, x: torch.Tensor, generator: torch.Generator, index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One perturbed copy of the rows x, which are rows ``index`` of the data with labels ``y``."""
         if self.conditional:
             return self(x, generator, index=index, y=y)
         return self(x, generator)
+
+    def draw_blocks(self, x: torch.Tensor, generators: list, index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``draw`` of consecutive blocks of the rows x, block j (len(x) / len(generators) rows)
+        with ``generators[j]``: the numbers of drawing each block alone. An ``elementwise``
+        perturbation draws them in one call (``streams.RowStreams``), any other block by block."""
+        size = len(x) // len(generators)
+        if self.elementwise and not self.conditional:
+            return self(x, RowStreams(generators, [size] * len(generators), x.device, x.dtype))
+        return torch.cat([self.draw(x[j * size:(j + 1) * size], g, index[j * size:(j + 1) * size],
+                                    y[j * size:(j + 1) * size]) for j, g in enumerate(generators)])
 
 
 class CallablePerturbation(Perturbation):

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from pytest_robust.perturbations.base import Perturbation, bounds_repr, checked_size, size_like, size_repr
+from pytest_robust.perturbations.base import Perturbation, bounds_repr, checked_size, random, size_like, size_repr
 from pytest_robust.perturbations.spaces import BoxSpace, NoiseSpace
 
 
@@ -26,6 +26,7 @@ class UniformLinf(Perturbation):
     """
 
     differentiable = True
+    elementwise = True
     coordinate_size = "eps"
 
     def __init__(self, eps: float, bounds=(0.0, 1.0)):
@@ -37,10 +38,11 @@ class UniformLinf(Perturbation):
         return BoxSpace(x, size_like(self.eps, x, self._placed), self.bounds)
 
     def sample(self, x, generator):
+        """lo + u (hi - lo), with [lo, hi] the ball intersected with the box (in place, fresh tensors)."""
         eps = size_like(self.eps, x, self._placed)
-        lo, hi = self.clip(x - eps), self.clip(x + eps)  # the ball intersected with the box
-        u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-        return lo + u * (hi - lo)
+        lo = self.clip(x - eps, inplace=True)
+        width = self.clip(x + eps, inplace=True).sub_(lo)
+        return random("uniform", x, generator).mul_(width).add_(lo)
 
     def __repr__(self):
         return f"UniformLinf(eps={size_repr(self.eps)}{bounds_repr(self.bounds)})"
@@ -50,6 +52,7 @@ class GaussianNoise(Perturbation):
     """Additive isotropic Gaussian noise x' = clip(x + sigma * z), z ~ N(0, I)."""
 
     differentiable = True
+    elementwise = True
     coordinate_size = "sigma"
 
     def __init__(self, sigma: float, bounds=(0.0, 1.0)):
@@ -61,8 +64,7 @@ class GaussianNoise(Perturbation):
         return NoiseSpace(self, x, size_like(self.sigma, x, self._placed), "gaussian")
 
     def sample(self, x, generator):
-        z = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-        return x + size_like(self.sigma, x, self._placed) * z
+        return random("normal", x, generator).mul_(size_like(self.sigma, x, self._placed)).add_(x)
 
     def __repr__(self):
         return f"GaussianNoise(sigma={size_repr(self.sigma)}{bounds_repr(self.bounds)})"
@@ -72,6 +74,7 @@ class CauchyNoise(Perturbation):
     """Additive i.i.d. Cauchy noise x' = clip(x + scale * tan(pi (u - 1/2))), u ~ U(0, 1)."""
 
     differentiable = True
+    elementwise = True
     coordinate_size = "scale"
 
     def __init__(self, scale: float, bounds=(0.0, 1.0)):
@@ -83,7 +86,7 @@ class CauchyNoise(Perturbation):
         return NoiseSpace(self, x, size_like(self.scale, x, self._placed), "cauchy")
 
     def sample(self, x, generator):
-        u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        u = random("uniform", x, generator)
         return x + size_like(self.scale, x, self._placed) * torch.tan(math.pi * (u - 0.5))
 
     def __repr__(self):

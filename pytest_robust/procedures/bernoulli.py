@@ -30,7 +30,6 @@ import torch
 
 from pytest_robust.engine import collective
 from pytest_robust.engine.data import TensorData
-from pytest_robust.engine.forward import correct_predictions
 from pytest_robust.engine.run import Run
 from pytest_robust.perturbations.base import Perturbation
 from pytest_robust.results import Result
@@ -112,11 +111,11 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
     blk = block_size(ds.x)
     runs = (run, *references)
     models = tuple(r.forward for r in runs)
-    per_rank, mine, needed, idx, x = _draw(run, ds, perturbation, name, first, limit, most, models)
-    local = _outcomes(runs, models, x, ds.y[torch.cat([i[:k] for i, k in zip(idx, needed)])], needed, per_rank, blk)
+    per_rank, needed, idx, x, labels = _draw(run, ds, perturbation, name, first, limit, most, models)
+    local = _outcomes(runs, models, x, labels, needed, per_rank, blk)
     blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
-    indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
-                         else idx[(b - first) // size] for b in blocks])
+    indices = idx if size == 1 else torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
+                                               else idx[(b - first) // size * blk:][:blk] for b in blocks])
     gathered = collective.gather_blocks(local)
     host = torch.cat([gathered.reshape(-1), indices]).cpu().numpy()
     table, indices = host[: gathered.numel()].reshape(gathered.shape), host[gathered.numel():]
@@ -130,8 +129,9 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
 
 def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
           models: tuple) -> tuple:
-    """This rank's part of the step (``step``): (blocks per rank, its blocks, the rows of each
-    within the limit, their input indices, the perturbed inputs). An out-of-memory error while
+    """This rank's part of the step (``step``): (blocks per rank, the rows of each of its blocks
+    within the limit, the input indices of its blocks (whole), the perturbed inputs and their
+    labels (within the limit)). An out-of-memory error while
     perturbing halves the batch, as in the model call, and the step draws fewer blocks (a single
     process only: ranks must draw the same blocks, or the gather would break)."""
     rank, size = collective.world()
@@ -141,13 +141,14 @@ def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first
         per_rank = max(1, min(-(-batch // blk), -(-limit // (blk * size)), -(-most // size)))
         mine = range(first + rank, first + per_rank * size, size)
         needed = [min(max(limit - (b - first) * blk, 0), blk) for b in mine]  # rows of each block within the limit
-        idx = [_indices(len(ds), run, name, b, blk) for b in mine]
+        rows = torch.cat([_indices(len(ds), run, name, b, blk) for b in mine])
         try:
-            x = torch.cat([
-                perturbation.draw(ds.x[i].to(run.device), noise_generator(run, name, b), i, ds.y[i])[:k]
-                for b, i, k in zip(mine, idx, needed)
-            ])
-            return per_rank, mine, needed, idx, x
+            labels = ds.y[rows]
+            x = perturbation.draw_blocks(ds.x[rows].to(run.device), [noise_generator(run, name, b) for b in mine],
+                                         rows, labels)
+            if any(k < blk for k in needed):
+                x, labels = (torch.cat([t[j * blk: j * blk + k] for j, k in enumerate(needed)]) for t in (x, labels))
+            return per_rank, needed, rows, x, labels
         except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
             if size > 1:
                 raise
@@ -169,9 +170,13 @@ def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor, need
         for m, (forward, each) in enumerate(zip(models, runs)):
             deferred.enter_context(forward.deferring())
             inputs = x.to(each.dtype) if x.dtype.is_floating_point else x  # token ids stay integers
-            for j, part in enumerate(correct_predictions(forward.logits(inputs), y).split(needed)):
-                local[j, m * blk: m * blk + len(part)] = part
-        local[:, width: width + len(models)] = torch.cat([f.finite_flag(dev) for f in models])
+            correct = forward.correct(inputs, y)
+            if sum(needed) == per_rank * blk:  # whole blocks: one copy
+                local[:, m * blk: (m + 1) * blk] = correct.view(per_rank, blk)
+            else:
+                for j, part in enumerate(correct.split(needed)):
+                    local[j, m * blk: m * blk + len(part)] = part
+            local[:, width + m] = forward.finite
         local[:, -1] = min(f.batch_size for f in models)
     return local
 

@@ -130,10 +130,9 @@ def _counts(forward: Forward, x: torch.Tensor, index, sigma: float, phases, seed
     counts = None
     total = len(x) * sum(stop - start for start, stop in phases)
     for rows, tags in _batches(x, index, sigma, phases, seed, device, forward.batch_size):
-        logits = forward.logits(rows)
-        width = logits.shape[1] + 1
-        top = logits.topk(2, dim=1).values
-        pred = torch.where(top[:, 0] > top[:, 1], logits.argmax(dim=1), width - 1)
+        values, classes = forward.ranked(rows)
+        width = forward.n_classes + 1
+        pred = torch.where(values[:, 0] > values[:, 1], classes[:, 0], width - 1)
         if counts is None:
             counts = torch.zeros(len(x) * len(phases) * width, dtype=torch.long, device=device)
         counts.index_add_(0, tags * width + pred, torch.ones_like(pred))
