@@ -65,3 +65,40 @@ def test_the_top_two_logits_give_the_correct_predictions_and_ties_of_the_logits(
     assert torch.equal(ranked.correct(z, y), expected)
     assert int(ranked.ties) == int(plain.ties) == len(range(0, 300, 7))
     assert ranked.passes == plain.passes == 300
+
+
+def test_smoothing_noise_written_in_pieces_is_the_streams():
+    """Draws start..stop-1 of an input are rows of its stream blocks (BLOCK draws each, seeded
+    from (seed, "smoothing", input, block)), however the ranges split the blocks."""
+    from pytest_robust.checks.smoothing.draws import BLOCK, Noise
+    from pytest_robust.engine.streams import stream_seed
+
+    def stream(index: int, blocks: int) -> torch.Tensor:
+        return torch.cat([torch.randn((BLOCK, 3, 2), generator=torch.Generator().manual_seed(
+            stream_seed(7, "smoothing", index, b))) for b in range(blocks)])
+
+    noise = Noise((3, 2), torch.float32, 7, "cpu")
+    for index, ranges in ((4, [(0, 1), (1, 64), (64, 200), (200, 201)]), (9, [(3, 130), (130, 140)]),
+                          (4, [(5, 70)])):
+        for start, stop in ranges:
+            out = noise.write(index, start, stop, torch.empty((stop - start, 3, 2)))
+            assert torch.equal(out, stream(index, 4)[start:stop])
+
+
+def _plain_betaincinv(a: float, b: float, y: float) -> float:
+    from pytest_robust.stats.binomial import betainc
+
+    lo, hi = 0.0, 1.0
+    while (mid := 0.5 * (lo + hi)) not in (lo, hi):
+        lo, hi = (mid, hi) if betainc(a, b, mid) < y else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+@pytest.mark.parametrize("k, n, y", [(1, 1, 0.05), (3, 10, 0.001), (127, 128, 1e-6), (5000, 10_000, 0.5),
+                                     (99_990, 100_000, 0.05), (2, 5, 0.999)])
+def test_the_bracketed_beta_inverse_is_the_plain_bisections(k, n, y):
+    """The same bisection to the last bit; where I_x itself is noisy (about 1e-12 near the root)
+    the two may settle on neighbouring points of that noise, hence rel 1e-12."""
+    from pytest_robust.stats.binomial import betaincinv
+
+    assert betaincinv(k, n - k + 1, y) == pytest.approx(_plain_betaincinv(k, n - k + 1, y), rel=1e-12)

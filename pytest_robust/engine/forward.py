@@ -7,6 +7,7 @@ errors)."""
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -299,7 +300,8 @@ class Forward:
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
         if self.deferred:  # read later, with the caller's own host read (``finite``)
-            self.finite = torch.isfinite(z).all() & self.finite
+            low, high = torch.aminmax(z.detach())  # NaN compares false: not finite either
+            self.finite = (low > -math.inf) & (high < math.inf) & self.finite
         elif not torch.isfinite(z).all():
             self.raise_nonfinite(x, z)
         if ties:

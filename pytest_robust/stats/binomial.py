@@ -65,17 +65,46 @@ def betainc(a: float, b: float, x: float) -> float:
 
 
 def betaincinv(a: float, b: float, y: float) -> float:
-    """The x in [0, 1] with I_x(a, b) = y, by bisection (I_x is increasing in x)."""
+    """The x in [0, 1] with I_x(a, b) = y, by bisection to the last bit (I_x is increasing in x).
+    Midpoints outside a bracket that evaluations have confirmed (``_bracket``) are decided
+    without evaluating I_x again, which changes no step of the bisection."""
+    below, above = _bracket(a, b, y)
     lo, hi = 0.0, 1.0
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if mid in (lo, hi):
             break
-        if betainc(a, b, mid) < y:
+        if mid <= below or (mid < above and betainc(a, b, mid) < y):
             lo = mid
         else:
             hi = mid
     return 0.5 * (lo + hi)
+
+
+#: Newton steps of ``_bracket``, and its last bracket's half-width relative to the root.
+NEWTON_STEPS, NEWTON_WIDTH = 12, 1e-10
+
+
+def _bracket(a: float, b: float, y: float) -> tuple[float, float]:
+    """(below, above) with I_below(a, b) < y <= I_above(a, b), both evaluated: safeguarded Newton
+    steps on I_x - y (the derivative is the Beta(a, b) density) keep such a bracket and move x to
+    the root, and two last evaluations at the root -+ ``NEWTON_WIDTH`` tighten both ends."""
+    lo, hi, x = 0.0, 1.0, a / (a + b)
+    log_beta = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+    for _ in range(NEWTON_STEPS):
+        f = betainc(a, b, x) - y
+        lo, hi = (x, hi) if f < 0.0 else (lo, x)
+        density = math.exp((a - 1.0) * math.log(x) + (b - 1.0) * math.log1p(-x) - log_beta)
+        step = x - f / density if density > 0.0 else 0.5 * (lo + hi)
+        new = step if lo < step < hi else 0.5 * (lo + hi)
+        if abs(new - x) <= NEWTON_WIDTH * x:
+            x = new
+            break
+        x = new
+    for end in (x * (1.0 - NEWTON_WIDTH), x * (1.0 + NEWTON_WIDTH)):
+        if lo < end < hi:
+            lo, hi = (end, hi) if betainc(a, b, end) < y else (lo, end)
+    return lo, hi
 
 
 @functools.lru_cache(maxsize=1024)

@@ -38,25 +38,49 @@ BLOCK = 64
 
 @functools.cache
 def _generator(device: str) -> torch.Generator:
-    """One generator per device, re-seeded for every block (``draw_noisy``): building a generator per
+    """One generator per device, re-seeded for every block (``Noise``): building a generator per
     block is avoidable work on the hot path."""
     return torch.Generator(device=device)
 
 
-def draw_noisy(x_i: torch.Tensor, sigma: float, seed: int, index: int, start: int, stop: int, device,
-           out: torch.Tensor | None = None) -> torch.Tensor:
-    """Draws start..stop-1 of input ``index``: x_i + sigma * eps from the input's stream blocks (block
-    b is the stream ``stream_seed(seed, "smoothing", index, b)``, whichever generator object
-    draws it); written into ``out`` (stop - start rows) when given."""
-    first, last = start // BLOCK, (stop - 1) // BLOCK
-    gen = _generator(str(torch.device(device)))
-    noise = torch.empty(((last - first + 1) * BLOCK,) + tuple(x_i.shape), device=device, dtype=x_i.dtype)
-    for k, block in enumerate(range(first, last + 1)):
-        gen.manual_seed(stream_seed(seed, "smoothing", index, block))
-        torch.randn((BLOCK,) + tuple(x_i.shape), generator=gen, out=noise[k * BLOCK : (k + 1) * BLOCK])
-    offset = first * BLOCK
-    scaled = torch.mul(noise[start - offset : stop - offset], sigma, out=out)
-    return scaled.add_(x_i)  # sigma * eps + x_i: the same rounding as x_i + sigma * eps
+class Noise:
+    """The standard normal draws eps of the inputs' streams (module docstring), written into the
+    rows of batches: ``write(index, start, stop, out)`` puts draws start..stop-1 of input ``index``
+    into ``out``. A block the rows cover whole is drawn straight into them; a block they cover in
+    part is drawn once and kept, for the next rows of the same input to take the rest (the next
+    phase's first draws, or the next batch's)."""
+
+    def __init__(self, shape: tuple, dtype: torch.dtype, seed: int, device):
+        self.seed, self.device = seed, torch.device(device)
+        self.generator = _generator(str(self.device))
+        self.kept = torch.empty((BLOCK, *shape), device=self.device, dtype=dtype)
+        self.kept_block: tuple | None = None  # (input, block) whose draws ``kept`` holds
+
+    def write(self, index: int, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+        for block in range(start // BLOCK, (stop - 1) // BLOCK + 1):
+            lo, hi = max(start, block * BLOCK), min(stop, (block + 1) * BLOCK)
+            rows = out[lo - start:hi - start]
+            if hi - lo == BLOCK:
+                self._draw(index, block, rows)
+                continue
+            if self.kept_block != (index, block):
+                self._draw(index, block, self.kept)
+                self.kept_block = (index, block)
+            rows.copy_(self.kept[lo - block * BLOCK:hi - block * BLOCK])
+        return out
+
+    def _draw(self, index: int, block: int, out: torch.Tensor) -> None:
+        self.generator.manual_seed(stream_seed(self.seed, "smoothing", index, block))
+        torch.randn(out.shape, generator=self.generator, out=out)
+
+
+def draw_noisy(x_i: torch.Tensor, sigma: float, noise: Noise, index: int, start: int, stop: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Draws start..stop-1 of input ``index`` (row ``x_i``): x_i + sigma * eps, eps from ``noise``;
+    written into ``out`` (stop - start rows) when given."""
+    eps = noise.write(index, start, stop, torch.empty((stop - start, *x_i.shape), device=x_i.device,
+                                                      dtype=x_i.dtype) if out is None else out)
+    return eps.mul_(sigma).add_(x_i)  # sigma * eps + x_i: the same rounding as x_i + sigma * eps
 
 
 @dataclass(frozen=True)
@@ -85,24 +109,31 @@ def _batches(x: torch.Tensor, index, sigma: float, phases, seed: int, device, ba
     """(noisy rows, tags) in batches of exactly ``batch_size`` rows (the last may be shorter): every
     input's draws of each phase, inputs one after another, so batches are packed across inputs.
     Row i of x is input ``index[i]`` of the data (its noise stream); a row's tag is
-    i * len(phases) + phase. The noise is written straight into one reused batch buffer: each batch
-    must be consumed before the next is requested."""
+    i * len(phases) + phase. The noise is written straight into one reused batch buffer, scaled
+    and shifted by each row's input in one step per batch: each batch must be consumed before
+    the next is requested."""
     rows = torch.empty((batch_size,) + tuple(x.shape[1:]), device=device, dtype=x.dtype)
     tags = torch.empty(batch_size, dtype=torch.long, device=device)
+    noise = Noise(tuple(x.shape[1:]), x.dtype, seed, device)
     filled = 0
     for i in range(len(x)):
         for p, (start, stop) in enumerate(phases):
             at = start
             while at < stop:
                 take = min(stop - at, batch_size - filled)
-                draw_noisy(x[i], sigma, seed, int(index[i]), at, at + take, device, out=rows[filled : filled + take])
-                tags[filled : filled + take] = i * len(phases) + p
+                noise.write(int(index[i]), at, at + take, rows[filled: filled + take])
+                tags[filled: filled + take] = i * len(phases) + p
                 filled, at = filled + take, at + take
                 if filled == batch_size:
-                    yield rows, tags
+                    yield _shifted(rows, x, tags, sigma, len(phases)), tags
                     filled = 0
     if filled:
-        yield rows[:filled], tags[:filled]
+        yield _shifted(rows[:filled], x, tags[:filled], sigma, len(phases)), tags[:filled]
+
+
+def _shifted(eps: torch.Tensor, x: torch.Tensor, tags: torch.Tensor, sigma: float, phases: int) -> torch.Tensor:
+    """sigma * eps + x_i for each row (its input i = tag // phases), in eps's memory."""
+    return eps.mul_(sigma).add_(x[tags // phases])
 
 
 def class_counts(run: Run, sigma: float, phases, metric: str) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from pytest_robust.checks.smoothing import certificates
-from pytest_robust.checks.smoothing.draws import Shard, draw_noisy
+from pytest_robust.checks.smoothing.draws import Noise, Shard, draw_noisy
 from pytest_robust.engine.forward import correct_predictions
 from pytest_robust.engine.run import Run
 from pytest_robust.results import decide
@@ -142,8 +142,8 @@ def outcomes(run: Run, plan: GatePlan, shard: Shard, spans: list) -> np.ndarray:
     (i, a, b) in turn, as one boolean host array. Noise and labels are assembled on the device;
     the outcomes are the batch's one host read."""
     rows = [shard.row[i] for i, _, _ in spans]
-    noisy = torch.cat([draw_noisy(shard.x[k], plan.sigma, run.seed, i, a, b, run.device)
-                       for k, (i, a, b) in zip(rows, spans)])
+    noise = Noise(tuple(shard.x.shape[1:]), shard.x.dtype, run.seed, run.device)
+    noisy = torch.cat([draw_noisy(shard.x[k], plan.sigma, noise, i, a, b) for k, (i, a, b) in zip(rows, spans)])
     labels = torch.cat([shard.y[k].expand(b - a) for k, (_, a, b) in zip(rows, spans)])
     return correct_predictions(run.forward.logits(noisy), labels).numpy(force=True)
 
