@@ -18,13 +18,21 @@ and a bare loop that does the same work per step of ``BATCH`` (512) model evalua
   noise for every input and counts each input's top class (the draws behind certified accuracy,
   CERTIFY and the pA report); bare: 512 noisy copies of 4 inputs per step, evaluate, count the
   classes per input (``bincount``), read the counts back.
+- TSRM under a corruption (``gaussian_noise``, severity 3): ``tsrm`` with ``Corruption``; bare: the
+  corruption's own computation (``Corruption.corrupt``) on 512 drawn inputs per step, evaluate,
+  score, read back.
+- attack steps: ``adversarial_accuracy`` with the APGD-CE stage alone (50 steps, 1 restart, no
+  APGD-T, no Square, eps 0.001, which 95% of the inputs survive), timed per 512 of its model
+  evaluations; bare: L-inf PGD in batches of 512 rows with one forward and backward pass per row
+  and step, as many evaluations in all. Plain PGD is less work than APGD (no momentum, no best
+  point per row, no step-size checkpoints), so this row's difference holds APGD's own arithmetic
+  as well as the host's.
 
 The host overhead is the engine's time per step less the bare loop's; the goal is at most 250
 microseconds per 512-draw step. The last column counts minor page faults per step: memory that the
 C allocator returned to the system after a step and the next step touches again (glibc trims its
 heap when a large free block sits at its top), a cost that depends on the pattern of allocations
-rather than on the work. Other hot loops (corruption draws, NPPR sampling, q's MCMC and
-attack steps) have no bare twin here yet.
+rather than on the work. NPPR's sampling and q's MCMC have no bare twin here yet.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import warnings
 import torch
 from common import header, interleaved, markdown_table, parse_args, report, sync, timed
 
-from pytest_robust import UniformLinf, certify, tsrm
+from pytest_robust import Corruption, UniformLinf, adversarial_accuracy, certify, tsrm
 
 #: Model evaluations per step, in the engine and the bare loops.
 BATCH = 512
@@ -44,6 +52,8 @@ BATCH = 512
 INPUTS = 2048
 #: Half-width of the uniform noise.
 EPS = 0.1
+#: The attack's L-inf radius: 95% of the inputs stay unbroken, so nearly every row takes every step.
+ATTACK_EPS = 0.001
 
 
 def setup(device: torch.device):
@@ -84,6 +94,36 @@ def bare_smoothing(model, x, y, steps: int) -> int:
     return total
 
 
+def bare_corruption(model, x, y, steps: int, corruption) -> int:
+    """The TSRM step under a corruption without the engine: 512 input indices, the corruption's
+    own computation on them (``Corruption.corrupt``, one generator), evaluate, score, read back."""
+    g = torch.Generator(device=x.device).manual_seed(0)
+    hits = 0
+    with torch.no_grad():
+        for _ in range(steps):
+            idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
+            hits += int((model(corruption.corrupt(x[idx], g)).argmax(1) == y[idx]).sum())
+    return hits
+
+
+def bare_attack(model, x, y, steps: int) -> int:
+    """Gradient steps without the engine: L-inf PGD on the inputs in batches of 512 rows, one
+    forward and backward pass per row and step (512 evaluations per step), a count read at the end."""
+    g = torch.Generator(device=x.device).manual_seed(0)
+    batches = [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH)]
+    eps = ATTACK_EPS
+    adv = [(xb + (torch.rand(xb.shape, generator=g, device=x.device) * 2 - 1) * eps).clamp(0, 1) for xb, _ in batches]
+    for step in range(steps):
+        k = step % len(batches)
+        (xb, yb), point = batches[k], adv[k].requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(model(point), yb, reduction="sum")
+        (grad,) = torch.autograd.grad(loss, point)
+        with torch.no_grad():
+            adv[k] = torch.minimum(torch.maximum(point + eps / 4 * grad.sign(), xb - eps), xb + eps).clamp(0, 1)
+    with torch.no_grad():
+        return sum(int((model(a).argmax(1) == yb).sum()) for a, (_, yb) in zip(adv, batches))
+
+
 def row(name: str, runs: int, steps: int, engine, bare, device) -> list[str]:
     """One table row: microseconds per step of the engine and of the bare loop (median of
     ``runs`` interleaved runs), their difference and their ratio, and the minor page faults per
@@ -113,6 +153,13 @@ def main() -> None:
     noise = UniformLinf(eps=EPS)
     # a threshold at the accuracy under the noise: the gate cannot decide within the budget
     accuracy = tsrm(model, (x, y), perturbation=noise, budget=budget, batch_size=BATCH, device=device).estimate
+    corruption = Corruption("gaussian_noise", severity=3)
+
+    def attack():  # the APGD-CE stage alone, at a radius few inputs break at: its gradient steps
+        return adversarial_accuracy(model, (x, y), eps=ATTACK_EPS, steps=50, restarts=1, targets=0, square_queries=0,
+                                    batch_size=BATCH, device=device)
+
+    attack_steps = max(1, round(attack().forward_passes / BATCH))  # the bare loop does as many evaluations
 
     def section() -> str:
         tsrm(model, (x, y), perturbation=noise, budget=BATCH, batch_size=BATCH, device=device)  # warm-up
@@ -128,6 +175,11 @@ def main() -> None:
                 lambda: certify(model, (x[: steps * 4], y[: steps * 4]), 0.25, n0=1, n=BATCH // 4 - 1,
                                 alpha=0.001, batch_size=BATCH, device=device),
                 lambda: bare_smoothing(model, x, y, steps), device),
+            row(f"TSRM under {corruption!r}", runs, steps,
+                lambda: tsrm(model, (x, y), perturbation=corruption, budget=budget, batch_size=BATCH, device=device),
+                lambda: bare_corruption(model, x, y, steps, corruption), device),
+            row(f"attack steps (APGD-CE, L-inf {ATTACK_EPS}; bare: PGD), per 512 evaluations", runs, attack_steps,
+                attack, lambda: bare_attack(model, x, y, attack_steps), device),
         ]
         sync(device)
         facts = (f"linear model on 3x8x8 inputs, {BATCH} evaluations per step, {steps} steps per run, median of "

@@ -95,9 +95,13 @@ BLOCK = 8
 #: Inputs attacked between two looks of the gate (a multiple of BLOCK: two blocks, one per rank of
 #: two; fixed, so that when the gate decides does not depend on the batch size or the ranks).
 CHUNK = 16
-#: Inputs attacked together without a threshold (nothing looks in between but the time limit): full
-#: batches for the device and every rank; the outcomes are those of any other chunking.
+#: Inputs attacked together without a threshold (nothing looks in between but the time limit): a
+#: batch's worth (``_estimate_chunk``), at least ESTIMATE_CHUNK; the outcomes are those of any
+#: other chunking.
 ESTIMATE_CHUNK = 128
+#: The attack keeps about STATE_COPIES copies of each input it works on (its iterate, the best point,
+#: gradients, the box, ...); a chunk's copies stay within STATE_BYTES unless ESTIMATE_CHUNK needs more.
+STATE_COPIES, STATE_BYTES = 24, 2**30
 #: Gradient masking is reported when a sign of it concerns at least this share of the inputs (half
 #: a point, the strength bar) and at least MASKING_MIN inputs (one stray input is not a pattern).
 MASKING_SHARE, MASKING_MIN = 0.005, 3
@@ -243,6 +247,15 @@ def _classes(run: Run) -> int:
     return next(c for c in collective.gather_objects(mine) if c is not None)
 
 
+def _estimate_chunk(run: Run) -> int:
+    """Inputs attacked together without a gate: the batch size in whole blocks, so that every step
+    of the attack fills a batch (fewer steps, each with the same host work), at least
+    ``ESTIMATE_CHUNK`` and, above that, at most what keeps the attack's state within ``STATE_BYTES``."""
+    row = max(1, run.ds.x[0].numel() * run.ds.x.element_size())
+    fits = STATE_BYTES // (STATE_COPIES * row) // BLOCK * BLOCK
+    return max(ESTIMATE_CHUNK, min(run.args.batch_size // BLOCK * BLOCK, fits))
+
+
 def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: SequentialGate | None,
                    found_points: _Found | None, per_input_cost: int) -> dict:
     """Attack the inputs ``order`` (positions in the data) chunk by chunk until the gate decides
@@ -251,7 +264,7 @@ def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: Sequ
     whole blocks the budget covers, and a last partial block ends the attack (so every block keeps
     its streams). The inputs attacked are always the first ones of the seeded random ``order``, so
     their bounds hold. Per-row host arrays in attack order, with ``index`` the input positions."""
-    parts, chunk, start, last = [], CHUNK if gate is not None else ESTIMATE_CHUNK, 0, False
+    parts, chunk, start, last = [], CHUNK if gate is not None else _estimate_chunk(run), 0, False
     while start < len(order) and not last:
         size = chunk
         if run.args.budget is not None:
