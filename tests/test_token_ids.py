@@ -7,6 +7,8 @@ randomly initialised BERT."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -300,20 +302,77 @@ def test_values_the_model_takes_must_be_the_same_for_every_input():
 
 def test_padding_needs_a_forward_that_takes_the_mask_and_token_ids():
     ids, mask, y = padded_sentences(20)
-    with pytest.raises(pr.RobustModelError, match=r"carry an attention_mask with padded positions, and the model's "
-                                                   r"forward takes no attention_mask keyword"):
+    with pytest.raises(pr.RobustModelError, match=r"carry an attention mask 'attention_mask' with padded positions, "
+                                                   r"and the model's forward takes no attention_mask keyword"):
         pr.tsrm(BagOfEmbeddings(), Items(ids, mask, y), perturbation=NOISE, budget=100, embedding="embedding")
+    with pytest.raises(pr.RobustModelError, match=r"the inputs are \(input, attention_mask\) pairs, which a check "
+                                                   r"passes to the model as model\(input, mask\), and the model's "
+                                                   r"forward takes one argument"):
+        pr.tsrm(BagOfEmbeddings(), ((ids, mask), y), perturbation=NOISE, budget=100, embedding="embedding")
     x = torch.randn(20, LENGTH, 4)
     with pytest.raises(pr.RobustDataError, match=r"the inputs are continuous and their attention mask has padded "
                                                   r"positions"):
         pr.tsrm(torch.nn.Linear(4, 2), ((x, mask), y), perturbation=NOISE, budget=100)
 
 
-def test_a_box_cannot_hold_padded_embedding_vectors():
+@pytest.mark.parametrize("data", ["padded", "plain"])
+def test_a_box_in_the_embedding_space_is_refused(data):
+    """Vectors inside (0, 1), the images' default box, would be clamped in silence."""
+    model = MaskedBag() if data == "padded" else BagOfEmbeddings()
+    with torch.no_grad():
+        model.embedding.weight.uniform_(0.2, 0.8)
+    items = Items(*padded_sentences(20)) if data == "padded" else sentences(20)
+    with pytest.raises(pr.SettingError, match=r"bounds=\(-5, 5\) is invalid: expected None with embedding="):
+        pr.tsrm(model, items, perturbation=pr.GaussianNoise(sigma=0.1, bounds=(-5, 5)), budget=100,
+                embedding="embedding")
+    with pytest.raises(pr.SettingError, match=r"the default box \(0, 1\) is for images"):
+        pr.tsrm(model, items, perturbation=pr.UniformLinf(eps=0.3), budget=100, embedding="embedding")
+
+
+def test_a_mask_under_another_name_is_read_and_named():
     ids, mask, y = padded_sentences(20)
-    with pytest.raises(pr.SettingError, match=r"expected None for data on padded token ids with embedding="):
-        pr.tsrm(MaskedBag(), Items(ids, mask, y), perturbation=pr.GaussianNoise(sigma=0.1, bounds=(-5, 5)),
-                budget=100, embedding="embedding")
+
+    class Renamed(Items):
+        def __getitem__(self, i):
+            return {"ids": self.ids[i], "mask": self.mask[i], "y": self.y[i]}
+
+    with pytest.raises(pr.RobustModelError, match=r"carry an attention mask 'mask' with padded positions, and the "
+                                                   r"model's forward takes no mask keyword \(the mask reaches the "
+                                                   r"forward under its key's name: rename the key"):
+        pr.tsrm(MaskedBag(), Renamed(ids, mask, y), perturbation=NOISE, budget=100, embedding="embedding",
+                data_keys=("ids", "y"))
+
+    class TakesMask(MaskedBag):
+        def forward(self, input_ids, mask):
+            return super().forward(input_ids, attention_mask=mask)
+
+    model = TakesMask()
+    pr.tsrm(model, Renamed(ids, mask, y), perturbation=NOISE, budget=100, embedding="embedding", data_keys=("ids", "y"))
+    assert all(bool((i == PAD).all()) for i in model.padded_ids) and sum(map(len, model.padded_ids)) > 0
+
+
+def test_int32_ids_with_padding_and_a_constant_position_read_as_they_are():
+    ids, mask, y = padded_sentences()
+    ids[:, 0] = GOOD  # the same token first in every sentence (a [CLS]): its vector never varies
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pr.RobustWarning)
+        warnings.filterwarnings("ignore", "tied top logits", pr.RobustWarning)
+        r = pr.tsrm(MaskedBag(), ((ids.int(), mask), y), perturbation=pr.GaussianNoise(sigma=0.3, bounds=None),
+                    budget=300, embedding="embedding")
+    assert r.draws == 300
+
+
+def test_items_of_different_lengths_are_told_to_pad():
+    ids, mask, y = padded_sentences(20)
+
+    class Ragged(Items):
+        def __getitem__(self, i):
+            n = int(self.mask[i].sum())
+            return {"input_ids": self.ids[i, :n], "label": self.y[i]}
+
+    with pytest.raises(pr.RobustDataError, match=r"the items have inputs of different lengths .*pad them to one "
+                                                  r"length, with an attention_mask"):
+        pr.tsrm(MaskedBag(), Ragged(ids, mask, y), perturbation=NOISE, budget=100, embedding="embedding")
 
 
 def test_the_spread_of_padded_embeddings_leaves_the_padding_out():

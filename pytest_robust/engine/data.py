@@ -82,6 +82,14 @@ def _read(data, keys) -> tuple:
                     rests.append(rest)
             except (IndexError, KeyError) as error:
                 raise RobustDataError(_unreadable(loader.dataset, sum(map(len, ys)), error)) from error
+            except RuntimeError as error:
+                if "equal size" not in str(error):
+                    raise
+                raise RobustDataError(
+                    f"the items have inputs of different lengths ({error}): a check holds one tensor per batch, so "
+                    "pad them to one length, with an attention_mask for the padding (the tokenizer's "
+                    "padding='max_length', or a DataLoader with a padding collate_fn); docs: text and sequences"
+                ) from None
         if not isinstance(data, torch.utils.data.DataLoader):  # a loader may read a subset on purpose
             _check_all_read(loader.dataset, sum(map(len, ys)))
         if not xs:

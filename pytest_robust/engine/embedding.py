@@ -167,6 +167,17 @@ def _evaluating(model: torch.nn.Module):
             m.training = mode
 
 
+def check_no_box(perturbation) -> None:
+    """SettingError when the check's perturbation has a box: the embedding space has none, and
+    vectors that happen to lie in (0, 1), the images' default, would be clamped in silence."""
+    bounds = getattr(perturbation, "bounds", None)
+    if bounds is not None:
+        plain = all(isinstance(b, (int, float)) for b in bounds)
+        default = "the default box (0, 1) is for images; " if plain and tuple(map(float, bounds)) == (0.0, 1.0) else ""
+        raise SettingError("bounds", bounds, f"None with embedding= ({default}the embedding vectors have no box: "
+                                             "give bounds=None)")
+
+
 def check_perturbation_of_vectors(perturbation, ids: torch.Tensor) -> None:
     """With ``embedding=`` a perturbation acts on the embedding vectors. A callable that takes and
     returns token ids (a substitution) would be handed vectors and perturb them as numbers, so it is

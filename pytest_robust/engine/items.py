@@ -71,7 +71,9 @@ def _keys(item: Mapping, keys) -> tuple:
     if None not in found:
         return tuple(found)
     features = [k for k in keys if k != found[1]]
-    if found[0] is None and found[1] is not None and len(features) > 1:
+    scalars = all(torch.as_tensor(item[k]).ndim <= 1 for k in features  # one number per item: columns
+                  if isinstance(item[k], (torch.Tensor, int, float)))
+    if found[0] is None and found[1] is not None and len(features) > 1 and scalars:
         raise RobustDataError(
             f"a data item is a mapping of {len(features)} features ({', '.join(map(repr, features[:5]))}"
             f"{', ...' if len(features) > 5 else ''}) and the label {found[1]!r}: pytest-robust reads one input "

@@ -23,8 +23,9 @@ the mask travels inside it:
   check exactly (a float16 model's input cast reads it as inf, which is found the same way); the
   model wrapper (``embedding.ThroughEmbedding``) finds it (``real_positions``), gives the model
   the padding's own vector there and the mask, and gradients there are zero. A box would clamp
-  the marker, so a box with padded embedding vectors is refused (``check_no_box``). Statistics
-  of the data (its spread, its range) leave those positions out (``real_values``).
+  the marker, but the embedding space has no box anyway: a box with ``embedding=`` is refused
+  (``run.Run``). Statistics of the data (its spread, its range) leave those positions out
+  (``real_values``).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pytest_robust.errors import RobustDataError, RobustModelError, SettingError
+from pytest_robust.errors import RobustDataError, RobustModelError
 
-#: The key of a mapping item's attention mask (the Hugging Face name, and the forward's keyword).
-MASK_KEY = "attention_mask"
+#: The keys a mapping item's attention mask is read from (the Hugging Face name first); the mask
+#: reaches the forward under its own key's name.
+MASK_KEYS = ("attention_mask", "mask", "padding_mask", "input_mask")
 #: Added to the id of a padded position (token ids are far below it).
 OFFSET = 2**40
 #: Every coordinate of a padded position's embedding vector; found from half of it up.
@@ -58,14 +60,19 @@ class Extras:
 def split(x: torch.Tensor, values: dict) -> tuple[torch.Tensor, Extras | None]:
     """(the input as the checks hold it, its ``Extras``) of inputs x and the other values of the
     items (``values``: by key, or 1 for a pair's second part, one row per input). An attention
-    mask (``MASK_KEY``, or a pair's second part) with padded positions is encoded into x when x is
+    mask (``MASK_KEYS``, or a pair's second part) with padded positions is encoded into x when x is
     token ids; on continuous inputs padding is refused (there is no id to keep), and a mask without
     padding is an ordinary value (the same for every input)."""
     if not values:
         return x, None
     extras = Extras()
+    if not x.dtype.is_floating_point:
+        x = x.long()  # int32 ids too: the offset needs 64 bits
     for key, value in values.items():
-        padded = key in (MASK_KEY, 1) and not bool((value := _mask(value, x)).all())
+        padded = key in (*MASK_KEYS, 1) and not bool((value := _mask(value, x)).all())
+        if padded and extras.mask_at is not None:
+            raise RobustDataError(f"the data's items carry two attention masks, {extras.mask_at!r} and {key!r}: "
+                                  "keep one")
         if padded and not x.dtype.is_floating_point:
             if bool((x < 0).any()) or bool((x >= OFFSET).any()):
                 raise RobustDataError(f"token ids must lie in 0..{OFFSET - 1}, got {int(x.min())}..{int(x.max())}: "
@@ -130,13 +137,6 @@ def real_values(x: torch.Tensor) -> torch.Tensor:
     return torch.where(real_positions(x)[..., None], x, torch.full_like(x, float("nan")))
 
 
-def check_no_box(bounds, x: torch.Tensor, owner: str) -> None:
-    """SettingError when a box would clamp the marks of padded embedding vectors (module docstring)."""
-    if bounds is not None and x.dtype.is_floating_point and x.ndim >= 3 and not bool(real_positions(x).all()):
-        raise SettingError("bounds", bounds, f"None for {owner} on padded token ids with embedding= (the embedding "
-                                             "space has no box; padded positions are kept unperturbed without one)")
-
-
 class ModelCall(torch.nn.Module):
     """The model as the checks call it when the items carry more than the input: ``forward(x)``
     calls ``model(ids[, mask], **keywords)`` (module docstring). ``mask_at`` is where the mask goes
@@ -168,10 +168,19 @@ def calling(model: torch.nn.Module, extras: Extras | None) -> torch.nn.Module:
         return model
     takes = _keywords(model)
     if isinstance(extras.mask_at, str) and not takes(extras.mask_at):
+        named = "" if extras.mask_at == MASK_KEYS[0] else (
+            f" (the mask reaches the forward under its key's name: rename the key to the forward's, e.g. "
+            f"{MASK_KEYS[0]!r}, or wrap the model)")
         raise RobustModelError(
-            f"the data's items carry an {extras.mask_at} with padded positions, and the model's forward takes no "
-            f"{extras.mask_at} keyword: give the model a forward(input_ids, {extras.mask_at}) (a Hugging Face model "
-            "has one), or inputs of one length without padding")
+            f"the data's items carry an attention mask {extras.mask_at!r} with padded positions, and the model's "
+            f"forward takes no {extras.mask_at} keyword{named}: give the model a forward(input_ids, "
+            f"{extras.mask_at}) (a Hugging Face model has one for attention_mask), or inputs of one length without "
+            "padding")
+    if (extras.mask_at == 1 or 1 in extras.keys) and _positional(model) < 2:
+        raise RobustModelError(
+            "the inputs are (input, attention_mask) pairs, which a check passes to the model as model(input, mask), "
+            "and the model's forward takes one argument: give it a forward(input_ids, attention_mask), or pass the "
+            "inputs alone (one length, without padding)")
     keywords = {}
     for key, value in extras.keys.items():
         if key != 1 and not takes(key):
@@ -189,6 +198,18 @@ def calling(model: torch.nn.Module, extras: Extras | None) -> torch.nn.Module:
 
 def _named(key) -> str:
     return "a second input part (the pair's second tensor)" if key == 1 else repr(key)
+
+
+def _positional(model: torch.nn.Module) -> float:
+    """How many positional arguments the model's forward takes (inf with ``*args``; 2 when its
+    signature cannot be read, leaving the call to tell)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return float("inf")
+    return sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)
 
 
 def _keywords(model: torch.nn.Module):

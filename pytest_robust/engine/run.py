@@ -62,7 +62,7 @@ from pytest_robust.engine.clock import Clock
 from pytest_robust.engine.context import RunContext
 from pytest_robust.engine.data import TensorData, check_continuous, load_data, place
 from pytest_robust.engine.device import resolve_device
-from pytest_robust.engine.embedding import check_perturbation_of_vectors, embedded
+from pytest_robust.engine.embedding import check_no_box, check_perturbation_of_vectors, embedded
 from pytest_robust.engine.forward import Forward, correct_predictions
 from pytest_robust.engine.gallery import gallery as worst_gallery
 from pytest_robust.engine.guard import guarded
@@ -124,6 +124,7 @@ class Run:
             check_continuous(self.ds.x)
         self.details: dict = {}
         if token_ids:  # the checks act on the embedding's output (engine.embedding)
+            check_no_box(perturbation)
             check_perturbation_of_vectors(perturbation, self.ds.x)
             self.model, vectors, self.details["embedding"] = embedded(
                 model, self.interface.embedding, self.ds.x, self.args.batch_size, self.interface.logits, self.device,

@@ -19,7 +19,7 @@ from pytest_robust.engine.inspect.data import (
     is_image_batch,
 )
 from pytest_robust.engine.inspect.model import PROBE_ROWS
-from pytest_robust.engine.padding import check_no_box, real_values
+from pytest_robust.engine.padding import real_values
 from pytest_robust.errors import ArgumentError, RobustDataError, RobustWarning
 
 #: Relative slack of the box check: data this close outside the box is float noise, not a mistake.
@@ -185,7 +185,9 @@ def _std(x: torch.Tensor) -> torch.Tensor:
         return x.std(dim=0)
     count = (~x.isnan()).sum(dim=0)
     deviation = x - x.nanmean(dim=0)
-    return (deviation.pow(2).nansum(dim=0) / (count - 1).clamp(min=1)).sqrt().where(count > 1, float("nan"))
+    std = (deviation.pow(2).nansum(dim=0) / (count - 1).clamp(min=1)).sqrt().where(count > 1, float("nan"))
+    constant = x.nan_to_num(nan=math.inf).amin(dim=0) == x.nan_to_num(nan=-math.inf).amax(dim=0)
+    return std.where(~constant, 0.0)  # the mean's rounding would give a constant a tiny spread
 
 
 def check_scale(owner: str, name: str, size, x: torch.Tensor, bounds, *, norm: str = "linf",
@@ -315,11 +317,9 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool =
     eps) before the model sees them. 0..255 images get the conversion as their fix; with
     ``normalized`` (the check has ``normalize=``), normalized data gets "give the inputs before
     normalization"; inputs that are not images get advice about bounds= in their features' units.
-    Bounds of a shape that does not fit the inputs are an ArgumentError (``box_for``); padded
-    embedding vectors take no box (``padding.check_no_box``)."""
+    Bounds of a shape that does not fit the inputs are an ArgumentError (``box_for``)."""
     if bounds is None:
         return
-    check_no_box(bounds, x, name)
     lo, hi = box_for(bounds, x)
     width = (hi - lo).abs()
     finite = width[torch.isfinite(width)]
