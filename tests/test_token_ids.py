@@ -644,3 +644,35 @@ def test_embedding_checks_on_two_ranks_with_uneven_shares_give_the_single_proces
     mp.spawn(_embedded_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == json.loads(json.dumps(single))
+
+
+def test_a_kwargs_forward_is_warned_about_values_that_differ_between_inputs_and_runs():
+    ids, mask, y = padded_sentences(20)
+
+    class Kwargs(MaskedBag):
+        def forward(self, input_ids, **kwargs):
+            assert "idx" not in kwargs
+            return super().forward(input_ids, kwargs["attention_mask"])
+
+    class Numbered(Items):  # a GLUE-style idx per item
+        def __getitem__(self, i):
+            return {**super().__getitem__(i), "idx": torch.tensor(i)}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = pr.tsrm(Kwargs(), Numbered(ids, mask, y), perturbation=NOISE, budget=100, embedding="embedding")
+    assert r.draws == 100
+    assert any("carry 'idx', which differs between inputs, and the model's forward takes it only through **kwargs: "
+               "it is left out" in str(w.message) for w in caught)
+
+
+def test_numpy_pairs_and_three_part_items_are_read_or_named():
+    ids, mask, y = padded_sentences(20)
+    model = MaskedBag()
+    r = pr.tsrm(model, ((ids.numpy(), mask.numpy()), y), perturbation=NOISE, budget=100, embedding="embedding")
+    assert r.draws == 100 and all(bool((i == PAD).all()) for i in model.padded_ids)
+    with pytest.raises(pr.RobustDataError, match=r"got tuple of 3; for items of \(input_ids, attention_mask, label\), "
+                                                  r"as a TensorDataset gives, pass \(\(input_ids, attention_mask\), "
+                                                  r"labels\)"):
+        pr.tsrm(model, torch.utils.data.TensorDataset(ids, mask, y), perturbation=NOISE, budget=100,
+                embedding="embedding")

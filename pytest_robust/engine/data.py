@@ -62,6 +62,8 @@ def _read(data, keys) -> tuple:
         return *data, {}
     if isinstance(data, (tuple, list)) and len(data) == 2:
         inputs = data[0]
+        if _pair(inputs):  # numpy parts too
+            inputs = tuple(torch.as_tensor(p) for p in inputs)
         if all(isinstance(p, torch.Tensor) for p in inputs) and len(inputs) != len(data[1]) or _pair(inputs):
             return *parts(inputs)[:1], data[1], parts(inputs)[1]
         _check_aligned(*data)
@@ -104,8 +106,8 @@ def _read(data, keys) -> tuple:
 def _pair(inputs) -> bool:
     """Whether the inputs part of an (x, y) pair is (input_ids, attention_mask): two tensors of
     one shape (the rows of the inputs as a list are one input each)."""
-    return (len(inputs) == 2 and all(isinstance(p, torch.Tensor) for p in inputs) and inputs[0].ndim >= 2
-            and inputs[0].shape == inputs[1].shape)
+    return (len(inputs) == 2 and all(hasattr(p, "shape") and hasattr(p, "ndim") for p in inputs)
+            and inputs[0].ndim >= 2 and tuple(inputs[0].shape) == tuple(inputs[1].shape))
 
 
 def _joined(rests: list) -> dict:

@@ -30,7 +30,11 @@ def input_and_label(item, keys: tuple[str, str] | None = None) -> tuple:
     if isinstance(item, Mapping):
         input_key, label_key = _keys(item, keys)
         return item[input_key], item[label_key], rest(item, input_key, label_key)
-    raise RobustDataError(f"each data item must be an (input, label) pair or a mapping, got {type(item).__name__}")
+    parts_hint = ("; for items of (input_ids, attention_mask, label), as a TensorDataset gives, pass "
+                  "((input_ids, attention_mask), labels) or mapping items"
+                  if isinstance(item, (tuple, list)) and len(item) == 3 else "")
+    raise RobustDataError(f"each data item must be an (input, label) pair or a mapping, got {type(item).__name__}"
+                          f"{f' of {len(item)}' if isinstance(item, (tuple, list)) else ''}{parts_hint}")
 
 
 def parts(inputs) -> tuple:

@@ -4,7 +4,8 @@ keys of mapping items (the Hugging Face datasets shape), and ``(input_ids, atten
 What the model gets. A mapping item's keys other than its input and its label (never a label key:
 a Hugging Face forward given ``labels`` computes a loss) reach the model as keyword arguments when
 its ``forward`` names them (or takes ``**kwargs``); keys it does not take (an ``idx``, the raw
-text) are left out. The attention mask reaches it for every input, as ``attention_mask=`` (from a
+text) are left out, and so, with a warning, are keys that differ between inputs and reach it only
+through ``**kwargs``. The attention mask reaches it for every input, as ``attention_mask=`` (from a
 mapping) or as the second positional argument (from a pair); any other key must hold the same value
 for every input (``token_type_ids`` of single sentences, all zeros), which is passed with each
 batch; a key that differs between inputs is refused, naming it.
@@ -31,11 +32,12 @@ the mask travels inside it:
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from pytest_robust.errors import RobustDataError, RobustModelError
+from pytest_robust.errors import RobustDataError, RobustModelError, RobustWarning
 
 #: The keys a mapping item's attention mask is read from (the Hugging Face name first); the mask
 #: reaches the forward under its own key's name.
@@ -181,10 +183,16 @@ def calling(model: torch.nn.Module, extras: Extras | None) -> torch.nn.Module:
             "the inputs are (input, attention_mask) pairs, which a check passes to the model as model(input, mask), "
             "and the model's forward takes one argument: give it a forward(input_ids, attention_mask), or pass the "
             "inputs alone (one length, without padding)")
-    keywords = {}
+    keywords, named = {}, _keywords(model, named_only=True)
     for key, value in extras.keys.items():
         if key != 1 and not takes(key):
             continue  # an idx, a raw text: not the model's
+        if not bool((value == value[:1]).all()) and key != 1 and not named(key):
+            warnings.warn(f"the data's items carry {key!r}, which differs between inputs, and the model's forward "
+                          f"takes it only through **kwargs: it is left out (a check passes values that differ between "
+                          f"inputs only for the attention mask); drop it from the items to silence this",
+                          RobustWarning, stacklevel=5)
+            continue
         if not bool((value == value[:1]).all()):
             raise RobustDataError(
                 f"the data's items carry {_named(key)}, which differs between inputs: a check passes the model the "
@@ -212,13 +220,14 @@ def _positional(model: torch.nn.Module) -> float:
     return sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)
 
 
-def _keywords(model: torch.nn.Module):
-    """Whether the model's forward takes a keyword argument of a given name."""
+def _keywords(model: torch.nn.Module, named_only: bool = False):
+    """Whether the model's forward takes a keyword argument of a given name (``named_only``: by
+    that name, not through ``**kwargs``)."""
     try:
         params = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):
         return lambda name: False
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    if not named_only and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return lambda name: True
     names = {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
     return lambda name: name in names
