@@ -676,3 +676,10 @@ def test_numpy_pairs_and_three_part_items_are_read_or_named():
                                                   r"labels\)"):
         pr.tsrm(model, torch.utils.data.TensorDataset(ids, mask, y), perturbation=NOISE, budget=100,
                 embedding="embedding")
+
+
+def test_an_input_of_padding_only_is_named():
+    ids, mask, y = padded_sentences(20)
+    mask[7] = 0
+    with pytest.raises(pr.RobustDataError, match=r"input 7 has no real token: its attention mask is all 0"):
+        pr.tsrm(MaskedBag(), ((ids, mask), y), perturbation=NOISE, budget=100, embedding="embedding")

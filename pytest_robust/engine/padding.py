@@ -75,6 +75,10 @@ def split(x: torch.Tensor, values: dict) -> tuple[torch.Tensor, Extras | None]:
         if padded and extras.mask_at is not None:
             raise RobustDataError(f"the data's items carry two attention masks, {extras.mask_at!r} and {key!r}: "
                                   "keep one")
+        if padded and not bool(value.flatten(1).any(dim=1).all()):
+            first = int((~value.flatten(1).any(dim=1)).nonzero()[0])
+            raise RobustDataError(f"input {first} has no real token: its attention mask is all 0 (padding only); "
+                                  "drop empty inputs from the data")
         if padded and not x.dtype.is_floating_point:
             if bool((x < 0).any()) or bool((x >= OFFSET).any()):
                 raise RobustDataError(f"token ids must lie in 0..{OFFSET - 1}, got {int(x.min())}..{int(x.max())}: "
