@@ -683,3 +683,18 @@ def test_an_input_of_padding_only_is_named():
     mask[7] = 0
     with pytest.raises(pr.RobustDataError, match=r"input 7 has no real token: its attention mask is all 0"):
         pr.tsrm(MaskedBag(), ((ids, mask), y), perturbation=NOISE, budget=100, embedding="embedding")
+
+
+def test_a_segmentation_mask_of_image_items_is_not_an_attention_mask():
+    x, y = torch.rand(12, 3, 8, 8), torch.randint(0, 2, (12,))
+
+    class Segmented(torch.utils.data.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return {"image": x[i], "mask": (x[i, 0] > 0.5).long(), "label": y[i]}
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 2))
+    r = pr.tsrm(model, Segmented(), perturbation=pr.UniformLinf(eps=0.01), budget=100)
+    assert r.estimate == pr.tsrm(model, (x, y), perturbation=pr.UniformLinf(eps=0.01), budget=100).estimate

@@ -71,6 +71,9 @@ def split(x: torch.Tensor, values: dict) -> tuple[torch.Tensor, Extras | None]:
     if not x.dtype.is_floating_point:
         x = x.long()  # int32 ids too: the offset needs 64 bits
     for key, value in values.items():
+        if key in MASK_KEYS[1:] and not _fits(value, x):
+            extras.keys[key] = value  # another "mask" (a segmentation's): an ordinary value
+            continue
         padded = key in (*MASK_KEYS, 1) and not bool((value := _mask(value, x)).all())
         if padded and extras.mask_at is not None:
             raise RobustDataError(f"the data's items carry two attention masks, {extras.mask_at!r} and {key!r}: "
@@ -94,11 +97,17 @@ def split(x: torch.Tensor, values: dict) -> tuple[torch.Tensor, Extras | None]:
     return x, extras
 
 
-def _mask(value: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The attention mask ``value`` as booleans (True: a real token), once it is 0/1 per position
-    of the inputs x (token ids: x's shape; continuous inputs: x's shape less the last axis)."""
+def _fits(value: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether ``value`` is 0/1 per position of the inputs x (token ids: x's shape; continuous
+    inputs: x's shape less the last axis): the shape of an attention mask."""
     shapes = (x.shape, x.shape[:-1]) if x.dtype.is_floating_point else (x.shape,)
-    if value.shape not in shapes or not bool(((value == 0) | (value == 1)).all()):
+    return value.shape in shapes and bool(((value == 0) | (value == 1)).all())
+
+
+def _mask(value: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The attention mask ``value`` as booleans (True: a real token), once it ``_fits`` x."""
+    shapes = (x.shape, x.shape[:-1]) if x.dtype.is_floating_point else (x.shape,)
+    if not _fits(value, x):
         raise RobustDataError(
             f"the attention mask must hold 0 or 1 for each position of the inputs (shape {tuple(shapes[-1])}), "
             f"got shape {tuple(value.shape)}" + ("" if value.shape not in shapes else " with other values"))
