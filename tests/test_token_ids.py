@@ -381,6 +381,8 @@ def test_the_spread_of_padded_embeddings_leaves_the_padding_out():
         pr.tsrm(MaskedBag(), Items(*padded_sentences()), perturbation=pr.GaussianNoise(sigma=50, bounds=None),
                 budget=100, embedding="embedding")
     assert not any("nan" in str(w.message) or "inf " in str(w.message) for w in caught)
+    text = next(str(w.message) for w in caught if "sigma (50)" in str(w.message))
+    assert "(a tensor over the last axis) (docs: text and sequences)" in text and "scaler" not in text
 
 
 def test_items_without_padding_read_as_plain_token_ids():

@@ -167,14 +167,17 @@ def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf
     if ratio < SPREAD_RATIO:
         return
     shown = "per feature" if per_feature else f"{float(size):g}"
-    fix = (f"for features on different scales give {name} per feature, e.g. a fraction of the training scaler's "
+    sequences = x.ndim >= 3 and not images  # sequences, and embedding vectors of token ids
+    fix = (f"for features on different scales give {name} per feature (a tensor over the last axis)" if sequences
+           and per_feature_ok and norm != "l2" else
+           f"for features on different scales give {name} per feature, e.g. a fraction of the training scaler's "
            "scale_" if per_feature_ok and norm != "l2" else
-           f"{name} is one number here, so give the model inputs on one scale (standardized, with the scaler as "
-           "the model's first layer)")
+           f"{name} is one number here, so give the model inputs on one scale" + (
+               "" if sequences else " (standardized, with the scaler as the model's first layer)"))
     warnings.warn(
         f"{owner}: {name} ({shown}) is {ratio:.3g} times {what}, {against:.4g}, over the {min(len(x), rows)} "
         f"inputs given (a warning from {SPREAD_RATIO:g} times on): {name} is in the units of the data, so check "
-        f"that it is not meant in other units; {fix} (docs: tabular data)",
+        f"that it is not meant in other units; {fix} (docs: {'text and sequences' if sequences else 'tabular data'})",
         RobustWarning, stacklevel=3)
 
 
