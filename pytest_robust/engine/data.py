@@ -69,38 +69,43 @@ def _read(data, keys) -> tuple:
         _check_aligned(*data)
         return *data, {}  # inputs as a list of rows (numbers, or one tensor per input)
     if isinstance(data, torch.utils.data.DataLoader) or isinstance(data, torch.utils.data.Dataset):
-        if isinstance(data, torch.utils.data.DataLoader):
-            loader = check_loader_order(data)
-        else:
-            loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False, collate_fn=_collate)
-        check_reads_repeat(loader.dataset, keys)
-        xs, ys, rests = [], [], []
-        with host_rng(0):
-            try:
-                for batch in loader:
-                    inputs, labels, rest = input_and_label(batch, keys)
-                    xs.append(as_tensor(inputs, "inputs"))
-                    ys.append(as_tensor(labels, "labels"))
-                    rests.append(rest)
-            except (IndexError, KeyError) as error:
-                raise RobustDataError(_unreadable(loader.dataset, sum(map(len, ys)), error)) from error
-            except RuntimeError as error:
-                if "equal size" not in str(error):
-                    raise
-                raise RobustDataError(
-                    f"the items have inputs of different lengths ({error}): a check holds one tensor per batch, so "
-                    "pad them to one length, with an attention_mask for the padding (the tokenizer's "
-                    "padding='max_length', or a DataLoader with a padding collate_fn); docs: text and sequences"
-                ) from None
-        if not isinstance(data, torch.utils.data.DataLoader):  # a loader may read a subset on purpose
-            _check_all_read(loader.dataset, sum(map(len, ys)))
-        if not xs:
-            raise RobustDataError("the data is empty: the dataset or loader yielded no items")
-        return torch.cat(xs), torch.cat(ys), _joined(rests)
+        return _read_items(data, keys)
     raise RobustDataError(
         "data must be an (x, y) pair (tensors, numpy arrays, a pandas DataFrame and Series, scipy.sparse "
         f"features), a torch Dataset of (input, label) items or a DataLoader, got {type(data).__name__}"
     )
+
+
+def _read_items(data, keys) -> tuple:
+    """``_read`` of a Dataset or a DataLoader: every batch's (input, label, the rest), joined."""
+    if isinstance(data, torch.utils.data.DataLoader):
+        loader = check_loader_order(data)
+    else:
+        loader = torch.utils.data.DataLoader(data, batch_size=512, shuffle=False, collate_fn=_collate)
+    check_reads_repeat(loader.dataset, keys)
+    xs, ys, rests = [], [], []
+    with host_rng(0):
+        try:
+            for batch in loader:
+                inputs, labels, rest = input_and_label(batch, keys)
+                xs.append(as_tensor(inputs, "inputs"))
+                ys.append(as_tensor(labels, "labels"))
+                rests.append(rest)
+        except (IndexError, KeyError) as error:
+            raise RobustDataError(_unreadable(loader.dataset, sum(map(len, ys)), error)) from error
+        except RuntimeError as error:
+            if "equal size" not in str(error):
+                raise
+            raise RobustDataError(
+                f"the items have inputs of different lengths ({error}): a check holds one tensor per batch, so "
+                "pad them to one length, with an attention_mask for the padding (the tokenizer's "
+                "padding='max_length', or a DataLoader with a padding collate_fn); docs: text and sequences"
+            ) from None
+    if not isinstance(data, torch.utils.data.DataLoader):  # a loader may read a subset on purpose
+        _check_all_read(loader.dataset, sum(map(len, ys)))
+    if not xs:
+        raise RobustDataError("the data is empty: the dataset or loader yielded no items")
+    return torch.cat(xs), torch.cat(ys), _joined(rests)
 
 
 def _pair(inputs) -> bool:

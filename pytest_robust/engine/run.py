@@ -109,50 +109,14 @@ class Run:
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
                                    batch_size=batch_size, direction=self.direction)
         self.device = resolve_device(device, model)
-        self.interface = context.interface
-        check_data_normalization(data, perturbation, self.interface.normalize)
-        token_ids = self.interface.embedding is not None
-        self.ds = load_data(data, context.data_keys, discrete=True)  # integers are judged below
-        try:  # the attention mask and other keys of the items (engine.padding)
-            self.model = calling(model, self.ds.extras)
-        except RobustModelError as err:
-            raise (of_model(err, role) if role else err) from None
-        self.ds = TensorData(self.ds.x, self.ds.y)
-        if perturbation is not None:  # "images only" comes before what integer inputs would need
-            check_images_only(perturbation, self.ds.x)
-        if not (token_ids or (declared.discrete and bool(getattr(perturbation, "discrete", False)))):
-            check_continuous(self.ds.x)
-        self.details: dict = {}
-        if token_ids:  # the checks act on the embedding's output (engine.embedding)
-            check_no_box(perturbation)
-            check_perturbation_of_vectors(perturbation, self.ds.x)
-            self.model, vectors, self.details["embedding"] = embedded(
-                model, self.interface.embedding, self.ds.x, self.args.batch_size, self.interface.logits, self.device,
-                call=self.model)
-            self.ds = TensorData(vectors, self.ds.y)
-        model = self.model
-        self.model_dtype = model_dtype(model)
-        self.dtype = working_dtype(self.model_dtype, self.ds.x.dtype)
-        if self.ds.x.dtype.is_floating_point and self.ds.x.dtype != self.dtype:
-            whose = "the model's dtype" if self.dtype == self.model_dtype else "the working dtype"
-            self.details["dtype_note"] = f"the data ({self.ds.x.dtype}) was converted to {whose} {self.dtype}"
-            self.ds = TensorData(self.ds.x.to(self.dtype), self.ds.y)
-        self.ds = place(self.ds, self.device)
+        self.interface, self.execution, self.details = context.interface, context.execution, {}
+        self._read(model, data, perturbation, declared.discrete, role)
         self.perturbation = perturbation
         if perturbation is not None and self.ds.x.dtype.is_floating_point:
             inspect_inputs(self.ds, perturbation, self.interface.normalize is not None)
-        self.execution = context.execution
         autocast = autocast_dtype(self.execution.precision, self.device)
         self.precision = describe_precision(self.model_dtype, autocast)
-        normalize = self.interface.normalize
-        self.forward = Forward(model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
-                               input_dtype=self.model_dtype if self.model_dtype != self.dtype and
-                               self.ds.x.dtype.is_floating_point else None,
-                               autocast=autocast, channels_last=self.execution.channels_last,
-                               normalize=None if normalize is None else interface.Normalizer(
-                                   normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
-                               selector=self.interface.logits, clean=self.ds.x, progress=context.progress,
-                               role=role)
+        self.forward = self._forward(autocast, role)
         if certificate and self.precision not in ("float32", "float64"):
             self.details["certificate_warning"] = REDUCED_PRECISION_CERTIFICATE.format(self.precision)
             warnings.warn(self.details["certificate_warning"], RobustWarning, stacklevel=3)
@@ -162,6 +126,48 @@ class Run:
         self.info: dict = {}
         self._clean: float | None = None
         self._closed = False
+
+    def _read(self, model, data, perturbation, discrete: bool, role: str) -> None:
+        """The data as the check holds it (``ds``: read, judged, through the embedding with
+        ``embedding=``, in the working dtype, on the device) and the model it calls (``model``:
+        with the items' mask and keywords, ``engine.padding``; through the embedding)."""
+        check_data_normalization(data, perturbation, self.interface.normalize)
+        token_ids = self.interface.embedding is not None
+        self.ds = load_data(data, self.context.data_keys, discrete=True)  # integers are judged below
+        try:  # the attention mask and other keys of the items (engine.padding)
+            self.model = calling(model, self.ds.extras)
+        except RobustModelError as err:
+            raise (of_model(err, role) if role else err) from None
+        self.ds = TensorData(self.ds.x, self.ds.y)
+        if perturbation is not None:  # "images only" comes before what integer inputs would need
+            check_images_only(perturbation, self.ds.x)
+        if not (token_ids or (discrete and bool(getattr(perturbation, "discrete", False)))):
+            check_continuous(self.ds.x)
+        if token_ids:  # the checks act on the embedding's output (engine.embedding)
+            check_no_box(perturbation)
+            check_perturbation_of_vectors(perturbation, self.ds.x)
+            self.model, vectors, self.details["embedding"] = embedded(
+                model, self.interface.embedding, self.ds.x, self.args.batch_size, self.interface.logits, self.device,
+                call=self.model)
+            self.ds = TensorData(vectors, self.ds.y)
+        self.model_dtype = model_dtype(self.model)
+        self.dtype = working_dtype(self.model_dtype, self.ds.x.dtype)
+        if self.ds.x.dtype.is_floating_point and self.ds.x.dtype != self.dtype:
+            whose = "the model's dtype" if self.dtype == self.model_dtype else "the working dtype"
+            self.details["dtype_note"] = f"the data ({self.ds.x.dtype}) was converted to {whose} {self.dtype}"
+            self.ds = TensorData(self.ds.x.to(self.dtype), self.ds.y)
+        self.ds = place(self.ds, self.device)
+
+    def _forward(self, autocast, role: str) -> Forward:
+        """The one forward wrapper of the check (``engine.forward.Forward``) over ``model``."""
+        normalize = self.interface.normalize
+        return Forward(self.model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
+                       input_dtype=self.model_dtype if self.model_dtype != self.dtype and
+                       self.ds.x.dtype.is_floating_point else None,
+                       autocast=autocast, channels_last=self.execution.channels_last,
+                       normalize=None if normalize is None else interface.Normalizer(
+                           normalize, self.ds.x.shape[1] if self.ds.x.ndim > 1 else 1, self.device, self.dtype),
+                       selector=self.interface.logits, clean=self.ds.x, progress=self.context.progress, role=role)
 
     # -- the guarded model ----------------------------------------------------------------------
 

@@ -166,19 +166,27 @@ def check_spread(owner: str, name: str, size, x: torch.Tensor, norm: str = "linf
         what = f"the standard deviation of feature {index[0] if len(index) == 1 else index}"
     if ratio < SPREAD_RATIO:
         return
-    shown = "per feature" if per_feature else f"{float(size):g}"
-    sequences = x.ndim >= 3 and not images  # sequences, and embedding vectors of token ids
+    warnings.warn(_spread_warning(owner, name, None if per_feature else float(size), x, norm, per_feature_ok,
+                                  (ratio, what, against, min(len(x), rows))), RobustWarning, stacklevel=3)
+
+
+def _spread_warning(owner: str, name: str, size: float | None, x: torch.Tensor, norm: str, per_feature_ok: bool,
+                    found: tuple) -> str:
+    """The text of ``check_spread``'s warning: ``size`` (None: per feature) is ``found`` =
+    (ratio, what, its value, inputs) times a spread; the fix in the data's terms."""
+    ratio, what, against, inputs = found
+    shown = "per feature" if size is None else f"{size:g}"
+    sequences = x.ndim >= 3 and not is_image_batch(x)  # sequences, and embedding vectors of token ids
     fix = (f"for features on different scales give {name} per feature (a tensor over the last axis)" if sequences
            and per_feature_ok and norm != "l2" else
            f"for features on different scales give {name} per feature, e.g. a fraction of the training scaler's "
            "scale_" if per_feature_ok and norm != "l2" else
            f"{name} is one number here, so give the model inputs on one scale" + (
                "" if sequences else " (standardized, with the scaler as the model's first layer)"))
-    warnings.warn(
-        f"{owner}: {name} ({shown}) is {ratio:.3g} times {what}, {against:.4g}, over the {min(len(x), rows)} "
-        f"inputs given (a warning from {SPREAD_RATIO:g} times on): {name} is in the units of the data, so check "
-        f"that it is not meant in other units; {fix} (docs: {'text and sequences' if sequences else 'tabular data'})",
-        RobustWarning, stacklevel=3)
+    docs = "text and sequences" if sequences else "tabular data"
+    return (f"{owner}: {name} ({shown}) is {ratio:.3g} times {what}, {against:.4g}, over the {inputs} "
+            f"inputs given (a warning from {SPREAD_RATIO:g} times on): {name} is in the units of the data, so check "
+            f"that it is not meant in other units; {fix} (docs: {docs})")
 
 
 def _std(x: torch.Tensor) -> torch.Tensor:
