@@ -194,9 +194,10 @@ class Forward:
 
     def top_two(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(values, classes) of the two largest logits of each row of z; counts its ties in ``ties``."""
-        top = z.detach().topk(2, dim=1)
-        self.ties = self.ties + (top.values[:, 0] == top.values[:, 1]).sum()
-        return top.values, top.indices
+        values, classes = z.detach().topk(2, dim=1)
+        first, second = values.unbind(1)
+        self.ties = (first == second).sum().add_(self.ties)
+        return values, classes
 
     def grad(self, x: torch.Tensor, y: torch.Tensor, objective, with_logits: bool = False):
         """(objective(logits, y) per row, its gradient with respect to x[, the logits]), chunked
@@ -346,7 +347,8 @@ def correct_predictions(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def correct_of(values: torch.Tensor, classes: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``correct_predictions`` from the two largest logits of each row (``Forward.ranked``)."""
-    return (classes[:, 0] == y) & (values[:, 0] > values[:, 1])
+    first, second = values.unbind(1)
+    return (classes.select(1, 0) == y).logical_and_(first > second)
 
 
 def _joined(parts: list, empty) -> torch.Tensor:

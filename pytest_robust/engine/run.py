@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from pytest_robust.engine import collective, interface, precision
+from pytest_robust.engine.allocator import keep_freed_memory
 from pytest_robust.engine.clock import Clock
 from pytest_robust.engine.context import RunContext
 from pytest_robust.engine.data import TensorData, check_continuous, load_data, place
@@ -109,6 +110,8 @@ class Run:
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
                                    batch_size=batch_size, direction=self.direction)
         self.device = resolve_device(device, model)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # no page faults from a heap trimmed after every step (engine.allocator)
         self.interface, self.execution, self.details = context.interface, context.execution, {}
         self._read(model, data, perturbation, declared.discrete, role)
         self.perturbation = perturbation

@@ -38,11 +38,11 @@ class UniformLinf(Perturbation):
         return BoxSpace(x, size_like(self.eps, x, self._placed), self.bounds)
 
     def sample(self, x, generator):
-        """lo + u (hi - lo), with [lo, hi] the ball intersected with the box (in place, fresh tensors)."""
+        """lo + u (hi - lo) (``torch.lerp``), with [lo, hi] the ball intersected with the box (in
+        place, fresh tensors)."""
         eps = size_like(self.eps, x, self._placed)
         lo = self.clip(x - eps, inplace=True)
-        width = self.clip(x + eps, inplace=True).sub_(lo)
-        return random("uniform", x, generator).mul_(width).add_(lo)
+        return lo.lerp_(self.clip(x + eps, inplace=True), random("uniform", x, generator))
 
     def __repr__(self):
         return f"UniformLinf(eps={size_repr(self.eps)}{bounds_repr(self.bounds)})"

@@ -190,15 +190,18 @@ def _spread_warning(owner: str, name: str, size: float | None, x: torch.Tensor, 
 
 
 def _std(x: torch.Tensor) -> torch.Tensor:
-    """The standard deviation of each coordinate over the rows of x (n - 1 in the denominator),
-    leaving out NaN (padded positions, ``padding.real_values``); NaN with fewer than two values."""
-    if not bool(x.isnan().any()):
-        return x.std(dim=0)
-    count = (~x.isnan()).sum(dim=0)
-    deviation = x - x.nanmean(dim=0)
-    std = (deviation.pow(2).nansum(dim=0) / (count - 1).clamp(min=1)).sqrt().where(count > 1, float("nan"))
-    constant = x.nan_to_num(nan=math.inf).amin(dim=0) == x.nan_to_num(nan=-math.inf).amax(dim=0)
-    return std.where(~constant, 0.0)  # the mean's rounding would give a constant a tiny spread
+    """The standard deviation of each coordinate over the rows of x (n - 1 in the denominator,
+    two passes: the mean, then the squared deviations), leaving out NaN (padded positions,
+    ``padding.real_values``); NaN with fewer than two values, exactly 0 for a constant coordinate
+    (the mean's rounding would give it a tiny spread)."""
+    padded = bool(x.isnan().any())
+    count = (~x.isnan()).sum(dim=0) if padded else torch.full_like(x[0], len(x))
+    deviation = x - (x.nanmean(dim=0) if padded else x.mean(dim=0))
+    squares = deviation.pow_(2)
+    std = ((squares.nansum(dim=0) if padded else squares.sum(dim=0)) / (count - 1).clamp(min=1)).sqrt_()
+    low, high = (x.nan_to_num(nan=math.inf).amin(dim=0), x.nan_to_num(nan=-math.inf).amax(dim=0)) if padded else (
+        x.amin(dim=0), x.amax(dim=0))
+    return std.where(low != high, 0.0).where(count > 1, float("nan"))
 
 
 def check_scale(owner: str, name: str, size, x: torch.Tensor, bounds, *, norm: str = "linf",
