@@ -43,7 +43,7 @@ from typing import Callable
 import torch
 
 from pytest_robust.attacks.norms import Ball
-from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.forward import Forward
 from pytest_robust.engine.streams import per_row
 
 #: Weight of the new gradient step against the previous move (the paper's alpha).
@@ -99,8 +99,8 @@ class _Rows:
 
 def _evaluate(forward: Forward, x: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, objective: Objective):
     """(loss, gradient, misclassified, gradient exactly zero) at x, one evaluation per row."""
-    loss, grad, logits = forward.grad(x, labels, objective, with_logits=True)
-    return loss, grad, ~correct_predictions(logits, y), (grad.flatten(1) == 0).all(dim=1)
+    loss, grad, right = forward.grad(x, labels, objective, truth=y)
+    return loss, grad, ~right, grad.flatten(1).abs().amax(dim=1) == 0  # NaN is not 0
 
 
 def _start(forward, x0, center, y, labels, lo, hi, objective, ball) -> _Rows:
@@ -151,9 +151,10 @@ def _record(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Ten
 
 def _retire(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Tensor) -> _Rows:
     """Record the current rows' outcomes and keep only the rows not yet broken (the one host read
-    of a checkpoint)."""
+    of a checkpoint; the state is copied only when some row leaves)."""
     _record(s, fooled, flat, found)
-    return s.take((~s.fooled).nonzero().squeeze(1))
+    keep = (~s.fooled).nonzero().squeeze(1)
+    return s if len(keep) == len(s.index) else s.take(keep)
 
 
 def _advance(forward: Forward, s: _Rows, objective: Objective, ball: Ball, done: int,

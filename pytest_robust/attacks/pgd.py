@@ -49,8 +49,8 @@ def _ascend(forward: Forward, x_adv: torch.Tensor, y: torch.Tensor, lo: torch.Te
     and the last included) was misclassified, a device tensor. steps + 1 model evaluations per row."""
     hit = torch.zeros(len(y), dtype=torch.bool, device=x_adv.device)
     for _ in range(steps):
-        _, grad, logits = forward.grad(x_adv, y, loss, with_logits=True)
-        hit |= ~correct_predictions(logits, y)
+        _, grad, right = forward.grad(x_adv, y, loss, truth=y)
+        hit |= ~right
         x_adv = torch.minimum(torch.maximum(x_adv + step_size * grad.sign(), lo), hi)
     logits = forward.logits(x_adv)
     hit |= ~correct_predictions(logits, y)

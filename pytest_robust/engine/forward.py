@@ -199,9 +199,11 @@ class Forward:
         self.ties = (first == second).sum().add_(self.ties)
         return values, classes
 
-    def grad(self, x: torch.Tensor, y: torch.Tensor, objective, with_logits: bool = False):
-        """(objective(logits, y) per row, its gradient with respect to x[, the logits]), chunked
-        like ``logits``; the logits reach ``objective`` in x's dtype.
+    def grad(self, x: torch.Tensor, y: torch.Tensor, objective, truth: torch.Tensor | None = None):
+        """(objective(logits, y) per row, its gradient with respect to x[, whether the model is
+        right on each row with respect to the labels ``truth``, ``correct_of``]), chunked like
+        ``logits``; the logits reach ``objective`` in x's dtype, and the correctness comes from the
+        same one ``topk`` per chunk that counts the ties.
 
         The model's parameters stay frozen (``guarded`` turned their requires_grad off); only the
         input carries a gradient. Each row counts as one evaluation and one backward pass.
@@ -210,7 +212,7 @@ class Forward:
         def run(start: int, stop: int):
             chunk = x[start:stop].detach().requires_grad_(True)
             with torch.enable_grad():
-                z = self.validated(self.called(chunk), stop - start, chunk).to(x.dtype)
+                z = self.validated(self.called(chunk), stop - start, chunk, ties=truth is None).to(x.dtype)
                 value = objective(z, y[start:stop])
                 if not value.requires_grad:
                     raise NotDifferentiable(
@@ -219,16 +221,17 @@ class Forward:
                         "(for the q-loss check: estimator='mc' or 'mh')"
                     )
                 (g,) = torch.autograd.grad(value.sum(), chunk)
-            return value.detach(), g, z.detach()
+            right = None if truth is None else correct_of(*self.top_two(z), truth[start:stop])
+            return value.detach(), g, right
 
         parts = self.chunked(len(x), run)
         self.backward_passes += len(x)
         if not parts:
             out = x.new_empty((0,)), x.new_empty(x.shape)
-            return out + (self._empty(x),) if with_logits else out
-        values, grads, logits = zip(*parts)
+            return out if truth is None else out + (torch.zeros(0, dtype=torch.bool, device=x.device),)
+        values, grads, right = zip(*parts)
         out = torch.cat(values), torch.cat(grads)
-        return out + (torch.cat(logits),) if with_logits else out
+        return out if truth is None else out + (torch.cat(right),)
 
     def called(self, x: torch.Tensor, model=None):
         """The logits of ``model(x)`` (default: the check's model; another module, such as a

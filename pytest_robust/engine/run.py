@@ -44,7 +44,7 @@ declaration and its context and calls the body inside it. A body looks like::
 
     def evaluate(run, sigma, copies):
         with run.forward.phase("gate"):
-            hits = correct_predictions(run.forward.logits(run.ds.x), run.ds.y)
+            hits = run.forward.correct(run.ds.x, run.ds.y)
         return run.result(estimate=..., lower=..., upper=..., draws=..., perturbation=...)
 """
 
@@ -64,7 +64,7 @@ from pytest_robust.engine.context import RunContext
 from pytest_robust.engine.data import TensorData, check_continuous, load_data, place
 from pytest_robust.engine.device import resolve_device
 from pytest_robust.engine.embedding import check_no_box, check_perturbation_of_vectors, embedded
-from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.forward import Forward
 from pytest_robust.engine.gallery import gallery as worst_gallery
 from pytest_robust.engine.guard import guarded
 from pytest_robust.engine.inspect.data import check_data_normalization, is_image_batch
@@ -259,8 +259,7 @@ class Run:
         if self._clean is None:
             rows = self.span(len(self.ds))
             with self.forward.phase(phase):
-                hits = correct_predictions(self.forward.logits(self.ds.x[rows].to(self.device)),
-                                           self.ds.y[rows].to(self.device))
+                hits = self.forward.correct(self.ds.x[rows].to(self.device), self.ds.y[rows].to(self.device))
             self._clean = float(self.gather_rows(hits.float()).mean())
         return self._clean
 

@@ -174,7 +174,7 @@ def _gradient_run(g: _Group, schedule: Schedule, code: int, labels: torch.Tensor
     if first is not None:
         rows = g.unbroken()
         if len(rows):
-            g.mark(rows, ~correct_predictions(g.forward.logits(first[rows]), g.y[rows]), first[rows], code)
+            g.mark(rows, ~g.forward.correct(first[rows], g.y[rows]), first[rows], code)
     rows = g.unbroken()
     if not len(rows):
         return

@@ -35,7 +35,6 @@ import torch
 
 from pytest_robust.checks.smoothing import certificates
 from pytest_robust.checks.smoothing.draws import Noise, Shard, draw_noisy
-from pytest_robust.engine.forward import correct_predictions
 from pytest_robust.engine.run import Run
 from pytest_robust.results import decide
 from pytest_robust.stats import SequentialGate, clopper_pearson_p_values
@@ -145,7 +144,7 @@ def outcomes(run: Run, plan: GatePlan, shard: Shard, spans: list) -> np.ndarray:
     noise = Noise(tuple(shard.x.shape[1:]), shard.x.dtype, run.seed, run.device)
     noisy = torch.cat([draw_noisy(shard.x[k], plan.sigma, noise, i, a, b) for k, (i, a, b) in zip(rows, spans)])
     labels = torch.cat([shard.y[k].expand(b - a) for k, (_, a, b) in zip(rows, spans)])
-    return correct_predictions(run.forward.logits(noisy), labels).numpy(force=True)
+    return run.forward.correct(noisy, labels).numpy(force=True)
 
 
 def run_round(run: Run, plan: GatePlan, state: GateState, tests: LocalTests, shard: Shard, queue: deque,
