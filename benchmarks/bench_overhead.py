@@ -39,6 +39,7 @@ rather than on the work. NPPR's sampling and q's MCMC have no bare twin here yet
 
 from __future__ import annotations
 
+import math
 import resource
 import statistics
 import warnings
@@ -46,7 +47,9 @@ import warnings
 import torch
 from common import header, interleaved, markdown_table, parse_args, report, sync, timed
 
-from pytest_robust import Corruption, UniformLinf, adversarial_accuracy, certify, tsrm
+from pytest_robust import Corruption, UniformLinf, adversarial_accuracy, certify, intermediate_q, tsrm
+from pytest_robust.checks.nppr.fit import FrozenGMM
+from pytest_robust.checks.nppr.gmm import GMMConfig, GMMPerturbation
 
 #: Model evaluations per step, in the engine and the bare loops.
 BATCH = 512
@@ -58,6 +61,9 @@ EPS = 0.1
 ATTACK_EPS = 0.001
 #: APGD's iterations per run, in the engine and the bare loop.
 ATTACK_STEPS = 50
+#: q's path sampling: inputs (x 4 chains = 512 rows), q, temperatures on the path, warm-up
+#: transitions and leapfrog steps per transition (117 evaluations per row in all).
+Q_INPUTS, Q, Q_PATH, Q_WARMUP, LEAPFROG = 128, 10.0, 20, 4, 5
 
 
 def setup(device: torch.device):
@@ -159,6 +165,80 @@ def bare_apgd(model, x, y, steps: int) -> int:
     return broken
 
 
+def bare_nppr(model, x, y, steps: int, learned) -> int:
+    """The NPPR gate's step without the engine: 512 input indices, one draw each from the learned
+    mixture (``FrozenGMM``: the mixture of each row's label, a component and a latent draw, the
+    decoding and the ball, one generator), evaluate, score, read back."""
+    g = torch.Generator(device=x.device).manual_seed(0)
+    hits = 0
+    with torch.no_grad():
+        for _ in range(steps):
+            idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
+            hits += int((model(learned(x[idx], g, index=idx, y=y[idx])).argmax(1) == y[idx]).sum())
+    return hits
+
+
+def bare_hmc(model, x, y, q: float, path: int, warmup: int) -> float:
+    """q's path sampling without the engine: 4 chains of every input (512 rows), HMC on the L-inf
+    box (theta = x', uniform prior; ``LEAPFROG`` leapfrog steps of log cross-entropy gradients with
+    reflection at the box, then a Metropolis accept per row), a warm-up of ``warmup`` transitions
+    adapting each row's log step size (Robbins-Monro), then ``path - 1`` transitions along the
+    temperatures 0..q; one count read at the end. Returns the mean log loss at the end."""
+    from pytest_robust.checks.q.qnorm import log_cross_entropy, temperatures
+    from pytest_robust.perturbations.base import reflect
+
+    g = torch.Generator(device=x.device).manual_seed(0)
+    rows = x.repeat_interleave(4, dim=0)
+    labels = y.repeat_interleave(4)
+    lo, hi = (rows - EPS).clamp(0, 1), (rows + EPS).clamp(0, 1)
+
+    def evaluate(theta):
+        theta = theta.detach().requires_grad_(True)
+        log_loss = log_cross_entropy(model(theta), labels)
+        (grad,) = torch.autograd.grad(log_loss.sum(), theta)
+        return log_loss.detach(), grad
+
+    def transition(theta, log_loss, grad, t, log_h):
+        h = log_h.exp()[:, None, None, None] * EPS
+        p = torch.randn(theta.shape, generator=g, device=x.device)
+        kinetic0 = 0.5 * p.flatten(1).pow(2).sum(1)
+        new, p = theta, p + 0.5 * h * t * grad
+        for i in range(LEAPFROG):
+            new, odd = reflect(new + h * p, lo, hi)
+            p = torch.where(odd, -p, p)
+            new_loss, new_grad = evaluate(new)
+            p = p + (0.5 if i == LEAPFROG - 1 else 1.0) * h * t * new_grad
+        log_ratio = (t * new_loss - 0.5 * p.flatten(1).pow(2).sum(1)) - (t * log_loss - kinetic0)
+        prob = torch.exp(torch.clamp(torch.nan_to_num(log_ratio, nan=-math.inf), max=0.0))
+        take = torch.rand(len(theta), generator=g, device=x.device) < prob
+        wide = take[:, None, None, None]
+        return (torch.where(wide, new, theta), torch.where(take, new_loss, log_loss),
+                torch.where(wide, new_grad, grad), prob)
+
+    log_h0 = math.log(1.0 / LEAPFROG)
+    log_h = torch.full((len(rows),), log_h0, device=x.device)
+    theta = lo + torch.rand(rows.shape, generator=g, device=x.device) * (hi - lo)
+    log_loss, grad = evaluate(theta)
+    for t in temperatures(q, warmup + 1)[1:]:
+        theta, log_loss, grad, prob = transition(theta, log_loss, grad, float(t), log_h)
+        log_h = torch.clamp(log_h + 0.5 * (prob - 0.8), log_h0 - math.log(1e4), log_h0)
+    theta = lo + torch.rand(rows.shape, generator=g, device=x.device) * (hi - lo)
+    log_loss, grad = evaluate(theta)
+    for t in temperatures(q, path)[1:]:
+        theta, log_loss, grad, _ = transition(theta, log_loss, grad, float(t), log_h)
+    return float(log_loss.mean())
+
+
+def learned_mixture() -> FrozenGMM:
+    """The NPPR check's learned distribution as its gate draws from it (``FrozenGMM``), with the
+    check's defaults (7 components, a 128-d latent, diagonal covariances) depending on the label,
+    eps ``EPS``, initialised and not fitted (fitting changes its parameters, not the work of a draw)."""
+    cfg = GMMConfig(eps=EPS, norm="linf", components=7, latent_dim=128, covariance="diagonal", dependency="label",
+                    input_shape=(3, 8, 8), n_classes=10, feature_dim=None, grid_size=8)
+    torch.manual_seed(0)
+    return FrozenGMM(GMMPerturbation(cfg).eval(), None, (0.0, 1.0))
+
+
 def row(name: str, runs: int, steps: int, engine, bare, device, bare_steps: int | None = None) -> list[str]:
     """One table row: microseconds per step of the engine (``steps`` steps) and of the bare loop
     (``bare_steps``, default the same) (median of ``runs`` interleaved runs), their difference and
@@ -196,6 +276,14 @@ def main() -> None:
                                     square_queries=0, batch_size=BATCH, device=device)
 
     attack_steps = max(1, round(attack().forward_passes / BATCH))  # the bare loop does as many evaluations
+    learned = learned_mixture()
+
+    def q_check():  # path sampling with HMC; its context (Monte Carlo draws, a one-step PGD) is included
+        return intermediate_q(model, (x[:Q_INPUTS], y[:Q_INPUTS]), q=Q, estimator="hmc", perturbation=noise,
+                              steps=Q_PATH, warmup=Q_WARMUP, leapfrog=LEAPFROG, pgd_steps=1, batch_size=BATCH,
+                              budget=10**7, device=device)
+
+    q_steps = max(1, round(q_check().forward_passes / BATCH))
 
     def section() -> str:
         tsrm(model, (x, y), perturbation=noise, budget=BATCH, batch_size=BATCH, device=device)  # warm-up
@@ -214,6 +302,12 @@ def main() -> None:
             row(f"TSRM under {corruption!r}", runs, steps,
                 lambda: tsrm(model, (x, y), perturbation=corruption, budget=budget, batch_size=BATCH, device=device),
                 lambda: bare_corruption(model, x, y, steps, corruption), device),
+            row("NPPR's draws from a learned mixture", runs, steps,
+                lambda: tsrm(model, (x, y), perturbation=learned, budget=budget, batch_size=BATCH, device=device),
+                lambda: bare_nppr(model, x, y, steps, learned), device),
+            row(f"q's path sampling (HMC, q={Q:g}), per 512 evaluations", runs, q_steps, q_check,
+                lambda: bare_hmc(model, x[:Q_INPUTS], y[:Q_INPUTS], Q, Q_PATH, Q_WARMUP), device,
+                bare_steps=2 + (Q_PATH - 1 + Q_WARMUP) * LEAPFROG),
             row(f"attack steps (APGD-CE, L-inf {ATTACK_EPS}), per 512 evaluations", runs, attack_steps,
                 attack, lambda: bare_apgd(model, x, y, ATTACK_STEPS), device,
                 bare_steps=INPUTS // BATCH * (ATTACK_STEPS + 1)),

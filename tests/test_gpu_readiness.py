@@ -237,7 +237,7 @@ def test_the_perturbation_probe_sees_the_data_on_the_check_s_device(monkeypatch)
         placed.append(out.x)
         return out
 
-    def probe(perturbation, x):
+    def probe(perturbation, x, y=None):
         probed.append(x)
 
     monkeypatch.setattr(run_module, "place", place)

@@ -1,8 +1,10 @@
 """The hot loops' faster paths give exactly the numbers of the plain computations they replace:
 blocks of draws perturbed in one call (``Perturbation.draw_blocks``) against block by block, the
 confidence sequence's bracketed bisection over cached running means against the plain bisection
-with ``rejects_at``, and the forward pass's top-two logits (``Forward.ranked``) against
-``correct_predictions`` and the tie count of ``Forward.logits``."""
+with ``rejects_at``, the forward pass's top-two logits (``Forward.ranked``, ``Forward.grad(truth=)``)
+against ``correct_predictions`` and the tie count of ``Forward.logits``, the gate's two betting sides
+advanced together against each alone, and NPPR's learned mixture drawing a step's blocks in one call
+against block by block."""
 
 from __future__ import annotations
 
@@ -102,3 +104,110 @@ def test_the_bracketed_beta_inverse_is_the_plain_bisections(k, n, y):
     from pytest_robust.stats.binomial import betaincinv
 
     assert betaincinv(k, n - k + 1, y) == pytest.approx(_plain_betaincinv(k, n - k + 1, y), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_gates_two_sides_advanced_together_are_each_advanced_alone(seed):
+    """``SequentialGate`` advances its pass and fail sides as one (2, n) array (``_KellyPair``):
+    the same log capitals, decision and p-values as ``_advance`` on each side alone, on Bernoulli
+    outcomes and on values in [0, 1], fed in blocks of uneven sizes. Tolerance 1e-12 relative: the
+    same float64 operations per element (a vectorised log1p may round its last bit differently)."""
+    from pytest_robust.stats.betting import SequentialGate, _advance, _Running
+
+    rng = np.random.default_rng(seed)
+    for x in (rng.random(3000) < 0.62, rng.random(3000)):
+        x = x.astype(np.float64)
+        gate, threshold, alpha = SequentialGate(0.6, 1e-3), 0.6, 1e-3
+        for piece in np.split(x, [1, 7, 520, 1800]):
+            gate.update(piece)
+        up, down = _advance(x, threshold, _Running()), _advance(1.0 - x, 1.0 - threshold, _Running())
+        level = np.log(1 / alpha)
+        sides = ((up, "pass"), (down, "fail"))
+        firsts = [(int(np.argmax(s >= level)), side) for s, side in sides if (s >= level).any()]
+        expected = min(firsts) if firsts else None
+        got = gate.decision
+        assert (got.verdict, got.at) == (expected[1], expected[0] + 1) if expected else got is None
+        end = expected[0] + 1 if expected else len(x)
+        best = {"pass": max(0.0, up[:end].max()), "fail": max(0.0, down[:end].max())}
+        for side in ("pass", "fail"):
+            assert gate._best[side] == pytest.approx(best[side], rel=1e-12, abs=1e-12)
+
+
+def test_attack_gradients_judge_correctness_from_their_own_top_two():
+    """``Forward.grad(truth=)`` gives ``correct_predictions`` of its logits and counts each row's
+    tie once, as ``logits`` does."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        model.weight[2] = model.weight[1]  # classes 1 and 2 tie on every input
+        model.bias[2] = model.bias[1]
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    plain, judged = Forward(model, batch_size=16), Forward(model, batch_size=16)
+    logits = plain.logits(x)
+    loss = lambda z, t: torch.nn.functional.cross_entropy(z, t, reduction="none")  # noqa: E731
+    value, grad, right = judged.grad(x, y, loss, truth=y)
+    assert torch.equal(right, correct_predictions(logits, y))
+    assert int(judged.ties) == int(plain.ties) > 0
+    ref_value, ref_grad = Forward(model, batch_size=16).grad(x, y, loss)
+    assert torch.allclose(value, ref_value) and torch.allclose(grad, ref_grad)
+
+
+def test_the_learned_mixture_draws_its_blocks_as_drawn_alone():
+    """NPPR's learned distribution (``FrozenGMM``) draws a step's blocks in one call: each block's
+    components and latents from its own generator, as drawing it alone. Tolerance 1e-6: the decoder's
+    matrix product over more rows may sum in another order."""
+    from pytest_robust.checks.nppr.fit import FrozenGMM
+    from pytest_robust.checks.nppr.gmm import GMMConfig, GMMPerturbation
+
+    cfg = GMMConfig(eps=0.1, norm="linf", components=3, latent_dim=8, covariance="diagonal", dependency="label",
+                    input_shape=(3, 4, 4), n_classes=5, feature_dim=None, grid_size=2)
+    torch.manual_seed(0)
+    learned = FrozenGMM(GMMPerturbation(cfg).eval(), None, (0.0, 1.0))
+    x, y = torch.rand(24, 3, 4, 4), torch.randint(0, 5, (24,))
+    index = torch.arange(24)
+    generators = lambda: [torch.Generator().manual_seed(s) for s in (5, 6, 7)]  # noqa: E731
+    together = learned.draw_blocks(x, generators(), index, y)
+    alone = torch.cat([learned.draw(x[j * 8:(j + 1) * 8], g, index[j * 8:(j + 1) * 8], y[j * 8:(j + 1) * 8])
+                       for j, g in enumerate(generators())])
+    assert torch.allclose(together, alone, rtol=0, atol=1e-6) and not torch.equal(together, x)
+    assert ((together - x).abs() <= 0.1 + 1e-6).all() and together.min() >= 0 and together.max() <= 1
+
+
+def test_a_conditional_perturbation_is_probed_with_positions_and_labels():
+    """A conditional perturbation (one that needs each row's position and label) is run by a check,
+    its generator probe included, with no raw TypeError."""
+
+    class ByLabel(pr.Perturbation):
+        conditional = True
+
+        def sample(self, x, generator):
+            raise AssertionError("a conditional perturbation is called with index and y")
+
+        def __call__(self, x, generator, *, index, y):
+            shift = 0.05 * (y.float() - 1.0).reshape(-1, 1)
+            return self.clip(x + shift + 0.01 * torch.rand(x.shape, generator=generator, device=x.device))
+
+        def __repr__(self):
+            return "ByLabel()"
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x = torch.rand(64, 4)
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    result = pr.tsrm(model, (x, y), perturbation=ByLabel(), budget=2048, batch_size=256)
+    assert result.draws == 2048 and 0.0 <= result.estimate <= 1.0
+
+
+def test_freed_memory_is_kept_once_and_can_be_turned_off(monkeypatch):
+    """``engine.allocator.keep_freed_memory`` sets glibc's thresholds once per process (a cached
+    answer), and ``PYTEST_ROBUST_KEEP_FREED_MEMORY=0`` leaves the allocator alone."""
+    from pytest_robust.engine import allocator
+
+    allocator.keep_freed_memory.cache_clear()
+    monkeypatch.setenv("PYTEST_ROBUST_KEEP_FREED_MEMORY", "0")
+    assert allocator.keep_freed_memory() is False
+    allocator.keep_freed_memory.cache_clear()
+    monkeypatch.delenv("PYTEST_ROBUST_KEEP_FREED_MEMORY")
+    first = allocator.keep_freed_memory()
+    assert isinstance(first, bool) and allocator.keep_freed_memory() is first

@@ -297,10 +297,15 @@ class FrozenGMM(Perturbation):
         raise ArgumentError("the learned NPPR distribution needs each row's index and label: call draw()")
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator, *, index, y) -> torch.Tensor:
+        return self.draw_blocks(x, [generator], index, y)
+
+    def draw_blocks(self, x: torch.Tensor, generators: list, index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One draw per row, consecutive blocks of rows with ``generators[j]`` (the numbers of
+        drawing each block alone): the mixture, its decoding and the box once for all rows."""
         with torch.no_grad():
             features = None if self.features is None else self.features[index.to(self.features.device)]
             mix = self.gmm.mixture(features, y.to(next(self.gmm.parameters()).device))
-            z, _ = self.gmm.hard_latent(mix, 1, generator)
+            z, _ = self.gmm.hard_latent_blocks(mix, 1, generators)
             return self.gmm.apply(x, z, self.box)[:, 0]
 
     def __repr__(self) -> str:

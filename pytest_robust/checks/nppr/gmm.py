@@ -260,10 +260,21 @@ class GMMPerturbation(nn.Module):
 
         k ~ Categorical(softmax(logits)), then z = mu_k + L_k e with e ~ N(0, I).
         """
+        return self.hard_latent_blocks(mix, draws, [generator])
+
+    def hard_latent_blocks(self, mix: Mixture, draws: int, generators: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hard_latent`` of consecutive equal blocks of the rows, block j with ``generators[j]``:
+        the numbers of drawing each block alone, with the mixture's arithmetic done once."""
         b, k = mix.logits.shape
-        d = self.cfg.latent_dim
-        chosen = torch.multinomial(torch.softmax(mix.logits, dim=-1), draws, replacement=True, generator=generator)
-        e = _randn((b, draws, 1, d), mix.means, generator).expand(-1, -1, k, -1)
+        d, size = self.cfg.latent_dim, b // len(generators)
+        probs = torch.softmax(mix.logits, dim=-1)
+        chosen, noise = [], []
+        for j, generator in enumerate(generators):
+            chosen.append(torch.multinomial(probs[j * size:(j + 1) * size], draws, replacement=True,
+                                            generator=generator))
+            noise.append(_randn((size, draws, 1, d), mix.means, generator))
+        chosen = torch.cat(chosen)
+        e = torch.cat(noise).expand(-1, -1, k, -1)
         z = mix.component_draws(e).gather(2, chosen[:, :, None, None].expand(-1, -1, 1, d)).squeeze(2)
         return z, chosen
 

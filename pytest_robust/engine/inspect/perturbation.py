@@ -5,6 +5,7 @@ its generator (``check_uses_generator``) and objects that are no perturbation at
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -261,10 +262,15 @@ def check_perturbation_object(p) -> None:
         ) from None
 
 
-def check_uses_generator(perturbation, x: torch.Tensor) -> None:
+def check_uses_generator(perturbation, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
     """RobustWarning when the same generator state gives different outputs: the perturbation
-    draws from another source (the global RNG, numpy, random), so runs do not repeat."""
+    draws from another source (the global RNG, numpy, random), so runs do not repeat. A
+    conditional perturbation (``Perturbation.conditional``) gets the probe rows' positions and
+    labels ``y``, as a check's draws give them."""
     probe = x[:PROBE_ROWS]
+    if getattr(perturbation, "conditional", False) and y is not None:
+        rows = torch.arange(len(probe), device=y.device)
+        perturbation = functools.partial(perturbation.draw, index=rows, y=y[rows])
     outputs = []
     cuda = probe.device.type == "cuda"
     with torch.random.fork_rng(devices=[probe.device] if cuda else []):
@@ -322,7 +328,7 @@ def inspect_inputs(ds, perturbation, normalized: bool = False) -> None:
     inside the model call). Runs once per check, before any evaluation."""
     check_in_box(ds.x, getattr(perturbation, "bounds", None), normalized=normalized)
     check_size(perturbation, ds.x)
-    check_uses_generator(perturbation, ds.x)
+    check_uses_generator(perturbation, ds.x, ds.y)
 
 
 def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool = False) -> None:
