@@ -189,25 +189,36 @@ class _Rejection:
         return best
 
 
-#: Regula falsi steps (``_bracket``) that narrow the bracket before the bisection.
-FALSI_STEPS = 3
+#: Most regula falsi steps (``_bracket``) that narrow the bracket before the bisection; they stop
+#: once the bracket is narrower than the bisection's tolerance.
+FALSI_STEPS = 12
 
 
-def _bracket(x: np.ndarray, alpha: float, rejects: _Rejection) -> tuple[float, float]:
+def _bracket(x: np.ndarray, alpha: float, rejects: _Rejection, tol: float) -> tuple[float, float]:
     """(below, above): the test rejects at ``below`` and not at ``above``, both confirmed by
     ``rejects``, close around the bound. It starts from the mean (above) and the mean less the
-    Hoeffding half-width sqrt(log(1 / alpha) / 2n) (below), where the bound lies on most data,
-    and narrows them by regula falsi (Illinois) steps on the largest log capital less the level.
+    Hoeffding half-width sqrt(log(1 / alpha) / 2n) (below), where the bound lies on most data
+    (or half the mean, when that is below 0; where the test does not reject there, the distance
+    to the mean doubles, or the end halves near 0, the last end not rejected becoming ``above``,
+    until it rejects or the end falls below the tolerance), and narrows them by regula falsi
+    (Illinois) steps on the largest log capital less the level.
     An end the test does not confirm is 0 (below) or 1 (above), which exclude nothing."""
     mean = float(x.mean())
     below = mean - math.sqrt(math.log(1.0 / alpha) / (2.0 * len(x)))
+    below = below if below > 0.0 else mean / 2.0
     if not 0.0 < below < mean < 1.0:
         return 0.0, 1.0
     f_below, f_above = rejects.capital(below) - rejects.level, rejects.capital(mean) - rejects.level
+    while f_below < 0.0 and f_above < 0.0 and below > tol:  # the bound lies lower: twice as far from the mean
+        above, f_above = below, f_below
+        below = 2.0 * below - mean if 2.0 * below > mean else below / 2.0
+        f_below = rejects.capital(below) - rejects.level
     if not f_below >= 0.0 > f_above:
         return (below if f_below >= 0.0 else 0.0), (mean if f_above < 0.0 else 1.0)
     above, side = mean, 0
     for _ in range(FALSI_STEPS):
+        if above - below < tol:
+            break
         m = below + (above - below) * f_below / (f_below - f_above)
         if not below < m < above:
             break
@@ -243,7 +254,7 @@ def confidence_sequence(
         rejects = _Rejection(data, alpha)
         if not rejects(max(lo, tol)):
             return lo
-        below, above = _bracket(data, alpha, rejects)
+        below, above = _bracket(data, alpha, rejects, tol)
         lo, hi = max(lo, tol), 1.0
         while hi - lo > tol:
             mid = 0.5 * (lo + hi)
