@@ -201,13 +201,16 @@ def test_a_conditional_perturbation_is_probed_with_positions_and_labels():
 
 def test_freed_memory_is_kept_once_and_can_be_turned_off(monkeypatch):
     """``engine.allocator.keep_freed_memory`` sets glibc's thresholds once per process (a cached
-    answer), and ``PYTEST_ROBUST_KEEP_FREED_MEMORY=0`` leaves the allocator alone."""
+    answer), for checks on the CPU only, and ``PYTEST_ROBUST_KEEP_FREED_MEMORY=0`` leaves the
+    allocator alone."""
     from pytest_robust.engine import allocator
 
-    allocator.keep_freed_memory.cache_clear()
+    cpu = torch.device("cpu")
+    allocator._set_thresholds.cache_clear()
     monkeypatch.setenv("PYTEST_ROBUST_KEEP_FREED_MEMORY", "0")
-    assert allocator.keep_freed_memory() is False
-    allocator.keep_freed_memory.cache_clear()
+    assert allocator.keep_freed_memory(cpu) is False
+    allocator._set_thresholds.cache_clear()
     monkeypatch.delenv("PYTEST_ROBUST_KEEP_FREED_MEMORY")
-    first = allocator.keep_freed_memory()
-    assert isinstance(first, bool) and allocator.keep_freed_memory() is first
+    first = allocator.keep_freed_memory(cpu)
+    assert isinstance(first, bool) and allocator.keep_freed_memory(cpu) is first
+    assert allocator.keep_freed_memory(torch.device("meta")) is False  # another device: the allocator is left alone

@@ -27,7 +27,7 @@ from pytest_robust import (
     nppr,
     tsrm,
 )
-from pytest_robust.settings.validation import logits_selector, normalization
+from pytest_robust.settings.interface_values import logits_selector, normalization
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -234,7 +234,7 @@ def test_ini_config_path_is_relative_to_the_ini_file(suite):
     suite.makepyfile(PASSING)
     result = suite.runpytest("--junitxml=out.xml")
     result.stdout.fnmatch_lines(
-        [f"robust: device={INNER_DEVICE}, seed=0, confidence=0.9, batch_size=1024, budget=300 model evaluations*"])
+        [f"robust: device={INNER_DEVICE}, seed=0, confidence=0.9, batch_size=auto, budget=300 model evaluations*"])
 
 
 def test_yaml_errors_name_the_file_and_key(suite):

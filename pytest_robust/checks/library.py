@@ -2,7 +2,7 @@
 path from parameters to a ``Result`` that library calls and the pytest layer share.
 
 ``function(name, metric)`` builds ``name(model, data, *, <threshold>=None, <parameters>,
-confidence=0.95, budget=<the metric's>, seed=0, batch_size=1024, device=None, normalize=None,
+confidence=0.95, budget=<the metric's>, seed=0, batch_size="auto", device=None, normalize=None,
 logits=None, embedding=None, data_keys=None, time_limit=None)``: everything after (model, data) is keyword-only (an
 analysis may take the parameters it declares ``positional`` in that place too), so that a swapped
 threshold and radius cannot go unnoticed; a misspelt keyword is refused by the one door

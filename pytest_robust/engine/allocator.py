@@ -24,6 +24,8 @@ import ctypes.util
 import functools
 import os
 
+import torch
+
 #: Free bytes at the heap's top that glibc keeps instead of returning them to the system.
 TRIM_BYTES = 256 * 2**20
 #: Allocations at least this large are mapped on their own (glibc's DEFAULT_MMAP_THRESHOLD_MAX).
@@ -32,9 +34,14 @@ MMAP_BYTES = 32 * 2**20
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
+def keep_freed_memory(device: torch.device) -> bool:
+    """For a check on the CPU, set glibc's thresholds (module docstring) once per process; whether
+    they are set."""
+    return device.type == "cpu" and _set_thresholds()
+
+
 @functools.cache
-def keep_freed_memory() -> bool:
-    """Set glibc's thresholds (module docstring) once; whether they are set."""
+def _set_thresholds() -> bool:
     if os.environ.get("PYTEST_ROBUST_KEEP_FREED_MEMORY", "1") == "0":
         return False
     try:

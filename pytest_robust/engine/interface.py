@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pytest_robust.errors import RobustModelError, SettingError
-from pytest_robust.settings import validation
+from pytest_robust.settings import interface_values
 
 #: Named normalizations: (mean, std) per channel, in [0, 1] pixel units.
-PRESETS = validation.NORMALIZE_PRESETS
+PRESETS = interface_values.NORMALIZE_PRESETS
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,9 @@ class ModelInterface:
     embedding: object = None  # token ids through this embedding module (``engine.embedding``)
 
     def __post_init__(self):  # validated and converted here: SettingError names the key
-        object.__setattr__(self, "normalize", validation.normalization("normalize", self.normalize))
-        object.__setattr__(self, "logits", validation.logits_selector("logits", self.logits))
-        object.__setattr__(self, "embedding", validation.embedding("embedding", self.embedding))
+        object.__setattr__(self, "normalize", interface_values.normalization("normalize", self.normalize))
+        object.__setattr__(self, "logits", interface_values.logits_selector("logits", self.logits))
+        object.__setattr__(self, "embedding", interface_values.embedding("embedding", self.embedding))
         if self.normalize is not None and self.embedding is not None:
             raise SettingError("normalize", self.normalize, "None with embedding= (token ids are not normalized; "
                                                             "the embedding vectors are the model's own)")

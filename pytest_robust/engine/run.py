@@ -57,7 +57,7 @@ import warnings
 import numpy as np
 import torch
 
-from pytest_robust.engine import collective, interface, precision
+from pytest_robust.engine import batching, collective, interface, precision
 from pytest_robust.engine.allocator import keep_freed_memory
 from pytest_robust.engine.clock import Clock
 from pytest_robust.engine.context import RunContext
@@ -98,7 +98,7 @@ class Run:
     reference, ``errors.of_model``)."""
 
     def __init__(self, metric: str, model, data, *, declaration, context: RunContext, threshold=None,
-                 confidence=0.95, budget=100_000, seed=0, batch_size=1024, device=None, perturbation=None,
+                 confidence=0.95, budget=100_000, seed=0, batch_size="auto", device=None, perturbation=None,
                  role: str = ""):
         try:
             check_model(model)
@@ -110,8 +110,8 @@ class Run:
         self.args = check_run_args(threshold=threshold, confidence=confidence, budget=budget, seed=seed,
                                    batch_size=batch_size, direction=self.direction)
         self.device = resolve_device(device, model)
-        if self.device.type == "cpu":
-            keep_freed_memory()  # no page faults from a heap trimmed after every step (engine.allocator)
+        self.batch_size = batching.initial(self.args.batch_size)  # "auto" is resolved on entry (__enter__)
+        keep_freed_memory(self.device)  # no page faults from a heap trimmed after every step
         self.interface, self.execution, self.details = context.interface, context.execution, {}
         self._read(model, data, perturbation, declared.discrete, role)
         self.perturbation = perturbation
@@ -150,7 +150,7 @@ class Run:
             check_no_box(perturbation)
             check_perturbation_of_vectors(perturbation, self.ds.x)
             self.model, vectors, self.details["embedding"] = embedded(
-                model, self.interface.embedding, self.ds.x, self.args.batch_size, self.interface.logits, self.device,
+                model, self.interface.embedding, self.ds.x, self.batch_size, self.interface.logits, self.device,
                 call=self.model)
             self.ds = TensorData(vectors, self.ds.y)
         self.model_dtype = model_dtype(self.model)
@@ -164,7 +164,7 @@ class Run:
     def _forward(self, autocast, role: str) -> Forward:
         """The one forward wrapper of the check (``engine.forward.Forward``) over ``model``."""
         normalize = self.interface.normalize
-        return Forward(self.model, self.args.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
+        return Forward(self.model, self.batch_size, max_label=int(self.ds.y.max()), budget=self.args.budget,
                        input_dtype=self.model_dtype if self.model_dtype != self.dtype and
                        self.ds.x.dtype.is_floating_point else None,
                        autocast=autocast, channels_last=self.execution.channels_last,
@@ -183,6 +183,7 @@ class Run:
             x, y = (t[:PROBE_INPUTS].to(self.device) for t in (self.ds.x, self.ds.y))
             self.details["normalization_probe"] = probe_normalization(self.forward, self.model, x, y,
                                                                       self.interface.normalize)
+        self.batch_size = batching.resolve(self.args.batch_size, self.device, self.forward, self.ds.x, self.details)
         return self
 
     def __exit__(self, *exc) -> bool:

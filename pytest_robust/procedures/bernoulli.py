@@ -111,12 +111,15 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
     blk = block_size(ds.x)
     runs = (run, *references)
     models = tuple(r.forward for r in runs)
-    per_rank, needed, idx, x, labels = _draw(run, ds, perturbation, name, (first, limit, most), models, blk)
+    per_rank, needed, idx, x, labels = _draw(run, ds, perturbation, name, (first, limit, most), models, blk,
+                                             (rank, size))
     local = _outcomes(runs, models, x, labels, needed, per_rank, blk)
-    blocks = range(first, first + per_rank * size)  # other ranks' indices are regenerated, not sent
-    indices = idx if size == 1 else torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
-                                               else idx[(b - first) // size * blk:][:blk] for b in blocks])
-    gathered = collective.gather_blocks(local)
+    if size == 1:
+        indices, gathered = idx, local
+    else:  # other ranks' indices are regenerated, not sent
+        indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
+                             else idx[(b - first) // size * blk:][:blk] for b in range(first, first + per_rank * size)])
+        gathered = collective.gather_blocks(local)
     host = torch.cat([gathered.reshape(-1), indices]).cpu().numpy()
     table, indices = host[: gathered.numel()].reshape(gathered.shape), host[gathered.numel():]
     width = len(models) * blk
@@ -128,15 +131,15 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
 
 
 def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, span: tuple, models: tuple,
-          blk: int) -> tuple:
+          blk: int, world: tuple) -> tuple:
     """This rank's part of the step (``step``) of blocks of ``blk`` draws from block ``first`` on,
-    ``span`` = (first, limit, most) as ``step`` takes them: (blocks per rank, the rows of each of its blocks
+    ``span`` = (first, limit, most) as ``step`` takes them, ``world`` = (rank, ranks): (blocks per
+    rank, the rows of each of its blocks
     within the limit, the input indices of its blocks (whole), the perturbed inputs and their
     labels (within the limit)). An out-of-memory error while
     perturbing halves the batch, as in the model call, and the step draws fewer blocks (a single
     process only: ranks must draw the same blocks, or the gather would break)."""
-    first, limit, most = span
-    rank, size = collective.world()
+    (first, limit, most), (rank, size) = span, world
     while True:
         batch = min(f.batch_size for f in models)
         per_rank = max(1, min(-(-batch // blk), -(-limit // (blk * size)), -(-most // size)))

@@ -72,7 +72,7 @@ def over_blocks(run, x: torch.Tensor, y: torch.Tensor, block: int, stream: str, 
     """
     n_blocks = -(-len(y) // block)
     mine = run.shard(n_blocks).tolist()
-    per_group = max(1, run.args.batch_size // block)
+    per_group = max(1, run.batch_size // block)
     local = []
     for i in range(0, len(mine), per_group):
         with guard():

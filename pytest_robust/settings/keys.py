@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from pytest_robust.errors import SettingError
-from pytest_robust.settings import validation
+from pytest_robust.settings import interface_values, validation
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Settings:
     device: str = "auto"
     seed: int = 0
     confidence: float = 0.95
-    batch_size: int = 1024
+    batch_size: int | str = "auto"  # engine.batching: probed on CUDA, 1024 elsewhere
     budget: int | None = None  # None: each metric's own default (registry.Metric.budget)
     time_limit: float | None = None  # seconds per check; None: no limit
     inconclusive: str = "fail"
@@ -86,8 +86,9 @@ KEYS = (
     Key("confidence", validation.open_unit,
         "confidence of each check's verdict and bounds; each check has error probability "
         "<= 1 - confidence on its own"),
-    Key("batch_size", validation.positive_int,
-        "inputs per forward pass (halved automatically on CUDA out-of-memory)"),
+    Key("batch_size", validation.batch_size_value,
+        "inputs per forward pass, or auto: on CUDA the largest batch that still raises throughput (probed once "
+        "per check on its clean inputs), elsewhere 1024; halved automatically on out-of-memory"),
     Key("budget", validation.positive_int,
         "cap on model evaluations per check (one input through the model, with or without a "
         "backward pass); a check undecided at the cap is inconclusive; default: each metric's own "
@@ -122,18 +123,18 @@ KEYS = (
     Key("deterministic", validation.boolean,
         "deterministic kernels and no TF32 (bit-exact repeats on CUDA; the CPU is deterministic anyway)",
         flag=True),
-    Key("normalize", validation.normalization,
+    Key("normalize", interface_values.normalization,
         "the model's input normalization (mean, std), applied inside the model call so that data, eps, "
         "sigma, radius and box stay in [0, 1] pixel units: imagenet, or '[[0.485, 0.456, 0.406], "
         "[0.229, 0.224, 0.225]]' (per channel) or '(0.5, 0.25)'"),
-    Key("logits", validation.logits_selector,
+    Key("logits", interface_values.logits_selector,
         "which part of the model's output holds the logits when it is not a tensor, an object with "
         ".logits or a mapping with a 'logits' key: a key or attribute name, or an index (0)"),
     Key("data_keys", data_key_pair,
         "the keys of mapping data items that hold the input and the label, as input_key,label_key (e.g. "
         "img,klass); default: the common names (image, pixel_values, input, inputs, x; label, labels, "
         "target, targets, y)"),
-    Key("embedding", validation.embedding,
+    Key("embedding", interface_values.embedding,
         "the model's embedding module, for token-id inputs: the checks perturb its output, in the embedding's "
         "units: auto (a Hugging Face model's get_input_embeddings()), or its dotted name (e.g. "
         "bert.embeddings.word_embeddings); default: none (inputs as they are)"),

@@ -85,7 +85,7 @@ def _advance(x: np.ndarray, m, state: _Running) -> np.ndarray:
     log_k = np.cumsum(np.log1p(lam, out=lam), axis=-1, out=lam)
     log_k += state.log_capital
     state.t += n
-    state.total = state.total + np.sum(x, axis=-1, keepdims=x.ndim > 1)
+    state.total = state.total + (sums[..., -1:] if x.ndim > 1 else sums[-1])
     state.log_capital = log_k[..., -1:].copy() if x.ndim > 1 else float(log_k[-1])
     return log_k
 

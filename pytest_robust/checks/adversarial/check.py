@@ -253,7 +253,7 @@ def _estimate_chunk(run: Run) -> int:
     ``ESTIMATE_CHUNK`` and, above that, at most what keeps the attack's state within ``STATE_BYTES``."""
     row = max(1, run.ds.x[0].numel() * run.ds.x.element_size())
     fits = STATE_BYTES // (STATE_COPIES * row) // BLOCK * BLOCK
-    return max(ESTIMATE_CHUNK, min(run.args.batch_size // BLOCK * BLOCK, fits))
+    return max(ESTIMATE_CHUNK, min(run.batch_size // BLOCK * BLOCK, fits))
 
 
 def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: SequentialGate | None,

@@ -81,7 +81,7 @@ def _mc_group(plan: Plan, q: float, group: list[int]) -> list[np.ndarray]:
 def run_mc(plan: Plan, q: float, ids: list[int]) -> np.ndarray:
     """Log losses of ``mc_draws`` draws per input of blocks ``ids``: (inputs, draws), sharded over
     ranks by block, as many blocks per model call as fill ``batch_size`` rows."""
-    per_call = max(1, plan.run.args.batch_size // (BLOCK_INPUTS * min(DRAW_CHUNK, plan.config.mc_draws)))
+    per_call = max(1, plan.run.batch_size // (BLOCK_INPUTS * min(DRAW_CHUNK, plan.config.mc_draws)))
     return np.concatenate(plan.sharded(ids, lambda group: _mc_group(plan, q, group), per_call))
 
 

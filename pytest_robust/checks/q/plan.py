@@ -176,7 +176,7 @@ class Plan:
     @property
     def blocks_per_group(self) -> int:
         """Input blocks evaluated together: as many as fill a batch of ``batch_size`` rows."""
-        return max(1, self.run.args.batch_size // (BLOCK_INPUTS * self.config.chains))
+        return max(1, self.run.batch_size // (BLOCK_INPUTS * self.config.chains))
 
     @property
     def blocks(self) -> list[slice]:
