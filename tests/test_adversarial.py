@@ -213,3 +213,28 @@ def test_apgd_checkpoints_and_the_dlr_loss():
     assert torch.allclose(dlr_targeted(3 * z + 7, labels), dlr_targeted(z, labels), atol=1e-6)
     pair = torch.tensor([[2.0, 5.0]])
     assert dlr_targeted(pair, torch.tensor([[0, 1]])).item() == 3.0
+
+
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_apgd_returns_each_broken_row_at_a_misclassified_feasible_point(norm):
+    """A fooled row stops moving (step size and momentum 0), so the point APGD returns for it is its
+    first misclassified iterate: misclassified, inside the ball and the box; an unbroken row gets
+    its best point, also feasible."""
+    from pytest_robust.attacks.apgd import apgd
+    from pytest_robust.attacks.norms import Ball, L2Ball
+    from pytest_robust.engine.forward import Forward, correct_predictions
+    from pytest_robust.perturbations.base import feasible_box
+
+    model, x, y = linear_problem(4, n=120)
+    eps = 0.25 if norm == "linf" else 0.8
+    ball = Ball(eps) if norm == "linf" else L2Ball(eps)
+    lo, hi = feasible_box(x, eps if norm == "linf" else 10.0, None)
+    loss = lambda z, t: torch.nn.functional.cross_entropy(z, t, reduction="none")  # noqa: E731
+    broken, _, found = apgd(Forward(model, batch_size=64), x.clone(), x, y, y, lo, hi, loss, ball, steps=20)
+    assert 0 < int(broken.sum()) < len(x)
+    with torch.no_grad():
+        wrong = ~correct_predictions(model(found), y)
+    assert torch.equal(wrong[broken], torch.ones(int(broken.sum()), dtype=torch.bool))
+    d = (found - x).flatten(1)
+    size = d.abs().amax(1) if norm == "linf" else d.norm(dim=1)
+    assert (size <= eps * (1 + 1e-5)).all() and (found >= lo - 1e-6).all() and (found <= hi + 1e-6).all()

@@ -88,8 +88,7 @@ class _Rows:
     rises: torch.Tensor  # steps since the last checkpoint whose loss rose
     best_at_check: torch.Tensor  # best loss at the last checkpoint
     halved_at_check: torch.Tensor  # whether the step size halved at the last checkpoint
-    fooled: torch.Tensor
-    found: torch.Tensor  # the first misclassified iterate (x(0) while none)
+    fooled: torch.Tensor  # a fooled row stays at its first misclassified iterate (``_step``)
     flat: torch.Tensor  # the gradient was exactly zero at every point visited
 
     def take(self, keep: torch.Tensor) -> "_Rows":
@@ -110,29 +109,32 @@ def _start(forward, x0, center, y, labels, lo, hi, objective, ball) -> _Rows:
     return _Rows(torch.arange(n, device=x0.device), center, y, labels, lo, hi, x0, x0, grad, loss, x0, grad, loss,
                  torch.full((n,), ball.step * ball.eps, dtype=x0.dtype, device=x0.device),
                  torch.zeros(n, dtype=torch.long, device=x0.device), loss,
-                 torch.zeros(n, dtype=torch.bool, device=x0.device), wrong, x0, flat)
+                 torch.zeros(n, dtype=torch.bool, device=x0.device), wrong, flat)
 
 
 def _step(forward: Forward, s: _Rows, objective: Objective, ball: Ball, first: bool) -> _Rows:
     """One APGD iteration: the momentum step (a plain projected step for the first), then the new
-    point's loss and gradient; the best point so far is kept per row."""
-    z = ball.project(s.x + per_row(s.eta, s.x) * ball.ascent(s.grad, s.x - s.center), s.center, s.lo, s.hi)
+    point's loss and gradient; the best point so far is kept per row. A fooled row stays where it
+    is (its step size and momentum weight are 0 and its point is feasible, so the projection keeps
+    it exactly): its point is its first misclassified iterate, with no copy of it per step."""
+    moving = (~s.fooled).to(s.eta.dtype)
+    z = ball.project(s.x + per_row(s.eta * moving, s.x) * ball.ascent(s.grad, s.x - s.center), s.center, s.lo, s.hi)
     if not first:
-        z = ball.project(s.x + ALPHA * (z - s.x) + (1 - ALPHA) * (s.x - s.x_prev), s.center, s.lo, s.hi)
+        z = ball.project(s.x + ALPHA * (z - s.x) + per_row((1 - ALPHA) * moving, s.x) * (s.x - s.x_prev), s.center,
+                         s.lo, s.hi)
     loss, grad, wrong, flat = _evaluate(forward, z, s.y, s.labels, objective)
     better = loss > s.best_loss
     wide = per_row(better, z)
     return dataclasses.replace(
         s, x=z, x_prev=s.x, grad=grad, loss=loss, rises=s.rises + (loss > s.loss),
         best_x=torch.where(wide, z, s.best_x), best_grad=torch.where(wide, grad, s.best_grad),
-        best_loss=torch.where(better, loss, s.best_loss), fooled=s.fooled | wrong,
-        found=torch.where(per_row(wrong & ~s.fooled, z), z, s.found), flat=s.flat & flat)
+        best_loss=torch.where(better, loss, s.best_loss), fooled=s.fooled | wrong, flat=s.flat & flat)
 
 
 def _revise(s: _Rows, interval: int) -> _Rows:
     """The checkpoint rule (module docstring, conditions 1 and 2) after ``interval`` steps: rows
     that stalled halve their step size and restart from their best point, without momentum."""
-    halve = (s.rises < RHO * interval) | (~s.halved_at_check & (s.best_loss <= s.best_at_check))
+    halve = ((s.rises < RHO * interval) | (~s.halved_at_check & (s.best_loss <= s.best_at_check))) & ~s.fooled
     wide = per_row(halve, s.x)
     return dataclasses.replace(
         s, eta=torch.where(halve, s.eta / 2, s.eta), x=torch.where(wide, s.best_x, s.x),
@@ -146,7 +148,7 @@ def _record(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Ten
     full-length outputs (``found``: the first misclassified iterate, else the best point)."""
     fooled[s.index] = s.fooled
     flat[s.index] = s.flat
-    found[s.index] = torch.where(per_row(s.fooled, s.found), s.found, s.best_x)
+    found[s.index] = torch.where(per_row(s.fooled, s.x), s.x, s.best_x)
 
 
 def _retire(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Tensor) -> _Rows:
