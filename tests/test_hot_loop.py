@@ -214,3 +214,29 @@ def test_freed_memory_is_kept_once_and_can_be_turned_off(monkeypatch):
     first = allocator.keep_freed_memory(cpu)
     assert isinstance(first, bool) and allocator.keep_freed_memory(cpu) is first
     assert allocator.keep_freed_memory(torch.device("meta")) is False  # another device: the allocator is left alone
+
+
+@pytest.mark.parametrize("threshold", [None, 0.5, 0.97, 0.999])
+def test_the_look_ahead_changes_no_number_and_spends_at_most_one_step_more(monkeypatch, threshold):
+    """With the look-ahead (on CUDA; forced here on the CPU) a stream launches its next step before
+    reading the last: the estimate, bounds, draws and verdict are those without it, and a gate
+    that decides drops the step in flight, so the evaluations exceed the plain run's by at most one
+    step (batch_size) and never the budget."""
+    import pytest_robust.procedures.bernoulli as bernoulli
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    x = torch.rand(300, 6)
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    y[::9] = (y[::9] + 1) % 3  # about 0.89 right: a gate at 0.5 passes, at 0.97 fails, at 0.999 fails late
+    run = lambda: pr.tsrm(model, (x, y), threshold=threshold, perturbation=pr.UniformLinf(eps=0.05),  # noqa: E731
+                          budget=20_000, batch_size=512)
+    plain = run()
+    monkeypatch.setattr(bernoulli, "looks_ahead", lambda _run: True)
+    ahead = run()
+    assert (ahead.verdict, ahead.estimate, ahead.lower, ahead.upper, ahead.draws) == (
+        plain.verdict, plain.estimate, plain.lower, plain.upper, plain.draws)
+    assert plain.forward_passes <= ahead.forward_passes <= min(plain.forward_passes + 512, 20_000)
+    if threshold is None:
+        assert ahead.forward_passes == plain.forward_passes == 20_000

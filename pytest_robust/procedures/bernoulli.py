@@ -81,18 +81,47 @@ def _indices(n_inputs: int, run: Run, name: str, index: int, block: int) -> torc
     return torch.randint(n_inputs, (block,), generator=run.stream("index", index, namespace=name), device=run.device)
 
 
+def looks_ahead(run: Run) -> bool:
+    """Whether a stream launches its next step before reading the last (``bernoulli_stream``): on
+    CUDA, where the device then works while the host reads and decides; elsewhere the launch
+    itself computes, so looking ahead could only spend evaluations."""
+    return run.device.type == "cuda"
+
+
 def noise_generator(run: Run, name: str, block: int) -> torch.Generator:
     """The generator that perturbs the draws of block ``block`` of stream ``name``: a metric that
     mixes perturbations can recover which one each draw got."""
     return run.stream("noise", block, namespace=name)
 
 
+@dataclass
+class Launched:
+    """A step in flight (``launch``): its table of outcomes and its input indices on their way to
+    the host (``host``, complete once ``event`` has passed: a CUDA event, or None when it is
+    already there), and what ``read`` needs to take them apart."""
+
+    host: torch.Tensor
+    event: object
+    shape: tuple
+    models: tuple
+    blk: int
+    limit: int
+    consumed: int
+
+
 def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
-          references: tuple = ()):
-    """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``.
-    The outcomes have one row per model: the run's, then those of the runs ``references`` (the
-    paired procedure's reference), each evaluated on the same perturbed draws (in its own working
-    dtype).
+         references: tuple = ()):
+    """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``:
+    ``read(launch(...))``."""
+    return read(launch(run, ds, perturbation, name, first, limit, most, references))
+
+
+def launch(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
+           references: tuple = ()) -> Launched:
+    """Draw, perturb and evaluate the next step, and start its one copy to the host (``Launched``);
+    ``read`` waits for it. The outcomes have one row per model: the run's, then those of the runs
+    ``references`` (the paired procedure's reference), each evaluated on the same perturbed draws
+    (in its own working dtype).
 
     A step is ``ceil(batch_size / b)`` blocks of b = ``block_size(ds.x)`` draws per process, fewer
     when the remaining draws (``limit``) need fewer or when ``most`` (blocks in all) is smaller;
@@ -105,7 +134,7 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
     single process an out-of-memory error while perturbing halves the batch too and draws fewer
     blocks (``Forward.back_off``). One collective and one host read per step: the outcomes, the
     finiteness of the logits (``Forward.deferring``), the batch sizes and the input indices come
-    back together.
+    back together, on CUDA as a non-blocking copy into pinned memory.
     """
     rank, size = collective.world()
     blk = block_size(ds.x)
@@ -120,14 +149,31 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
         indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
                              else idx[(b - first) // size * blk:][:blk] for b in range(first, first + per_rank * size)])
         gathered = collective.gather_blocks(local)
-    host = torch.cat([gathered.reshape(-1), indices]).cpu().numpy()
-    table, indices = host[: gathered.numel()].reshape(gathered.shape), host[gathered.numel():]
+    flat = torch.cat([gathered.reshape(-1), indices])
+    event = None
+    if flat.device.type == "cuda":  # the copy overlaps whatever the device does next
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True).copy_(flat, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+    else:
+        host = flat.cpu()
+    return Launched(host, event, tuple(gathered.shape), models, blk, limit, per_rank * size)
+
+
+def read(launched: Launched):
+    """(outcomes, input indices, blocks consumed) of a launched step: its one host read (module
+    docstring of ``launch``); a non-finite logit raises here, and each model takes the ranks'
+    smallest batch size for its next step."""
+    if launched.event is not None:
+        launched.event.synchronize()
+    host, (rows, width_all), models, blk = launched.host.numpy(), launched.shape, launched.models, launched.blk
+    table, indices = host[: rows * width_all].reshape(launched.shape), host[rows * width_all:]
     width = len(models) * blk
     for m, forward in enumerate(models):
         forward.check_flag(int(table[:, width + m].min()))
-        forward.batch_size = int(table[:, -1].min())
+        forward.batch_size = min(forward.batch_size, int(table[:, -1].min()))  # a later launch may have halved it
     outcomes = table[:, :width].reshape(-1, len(models), blk).transpose(1, 0, 2).reshape(len(models), -1)
-    return outcomes[:, :limit].astype(bool), indices[:limit], per_rank * size
+    return outcomes[:, :launched.limit].astype(bool), indices[:launched.limit], launched.consumed
 
 
 def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, span: tuple, models: tuple,
@@ -204,16 +250,26 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     at_least = -(-at_least // blk) * blk
     gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
     outcomes, indices, drawn, block = [], [], 0, 0
-    # the time limit (``Run.clock``) stops the stream between steps, after the first: the bounds
-    # are anytime-valid, so they hold wherever it stops
-    while drawn < draws and (gate is None or gate.decision is None or drawn < at_least) and not (
-            outcomes and run.clock.expired()):
+
+    def going(drawn: int) -> bool:  # whether the stream takes another step after ``drawn`` draws
+        return drawn < draws and (gate is None or gate.decision is None or drawn < at_least)
+
+    def next_step(drawn: int, block: int) -> Launched:
         # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
         # so a gate that decides early never pays for a huge batch
         most = max(1, block) if gate is not None else block + draws
         decided = gate is not None and gate.decision is not None  # then only on to at_least, exactly
-        hits, idx, consumed = step(run, ds, perturbation, name, block, min(draws, at_least) - drawn if decided
-                                   else draws - drawn, most)
+        return launch(run, ds, perturbation, name, block, min(draws, at_least) - drawn if decided else draws - drawn,
+                      most)
+
+    pending = next_step(0, 0) if going(0) else None
+    while pending is not None:
+        # the look-ahead: the next step is launched before this one is read, as if the gate stays
+        # undecided; where it decides, that step is dropped (its evaluations are spent, its draws unused)
+        size = min(pending.limit, pending.consumed * blk)
+        ahead = looks_ahead(run) and drawn + size < draws and (gate is None or gate.decision is None)
+        following = next_step(drawn + size, block + pending.consumed) if ahead else None
+        hits, idx, consumed = read(pending)
         hits = hits[0]
         block += consumed
         outcomes.append(hits)
@@ -226,6 +282,14 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
             metric=label or run.title, draws=drawn, budget=draws, forward_passes=run.forward.passes,
             bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha),
         )
+        # the time limit (``Run.clock``) stops the stream between steps: the bounds are
+        # anytime-valid, so they hold wherever it stops
+        if not going(drawn) or run.clock.expired():
+            pending = None
+        elif following is not None and (gate is None or gate.decision is None):
+            pending = following
+        else:
+            pending = next_step(drawn, block)
     return Stream(np.concatenate(outcomes), np.concatenate(indices),
                   gate.decision if gate is not None else None, gate.p_values() if gate is not None else None,
                   at_least)
