@@ -455,3 +455,35 @@ def test_a_certificate_from_reduced_precision_carries_a_warning(name):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*certificate")
         CHECKS[name](SmallNet().eval(), (x, y))  # float32: no certificate warning (the random net is near chance)
+
+
+def test_compile_runs_the_model_compiled_and_falls_back_with_a_warning_where_it_cannot(monkeypatch):
+    """``compile=True`` calls the model through torch.compile (here with dynamo's eager backend, no
+    C++ build) with the same numbers; where a compiled call fails, the model runs as it is with a
+    RobustWarning naming the error, and the numbers stay the same."""
+    from pytest_robust import execution
+    from pytest_robust.errors import RobustWarning
+
+    real = torch.compile
+    calls = []
+
+    def eager_backend(model, **kwargs):
+        compiled = real(model, backend="eager", **kwargs)
+        return lambda *a, **k: (calls.append(1), compiled(*a, **k))[1]
+
+    model, data = SmallNet().eval(), image_data(n=40)
+    plain = tsrm(model, data, perturbation=UniformLinf(eps=0.1), budget=512, batch_size=256)
+    monkeypatch.setattr(torch, "compile", eager_backend)
+    with execution(compile=True):
+        fast = tsrm(model, data, perturbation=UniformLinf(eps=0.1), budget=512, batch_size=256)
+    assert calls and (fast.estimate, fast.draws) == (plain.estimate, plain.draws)
+
+    def failing(model, **kwargs):
+        def call(*args, **k):
+            raise RuntimeError("backend 'inductor' failed: no C++ compiler")
+        return call
+
+    monkeypatch.setattr(torch, "compile", failing)
+    with execution(compile=True), pytest.warns(RobustWarning, match="torch.compile could not run the model"):
+        fallen = tsrm(model, data, perturbation=UniformLinf(eps=0.1), budget=512, batch_size=256)
+    assert (fallen.estimate, fallen.draws) == (plain.estimate, plain.draws)

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
 
+from pytest_robust.errors import RobustWarning
 from pytest_robust.settings import validation
 
 
@@ -86,8 +88,37 @@ def channels_last_weights(model: torch.nn.Module, on: bool):
 
 
 def compiled(model: torch.nn.Module, on: bool):
-    """``torch.compile(model, dynamic=True)`` with ``on``, else the model itself."""
-    return torch.compile(model, dynamic=True) if on else model
+    """``torch.compile(model, dynamic=True)`` with ``on`` (``Compiled``: the model itself, with a
+    RobustWarning, where compiling fails), else the model itself."""
+    return Compiled(model) if on else model
+
+
+class Compiled:
+    """A model called through ``torch.compile(model, dynamic=True)``. When a compiled call fails
+    for another reason than running out of memory, the model runs as it is from then on, with a
+    RobustWarning naming the error: the same numbers, without the compiler's speed. An error of the
+    model itself then comes from the model's own call, as without ``compile``."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.compiled = model, torch.compile(model, dynamic=True)
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as err:  # the compiler's, or the model's: the eager call tells which
+                from pytest_robust.engine.forward import is_oom
+
+                if is_oom(err):
+                    raise
+                self.compiled = None
+                warnings.warn(f"compile: torch.compile could not run the model ({type(err).__name__}: "
+                              f"{str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}); it runs "
+                              "without compiling, with the same numbers", RobustWarning, stacklevel=2)
+        return self.model(*args, **kwargs)
+
+    def __getattr__(self, name: str):  # parameters, modules, dtype queries: the model's own
+        return getattr(self.model, name)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:

@@ -119,7 +119,8 @@ KEYS = (
     Key("channels_last", validation.boolean,
         "run 4-D image inputs and the model's 4-D weights in channels-last layout", flag=True),
     Key("compile", validation.boolean,
-        "wrap the model with torch.compile for each check (pays a compilation per check)", flag=True),
+        "wrap the model with torch.compile for each check (pays a compilation per check; where a compiled call "
+        "fails, the model runs as it is, with a warning)", flag=True),
     Key("deterministic", validation.boolean,
         "deterministic kernels and no TF32 (bit-exact repeats on CUDA; the CPU is deterministic anyway)",
         flag=True),
