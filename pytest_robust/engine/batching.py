@@ -4,7 +4,8 @@
 timed on batches of the check's own clean inputs (repeated to fill a batch), FIRST rows and then
 twice as many each time, and the probe stops at the first doubling that raises throughput (rows
 per second, each size timed over REPEATS passes after a warm-up pass) by less than GAIN, at an
-out-of-memory error, or at LARGEST rows; the batch chosen is the fastest one timed. Off CUDA,
+out-of-memory error, or at LARGEST rows; the batch chosen is the fastest one timed (under
+torch.distributed the ranks' smallest choice, so that every rank plans its work alike). Off CUDA,
 ``"auto"`` is DEFAULT: a CPU's throughput stops rising within a few hundred rows and its memory is
 plentiful, so a probe would only spend time.
 
@@ -26,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from pytest_robust.engine import collective
 from pytest_robust.engine.forward import Forward, is_oom
 
 AUTO = "auto"
@@ -109,6 +111,7 @@ def resolve(setting, device: torch.device, forward: Forward, x: torch.Tensor, de
         return x[torch.arange(n, device=x.device) % len(x)].to(device)
 
     found = probe(call, rows, sync=lambda: torch.cuda.synchronize(device))
+    found.chosen = min(collective.gather_objects(found.chosen))  # ranks plan alike: the smallest choice
     details["batch_size_probe"] = found.to_dict()
     forward.batch_size = found.chosen
     return found.chosen
