@@ -252,22 +252,21 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     outcomes, indices, drawn, block = [], [], 0, 0
 
     def going(drawn: int) -> bool:  # whether the stream takes another step after ``drawn`` draws
-        return drawn < draws and (gate is None or gate.decision is None or drawn < at_least)
+        return drawn < draws and (_undecided(gate) or drawn < at_least)
 
     def next_step(drawn: int, block: int) -> Launched:
         # a gate may decide at any draw: steps grow 1, 1, 2, 4, ... blocks up to the batch size,
         # so a gate that decides early never pays for a huge batch
         most = max(1, block) if gate is not None else block + draws
-        decided = gate is not None and gate.decision is not None  # then only on to at_least, exactly
-        return launch(run, ds, perturbation, name, block, min(draws, at_least) - drawn if decided else draws - drawn,
-                      most)
+        limit = draws - drawn if _undecided(gate) else min(draws, at_least) - drawn  # decided: on to at_least
+        return launch(run, ds, perturbation, name, block, limit, most)
 
     pending = next_step(0, 0) if going(0) else None
     while pending is not None:
         # the look-ahead: the next step is launched before this one is read, as if the gate stays
         # undecided; where it decides, that step is dropped (its evaluations are spent, its draws unused)
         size = min(pending.limit, pending.consumed * blk)
-        ahead = looks_ahead(run) and drawn + size < draws and (gate is None or gate.decision is None)
+        ahead = looks_ahead(run) and drawn + size < draws and _undecided(gate)
         following = next_step(drawn + size, block + pending.consumed) if ahead else None
         hits, idx, consumed = read(pending)
         hits = hits[0]
@@ -277,22 +276,30 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
         drawn += len(hits)
         if gate is not None and gate.decision is None:
             gate.update(hits)
-        run.clock.pace(label or run.title, drawn, draws, "draws")
-        run.forward.report_progress(
-            metric=label or run.title, draws=drawn, budget=draws, forward_passes=run.forward.passes,
-            bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha),
-        )
+        _progress(run, label or run.title, outcomes, drawn, draws)
         # the time limit (``Run.clock``) stops the stream between steps: the bounds are
         # anytime-valid, so they hold wherever it stops
         if not going(drawn) or run.clock.expired():
             pending = None
-        elif following is not None and (gate is None or gate.decision is None):
+        elif following is not None and _undecided(gate):
             pending = following
         else:
             pending = next_step(drawn, block)
     return Stream(np.concatenate(outcomes), np.concatenate(indices),
                   gate.decision if gate is not None else None, gate.p_values() if gate is not None else None,
                   at_least)
+
+
+def _undecided(gate: SequentialGate | None) -> bool:
+    """Whether a stream has no gate, or one that has not decided."""
+    return gate is None or gate.decision is None
+
+
+def _progress(run: Run, label: str, outcomes: list, drawn: int, draws: int) -> None:
+    """After a step: the time limit's pace and the progress line (its bounds computed only when shown)."""
+    run.clock.pace(label, drawn, draws, "draws")
+    run.forward.report_progress(metric=label, draws=drawn, budget=draws, forward_passes=run.forward.passes,
+                                bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha))
 
 
 def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[float, float, float, dict]:
