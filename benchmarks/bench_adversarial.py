@@ -1,12 +1,12 @@
 """Adversarial-accuracy benchmark: our attack (APGD-CE, APGD-T, Square) against AutoAttack
-(torchattacks' in L-inf and L2, the authors' fra31/auto-attack in L1, which torchattacks lacks) and
+(torchattacks' in L-inf and L2, the authors' own, packaged as pyautoattack, in L1, which torchattacks lacks) and
 against the exact robust accuracy of linear models (L-inf and L1).
 
 Run from the repository root (both AutoAttacks are benchmark-only dependencies, not the project's;
 ``--no-deps`` keeps them from touching the pinned torch):
 
     .venv/bin/python -m pip install --no-deps torchattacks==3.5.1
-    .venv/bin/python -m pip install --no-deps <a checkout of github.com/fra31/auto-attack>   # --norm l1
+    .venv/bin/python -m pip install --no-deps pyautoattack==0.2.0   # --norm l1
     python benchmarks/bench_adversarial.py [--norm linf|l2|l1] [--heldout] [--gate] [--quick] [--no-aa100]
         [--device cpu|cuda] [--threads N]
 
@@ -65,7 +65,8 @@ CNNS = {"linf": (("standard", (0.05, 0.1)), ("noise", (0.1, 0.2)), ("pgd", (0.2,
         "l1": (("standard", (1.0, 2.0)), ("noise", (1.0, 2.0)), ("pgd", (1.0, 2.0)), ("wide", (1.0, 2.0)))}
 #: Radii never used while choosing the defaults (``--heldout``; L2: the widening start, the restart
 #: count and APGD-T's wide start were chosen on the rows of CNNS).
-HELDOUT = {"l2": (("standard", (0.4,)), ("noise", (0.65,)), ("wide", (0.65,)))}
+HELDOUT = {"l2": (("standard", (0.4,)), ("noise", (0.65,)), ("wide", (0.65,))),
+           "l1": (("standard", (1.5,)), ("noise", (1.5,)), ("pgd", (0.75, 1.5)), ("wide", (1.5,)))}
 #: Per norm, (classes kept, radii) of the linear models.
 LINEARS = {"linf": (((3, 8), (0.02, 0.05)), ((3, 5, 8), (0.02, 0.05)), (tuple(range(10)), (0.02, 0.05))),
            "l2": (((3, 8), (0.1, 0.25)), ((3, 5, 8), (0.1, 0.25)), (tuple(range(10)), (0.1, 0.25))),
@@ -209,16 +210,16 @@ def _torchattacks(counted: nn.Module, x, eps: float, steps: int | None, norm: st
 
 
 def _croce_hein_l1(counted: nn.Module, x, eps: float, steps: int | None) -> Callable:
-    """The original AutoAttack (fra31/auto-attack) in L1, version "standard": APGD-CE with 5
-    restarts and APGD-T with 5 targets, both with the large-radius start, FAB-T and Square-L1 with
-    5 000 queries; ``steps`` (None: 10) for APGD and FAB."""
-    from autoattack import AutoAttack
+    """The original AutoAttack in L1 (pyautoattack, the authors' code packaged), version
+    "standard": APGD-CE with 5 restarts and APGD-T with 5 targets, both with the large-radius
+    start, FAB-T with 9 targets and Square-L1 with 5 000 queries; ``steps`` (None: 10) for APGD and
+    FAB."""
+    from pyautoattack import AutoAttack
 
-    attack = AutoAttack(counted, norm="L1", eps=eps, version="standard", seed=SEED, verbose=False,
-                        device=str(x.device))
+    attack = AutoAttack(counted, norm="L1", eps=eps, version="standard", seed=SEED, device=str(x.device))
     for stage in (attack.apgd, attack.apgd_targeted, attack.fab):
         stage.n_iter = 10 if steps is None else steps
-    return lambda x, y: attack.run_standard_evaluation(x, y, bs=len(x))
+    return lambda x, y: attack.run_standard_evaluation(x, y, batch_size=len(x))[0]
 
 
 def autoattack(model: nn.Module, x, y, eps: float, steps: int | None, norm: str, key: str, refresh: bool) -> dict:
@@ -388,7 +389,7 @@ def section(cfg: dict, device) -> str:
     line = header(device, f"seed={SEED}", f"norm={cfg['norm']}",
                   f"{cfg['inputs']} test digits (linear models: those of their classes)",
                   "ours at the defaults",
-                  ("AutoAttack: fra31/auto-attack (the authors') L1 version=standard" if cfg["norm"] == "l1"
+                  ("AutoAttack: pyautoattack 0.2.0 (the authors' code) L1 version=standard" if cfg["norm"] == "l1"
                    else "AutoAttack: torchattacks 3.5.1 version=standard")
                   + (f" ({', '.join(cached)} figures from {CACHE.name}, measured by an earlier run of this script; "
                      "their seconds are that run's)" if cached else ""),

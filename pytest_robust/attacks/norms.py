@@ -36,9 +36,12 @@ supplies what differs between the norms (all per row, in input units, float32 or
   1 in L1, as in AutoAttack), and whether a widening targeted run starts at the first-order
   maximiser of its widest ball (L2: that point scaled back is the eps ball's when the box does
   not clip; in L1 the knapsack point of 8 eps is a poor start, measured on the digits models);
-- ``restarts`` and ``square``: the check's default APGD-CE restarts (2; 3 in L1, where a sparse
-  step's coordinates depend on the start; AutoAttack's L1 version runs 5) and whether the Square
-  search has a version in this norm (not in L1).
+- ``restarts``, ``targets``, ``fab_targets`` and ``square_queries``: the check's defaults in this
+  norm. L-inf and L2: 2 APGD-CE restarts, 6 APGD-T targets, no FAB-T, 250 Square queries. L1: 10
+  restarts, no APGD-T, 2 FAB-T targets, 50 Square queries: a sparse step's coordinates depend on
+  where the run starts, so restarts buy more in L1 than targets do, and FAB-T breaks what loss
+  ascent leaves on models that threshold their pixels (measured against AutoAttack-L1 in
+  docs/adversarial.md).
 """
 
 from __future__ import annotations
@@ -84,8 +87,9 @@ class Ball:
     #: Whether a widening targeted run starts at its widest ball's first-order maximiser (else at
     #: the eps ball's).
     wide_first_order = False
-    #: The check's default APGD-CE restarts, and whether the Square search runs in this norm.
-    restarts, square = 2, True
+    #: The check's defaults in this norm: APGD-CE restarts, APGD-T targets, FAB-T targets (0: FAB-T is
+    #: built for L1 only) and Square queries.
+    restarts, targets, fab_targets, square_queries = 2, 6, 0, 250
 
     def __init__(self, eps: float, per_feature: torch.Tensor | None = None):
         self.eps = eps  # the radius (per feature: the largest; APGD's step sizes are in its units)
@@ -136,7 +140,8 @@ class L1Ball(Ball):
     """The L1 ball of radius ``eps`` (module docstring)."""
 
     name, title = "l1", "L1"
-    widening, step, restarts, square = WIDENING, 1.0, 3, False
+    widening, step = WIDENING, 1.0
+    restarts, targets, fab_targets, square_queries = 10, 0, 2, 50
 
     def ascent(self, g: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         flat, width = g.flatten(1), g[0].numel()
@@ -174,12 +179,30 @@ class L1Ball(Ball):
         eps goes to the coordinates in decreasing order of |d_i|, each up to its room in the box
         towards sign(d_i) (a fractional knapsack, so greedy is exact)."""
         size = d.abs().flatten(1)
-        room = _room(d, x, lo, hi) * (size > 0)
-        order = size.argsort(dim=1, descending=True, stable=True)
-        sorted_room = room.gather(1, order)
-        before = sorted_room.cumsum(dim=1) - sorted_room
-        moved = torch.minimum((self.eps - before).clamp(min=0), sorted_room)
-        return torch.zeros_like(room).scatter(1, order, moved).view_as(d)
+        return fill(size, _room(d, x, lo, hi) * (size > 0), budget=self.eps).view_as(d)
+
+
+def fill(value: torch.Tensor, room: torch.Tensor, budget: float | None = None,
+         target: torch.Tensor | None = None) -> torch.Tensor:
+    """The greedy fractional knapsack per row (n, D): coordinates in decreasing order of
+    ``value`` (>= 0, per unit moved) each move up to their ``room`` (>= 0) until the L1 distance
+    moved reaches ``budget`` (a float) or the value gained reaches ``target`` (per row, >= 0),
+    whichever comes first (None: no such limit). Returns how far each coordinate moves (>= 0).
+
+    With a budget it is the maximiser of the value within the L1 ball and the box; with a target
+    the L1-shortest move that gains it within the box (Croce & Hein's FAB projection onto a
+    hyperplane: ``attacks.fab``), or everything the box allows where the target is out of reach.
+    Coordinates of value 0 gain nothing and should have room 0."""
+    order = value.argsort(dim=1, descending=True, stable=True)
+    v, r = value.gather(1, order), room.gather(1, order)
+    moved = r
+    if budget is not None:
+        moved = torch.minimum(moved, (budget - (r.cumsum(dim=1) - r)).clamp(min=0))
+    if target is not None:
+        gain = v * r
+        left = (target[:, None] - (gain.cumsum(dim=1) - gain)).clamp(min=0)
+        moved = torch.minimum(moved, left / torch.where(v > 0, v, 1.0))
+    return torch.zeros_like(room).scatter(1, order, moved)
 
 
 def ball(norm: str, eps: float, per_feature: torch.Tensor | None = None) -> Ball:

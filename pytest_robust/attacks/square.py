@@ -82,34 +82,39 @@ def l2_window_sides(p: float, height: int, width: int) -> tuple[int, int]:
     return (1, length) if height == 1 else (length, 1)
 
 
-def _nested_squares(a: int, b: int) -> torch.Tensor:
-    """The a x b profile sum_{k >= r} 1/(k+1)^2, r the Chebyshev distance to (a // 2, b // 2),
-    at unit length (an empty tensor for a or b of 0)."""
+def _norm(v: torch.Tensor, p: int) -> torch.Tensor:
+    """The L``p`` norm (p 1 or 2) of all of v."""
+    return v.abs().sum() if p == 1 else v.norm()
+
+
+def _nested_squares(a: int, b: int, p: int = 2) -> torch.Tensor:
+    """The a x b profile sum_{k >= r} 1/(k+1)^(2p), r the Chebyshev distance to (a // 2, b // 2),
+    of unit L``p`` norm (an empty tensor for a or b of 0)."""
     if a == 0 or b == 0:
         return torch.zeros(a, b, dtype=torch.float64)
     rows = (torch.arange(a) - a // 2).abs()[:, None]
     cols = (torch.arange(b) - b // 2).abs()[None, :]
     r = torch.maximum(rows, cols)
     top = max(a // 2 + 1, b // 2 + 1)
-    tail = torch.cumsum(1.0 / torch.arange(top, 0, -1, dtype=torch.float64) ** 2, 0).flip(0)
+    tail = torch.cumsum(1.0 / torch.arange(top, 0, -1, dtype=torch.float64) ** (2 * p), 0).flip(0)
     profile = tail[r]
-    return profile / profile.norm()
+    return profile / _norm(profile, p)
 
 
-def eta(a: int, b: int) -> torch.Tensor:
-    """The L2 proposal profile over an a x b window (module docstring), float64 on the CPU, unit
-    length: two halves across the longer side, the first positive and the second negative."""
+def eta(a: int, b: int, p: int = 2) -> torch.Tensor:
+    """The L``p`` proposal profile over an a x b window (module docstring), float64 on the CPU, of
+    unit L``p`` norm: two halves across the longer side, the first positive and the second negative."""
     if a < b:
-        return eta(b, a).T
-    out = torch.cat([_nested_squares(a // 2, b), -_nested_squares(a - a // 2, b)])
-    return out / out.norm()
+        return eta(b, a, p).T
+    out = torch.cat([_nested_squares(a // 2, b, p), -_nested_squares(a - a // 2, b, p)])
+    return out / _norm(out, p)
 
 
 @functools.lru_cache(maxsize=64)
-def _profile(a: int, b: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``eta(a, b)`` on ``device`` in ``dtype``, uploaded once per window size (the search's few
+def _profile(a: int, b: int, p: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``eta(a, b, p)`` on ``device`` in ``dtype``, uploaded once per window size (the search's few
     sizes), not at every iteration."""
-    return eta(a, b).to(device, dtype)
+    return eta(a, b, p).to(device, dtype)
 
 
 def _placed(profile: torch.Tensor, u: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,9 +134,11 @@ def _placed(profile: torch.Tensor, u: torch.Tensor, shape: torch.Size) -> tuple[
     return torch.where(inside, values, 0.0)[:, None], inside[:, None]
 
 
-def _l2_start(x: torch.Tensor, eps: float, streams: RowStreams, rows: torch.Tensor) -> torch.Tensor:
-    """The L2 search's first delta for the (n, C, H, W) rows x (module docstring): tiles of side
-    max(min(H, W) // 5, 1) from a centred offset, each ``eta`` times a random sign per channel."""
+def _lp_start(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, ball: Ball, streams: RowStreams,
+              rows: torch.Tensor) -> torch.Tensor:
+    """The L2 or L1 search's first delta for the (n, C, H, W) rows x (module docstring): tiles of
+    side max(min(H, W) // 5, 1) from a centred offset, each ``eta`` times a random sign per channel,
+    scaled to length eps (L2) or projected onto the L1 ball and the box (L1)."""
     n, c, height, width = x.shape
     side = max(min(height, width) // 5, 1) if height > 1 else max(width // 5, 1)
     a, b = (side, side) if height > 1 else (1, side)
@@ -139,14 +146,22 @@ def _l2_start(x: torch.Tensor, eps: float, streams: RowStreams, rows: torch.Tens
     top, left = (height - a * tiles_h) // 2, (width - b * tiles_w) // 2
     u = streams.rand(c * tiles_h * tiles_w + 1)[rows]
     signs = torch.where(u[:, :-1] < 0.5, -1.0, 1.0).reshape(n, c, tiles_h, tiles_w)
-    profile = _profile(a, b, x.device, x.dtype)
+    p = _power(ball)
+    profile = _profile(a, b, p, x.device, x.dtype)
     tile = profile.expand(n, 1, a, b)
     if a == b:  # a square tile is turned for a random half of the rows
         tile = torch.where((u[:, -1] >= 0.5)[:, None, None, None], profile.T, profile)
     grid = (signs[:, :, :, None, :, None] * tile[:, :, None, :, None, :]).reshape(n, c, a * tiles_h, b * tiles_w)
     delta = torch.zeros_like(x)
     delta[:, :, top : top + a * tiles_h, left : left + b * tiles_w] = grid
-    return delta * (eps / delta.flatten(1).norm(dim=1).clamp(min=1e-30))[:, None, None, None]
+    if p == 1:
+        return ball.project(x + delta, x, lo, hi) - x
+    return delta * (ball.eps / delta.flatten(1).norm(dim=1).clamp(min=1e-30))[:, None, None, None]
+
+
+def _power(ball: Ball) -> int:
+    """p of the L-p ball (1 or 2) a search's windows are measured in."""
+    return 1 if ball.name == "l1" else 2
 
 
 def as_image(x: torch.Tensor) -> torch.Tensor:
@@ -179,7 +194,7 @@ class _Search:
             self.size = ball.eps if ball.per_feature is None else as_image(ball.per_feature[None])
             self.delta = signs[:, :, None, :].expand_as(self.x) * self.size
         else:
-            self.delta = _l2_start(self.x, ball.eps, streams, rows)
+            self.delta = _lp_start(self.x, self.lo, self.hi, ball, streams, rows)
         self.margin, self.fooled, self.found = self._evaluate(self.delta)
         if ball.name != "linf":
             self.delta = self.found - self.x  # the delta the clamp applied
@@ -198,31 +213,32 @@ class _Search:
         signs = torch.where(u[:, 2:] < 0.5, -1.0, 1.0).to(self.x.dtype)[:, :, None, None]
         return torch.where(mask, signs * self.size, self.delta)
 
-    def _l2_proposal(self, i: int, queries: int) -> torch.Tensor:
-        """The applied delta with energy moved from a window W2 (and the room the clamp freed)
-        into a window W1 that gets a fresh signed ``eta`` (module docstring), at length eps."""
+    def _lp_proposal(self, i: int, queries: int) -> torch.Tensor:
+        """The applied delta with energy (L1: mass) moved from a window W2 (and the room the clamp
+        freed) into a window W1 that gets a fresh signed ``eta`` (module docstring), at length eps."""
         n, c, h, w = self.x.shape
         u = self.streams.rand(5 + c)[self.live]
-        sides = l2_window_sides(window_share(i, queries), h, w)
-        first, w1 = _placed(_profile(*sides, self.x.device, self.x.dtype), u[:, 0:3], self.x.shape)
+        sides, p = l2_window_sides(window_share(i, queries), h, w), _power(self.ball)
+        first, w1 = _placed(_profile(*sides, p, self.x.device, self.x.dtype), u[:, 0:3], self.x.shape)
         w2 = _window(u[:, 3:5], sides, self.x.shape)
-        d, eps2 = self.delta, self.ball.eps ** 2
-        spare = (eps2 - d.flatten(1).pow(2).sum(dim=1)).clamp(min=0)
-        windows = torch.where(w1 | w2, d, 0.0).flatten(1).pow(2).sum(dim=1)
+        d = self.delta
+        spare = (self.ball.eps ** p - d.flatten(1).abs().pow(p).sum(dim=1)).clamp(min=0)
+        windows = torch.where(w1 | w2, d, 0.0).flatten(1).abs().pow(p).sum(dim=1)
         old = torch.where(w1, d, 0.0)
-        old_length = old.flatten(2).norm(dim=2)[:, :, None, None]  # per channel
+        old_length = old.flatten(2).norm(p=p, dim=2)[:, :, None, None]  # per channel
         signs = torch.where(u[:, 5:] < 0.5, -1.0, 1.0).to(self.x.dtype)[:, :, None, None]
         fresh = first * signs + old / (old_length + 1e-12)
-        fresh_length = fresh.flatten(2).norm(dim=2)[:, :, None, None]
-        energy = (spare / c + windows).sqrt()[:, None, None, None]
+        fresh_length = fresh.flatten(2).norm(p=p, dim=2)[:, :, None, None]
+        energy = (spare / c + windows) if p == 1 else (spare / c + windows).sqrt()
+        energy = energy[:, None, None, None]
         proposal = torch.where(w1, fresh / (fresh_length + 1e-12) * energy, torch.where(w2, 0.0, d))
-        length = proposal.flatten(1).norm(dim=1).clamp(min=1e-30)[:, None, None, None]
+        length = proposal.flatten(1).norm(p=p, dim=1).clamp(min=1e-30)[:, None, None, None]
         return proposal * (self.ball.eps / length)
 
     def iterate(self, i: int, queries: int) -> None:
         """One proposal per row, kept where it lowers the margin (L2: the delta the clamp applied)."""
         linf = self.ball.name == "linf"
-        proposal = self._linf_proposal(i, queries) if linf else self._l2_proposal(i, queries)
+        proposal = self._linf_proposal(i, queries) if linf else self._lp_proposal(i, queries)
         value, wrong, point = self._evaluate(proposal)
         better = value < self.margin if linf else (value < self.margin) | wrong
         kept = proposal if linf else point - self.x

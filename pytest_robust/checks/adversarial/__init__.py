@@ -1,4 +1,4 @@
-"""Adversarial accuracy: accuracy under an attack ensemble (APGD-CE, APGD-T, Square; Croce & Hein 2020)
+"""Adversarial accuracy: accuracy under an attack ensemble (APGD-CE, APGD-T, FAB-T, Square; Croce & Hein 2020)
 in the L-inf, L2 or L1 ball. Declared here (torch-free); ``check`` evaluates it and ``ensemble`` runs the
 stages. The attacks themselves (``pytest_robust.attacks``) are shared with the q and NPPR checks'
 context figures."""
@@ -36,16 +36,21 @@ DECLARATION = Metric(
               "one radius per feature (a tensor broadcasting to one input's shape, 0 keeps a feature fixed)"),
         Param("norm", choice("linf", "l2", "l1"), "linf", "the ball's norm"),
         Param("steps", positive_int, 50, "APGD steps"),
-        Param("restarts", positive_int, None, "APGD-CE restarts (default 2; 3 in L1, whose sparse steps "
+        Param("restarts", positive_int, None, "APGD-CE restarts (default 2; 10 in L1, whose sparse steps "
               "depend on the start)"),
-        Param("targets", non_negative_int, 6, "target classes of APGD-T (0 skips it; at most classes - 1)"),
+        Param("targets", non_negative_int, None, "target classes of APGD-T (default 6; 0 in L1; 0 skips it; at "
+              "most classes - 1)"),
         Param("ranking", choice("linear", "logits"), "linear",
               "APGD-T's targets and starts: by the first-order model (linear) or by clean logits from random "
               "starts (logits, AutoAttack's)"),
-        Param("square_queries", non_negative_int, 250, "queries of the Square search (0 skips it; none in L1)"),
+        Param("fab_targets", non_negative_int, None, "target classes of FAB-T, the best of the same ranking (L1 "
+              "only: default 2; 0 skips it)"),
+        Param("fab_steps", positive_int, 40, "FAB-T steps per target (L1 only)"),
+        Param("square_queries", non_negative_int, None, "queries of the Square search (default 250; 50 in L1; 0 "
+              "skips it)"),
         Param("inputs", positive_int, None, "attack at most this many inputs (a seeded random subset)"),
         BOX,
     ),
-    doc="accuracy under an L-inf, L2 or L1 attack (APGD-CE, APGD-T, Square) >= threshold (an upper estimate of "
-        "true robust accuracy)",
+    doc="accuracy under an L-inf, L2 or L1 attack (APGD-CE, APGD-T, FAB-T in L1, Square) >= threshold (an upper "
+        "estimate of true robust accuracy)",
 )

@@ -61,7 +61,6 @@ import warnings
 import numpy as np
 import torch
 
-from pytest_robust.attacks.norms import ball as ball_of
 from pytest_robust.checks.adversarial import DECLARATION, _ImageDefault
 from pytest_robust.checks.adversarial.ensemble import (
     BROKEN,
@@ -72,6 +71,9 @@ from pytest_robust.checks.adversarial.ensemble import (
     STAGES,
     Schedule,
     attack,
+)
+from pytest_robust.checks.adversarial.ensemble import (
+    schedule as schedule_of,
 )
 from pytest_robust.checks.library import function
 from pytest_robust.engine import collective
@@ -144,7 +146,8 @@ def _stage_table(stage: np.ndarray, outcome: np.ndarray, spent: dict, schedule: 
     """Per stage: inputs it attacked (unbroken when it began), inputs it broke, evaluations it spent
     (the target ranking's included in APGD-T's)."""
     open_ = int((outcome != MISCLASSIFIED).sum())
-    runs = (schedule.restarts, schedule.used_targets(classes), schedule.square_queries)
+    runs = (schedule.restarts, schedule.used_targets(classes), schedule.used_fab_targets(classes),
+            schedule.square_queries)
     rows = []
     for code, (name, size) in enumerate(zip(STAGES, runs)):
         broke = int((stage == code).sum())
@@ -174,6 +177,7 @@ def _details(run: Run, schedule: Schedule, found: dict, masking: dict, classes: 
         "gradient_masking": masking, "semantics": HONESTY,
         "attack": {"eps": schedule.eps, "norm": schedule.norm, "box": _box(schedule.bounds), "steps": schedule.steps,
                    "restarts": schedule.restarts, "targets": schedule.targets, "ranking": schedule.ranking,
+                   "fab_targets": schedule.fab_targets, "fab_steps": schedule.fab_steps,
                    "square_queries": schedule.square_queries, "classes": classes,
                    "worst_case_per_input": schedule.worst_case(classes)},
     }
@@ -298,7 +302,8 @@ def _attack_chunks(run: Run, schedule: Schedule, order: torch.Tensor, gate: Sequ
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_queries, inputs, bounds) -> Result:
+def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, fab_targets, fab_steps, square_queries, inputs,
+             bounds) -> Result:
     """Attack the chosen inputs (module docstring) and bound the share the attack left robust. An
     L-inf eps of at least half the box's width gets a RobustWarning (``inspect.perturbation.check_scale``;
     from the whole width on, the ball's own inspection warns). The default eps (robust_eps, 8/255)
@@ -314,10 +319,8 @@ def evaluate(run: Run, eps, norm, steps, restarts, targets, ranking, square_quer
                            "classifier can stay robust")
     else:  # a radius: held against the spread of the feature that varies least
         check_spread("adversarial accuracy", "eps", eps, run.ds.x, norm="l2")
-    norm_ball = ball_of(norm, largest)
-    schedule = Schedule(eps=largest, steps=steps, restarts=restarts or norm_ball.restarts, targets=targets,
-                        square_queries=square_queries if norm_ball.square else 0, bounds=run.perturbation.bounds,
-                        norm=norm, ranking=ranking, per_feature=per_feature)
+    schedule = schedule_of(norm, largest, steps, restarts, targets, ranking, fab_targets, fab_steps, square_queries,
+                           run.perturbation.bounds, per_feature)
     total = len(run.ds)
     n = total if inputs is None else min(inputs, total)
     classes = _classes(run)

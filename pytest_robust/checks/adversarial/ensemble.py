@@ -31,14 +31,18 @@ in the L-inf or the L2 ball of radius eps within the input box (``norms``).
      keeping the exactness), and the run starts at the first-order maximiser of its widest ball;
    - ``"logits"`` (AutoAttack's): the classes with the highest clean logits, best first, each run
      from a random start.
-4. ``square``: the Square attack with ``square_queries`` queries, a gradient-free random search: it
+4. ``fab-t`` (L1 only): FAB-T (``attacks.fab``), ``fab_steps`` evaluations per target for the
+   ``fab_targets`` best target classes of the same ranking, each run from the clean input: a walk
+   along the linearised decision boundary that breaks inputs where the loss ascent of the APGD
+   stages stalls (on an L-inf-trained model that thresholds its pixels);
+5. ``square``: the Square attack with ``square_queries`` queries, a gradient-free random search: it
    breaks what gradient masking hides from the first two stages.
 
 An input is "robust" when no stage broke it, else "broken" with the name of the stage that did,
 and the first misclassified point that stage found is kept (the gallery shows it). Worst-case
-cost per input (``Schedule.worst_case``): 1 + restarts r + [ranked pool + t r (+ t first-order
-points where L2 runs widen) when t = min(targets, classes - 1) > 0] + square_queries model
-evaluations, where a run costs
+cost per input (``Schedule.worst_case``): 1 + restarts r + [ranked pool when either targeted
+stage runs] + t r (+ t first-order points where L2 runs widen) + f fab_steps + square_queries model
+evaluations, with t = min(targets, classes - 1) and f = min(fab_targets, classes - 1), where a run costs
 r = steps + phases (one evaluation at each phase's start: steps + 1 in L-inf, steps + 4 in L2 and
 L1 from 10 steps up); inputs broken early cost far less (APGD drops them at its checkpoints, Square
 at its segments). Every evaluation a stage makes is charged to it (the ranking's to ``apgd-t``),
@@ -54,19 +58,21 @@ from dataclasses import dataclass
 import torch
 
 from pytest_robust.attacks.apgd import apgd
+from pytest_robust.attacks.fab import fab
 from pytest_robust.attacks.losses import cross_entropy, dlr_targeted, other_classes, target_gap
 from pytest_robust.attacks.norms import Ball, ball
 from pytest_robust.attacks.square import square
 from pytest_robust.engine.forward import Forward, correct_predictions
 from pytest_robust.engine.streams import RowStreams
+from pytest_robust.errors import SettingError
 from pytest_robust.perturbations.base import feasible_box
 
 #: Most target classes ranked by the first-order model (those with the highest clean logits).
 POOL = 9
 
 #: Stage names, in order; a stage's position is its code in the per-input results.
-STAGES = ("apgd-ce", "apgd-t", "square")
-APGD_CE, APGD_T, SQUARE = range(len(STAGES))
+STAGES = ("apgd-ce", "apgd-t", "fab-t", "square")
+APGD_CE, APGD_T, FAB_T, SQUARE = range(len(STAGES))
 #: Per-input outcome codes.
 ROBUST, BROKEN, MISCLASSIFIED = 0, 1, 2
 OUTCOMES = ("robust", "broken", "misclassified")
@@ -76,8 +82,9 @@ OUTCOMES = ("robust", "broken", "misclassified")
 class Schedule:
     """The attack's settings (validated by the caller): radius ``eps`` (input units), the box
     ``bounds`` (None: none), APGD ``steps`` per run, APGD-CE ``restarts``, APGD-T ``targets`` (0:
-    no targeted stage), Square ``square_queries`` (0: no Square stage), the ``norm`` ("linf" or
-    "l2") and the targets' ``ranking`` (module docstring)."""
+    no targeted stage), Square ``square_queries`` (0: no Square stage), the ``norm`` ("linf", "l2"
+    or "l1"), the targets' ``ranking`` and FAB-T's ``fab_targets`` and ``fab_steps`` per target (0:
+    no FAB-T stage; module docstring)."""
 
     eps: float
     steps: int
@@ -88,14 +95,21 @@ class Schedule:
     norm: str = "linf"
     ranking: str = "linear"
     per_feature: object = None  # L-inf: one radius per coordinate (a tensor of one input's shape; eps its largest)
+    fab_targets: int = 0
+    fab_steps: int = 0
 
     def used_targets(self, classes: int) -> int:
         """Target classes attacked on a model with ``classes`` classes."""
         return min(self.targets, classes - 1)
 
+    def used_fab_targets(self, classes: int) -> int:
+        """Target classes FAB-T attacks on a model with ``classes`` classes (0: no FAB-T stage)."""
+        return min(self.fab_targets, classes - 1) if self.fab_steps else 0
+
     def ranked(self, classes: int) -> int:
         """Gradient evaluations per input of the ranking (0 without one)."""
-        return min(POOL, classes - 1) if self.ranking == "linear" and self.used_targets(classes) else 0
+        targeted = self.used_targets(classes) or self.used_fab_targets(classes)
+        return min(POOL, classes - 1) if self.ranking == "linear" and targeted else 0
 
     def phases(self) -> list[tuple[float, int]]:
         """(radius, steps) of each phase of an APGD run (module docstring): the ball's ``widening``
@@ -114,7 +128,7 @@ class Schedule:
         wide = len(self.phases()) > 1 and self.ball().wide_first_order
         first = self.used_targets(classes) if self.ranked(classes) and wide else 0
         return (1 + (self.restarts + self.used_targets(classes)) * self.run_cost() + self.ranked(classes) + first
-                + self.square_queries)
+                + self.used_fab_targets(classes) * self.fab_steps + self.square_queries)
 
     def ball(self) -> Ball:
         """The ball the stages move in (``norms``)."""
@@ -127,10 +141,28 @@ class Schedule:
         if self.used_targets(classes):
             parts.append(f"APGD-T {self.steps} steps x {self.used_targets(classes)} target(s) ranked by "
                          f"{'the first-order model' if self.ranking == 'linear' else 'clean logits'}")
+        if self.used_fab_targets(classes):
+            parts.append(f"FAB-T {self.fab_steps} steps x {self.used_fab_targets(classes)} target(s)")
         if self.square_queries:
             parts.append(f"Square {self.square_queries} queries")
         wide = [f"{radius / self.eps:g}" for radius, _ in self.phases()[:-1]]
         return ", ".join(parts) + (f"; each APGD run starts wide ({', '.join(wide)} x eps)" if wide else "")
+
+
+def schedule(norm: str, eps: float, steps: int, restarts, targets, ranking: str, fab_targets, fab_steps: int,
+             square_queries, bounds, per_feature=None) -> Schedule:
+    """The check's ``Schedule`` from its settings, where None takes the norm's default
+    (``norms.Ball``); FAB-T is built for L1 only, so fab_targets > 0 in another norm is refused."""
+    defaults = ball(norm, eps)
+    if fab_targets and not defaults.fab_targets:
+        raise SettingError("fab_targets", fab_targets, "0 or unset with norm='linf' or 'l2' (FAB-T is built for "
+                           "norm='l1' only; APGD-T and Square cover the targeted and gradient-free search there)")
+    pick = lambda value, default: default if value is None else value  # noqa: E731
+    return Schedule(eps=eps, steps=steps, restarts=pick(restarts, defaults.restarts),
+                    targets=pick(targets, defaults.targets),
+                    square_queries=pick(square_queries, defaults.square_queries), bounds=bounds, norm=norm,
+                    ranking=ranking, per_feature=per_feature, fab_targets=pick(fab_targets, defaults.fab_targets),
+                    fab_steps=fab_steps)
 
 
 @dataclass
@@ -196,7 +228,7 @@ def _ranked_targets(g: _Group, schedule: Schedule, logits: torch.Tensor) -> tupl
     point of its widest ball after evaluating that of the eps ball (when it widens); by clean
     logits with random starts for ``ranking="logits"``."""
     ranked = other_classes(logits, g.y)
-    t = schedule.used_targets(logits.shape[1])
+    t = max(schedule.used_targets(logits.shape[1]), schedule.used_fab_targets(logits.shape[1]))
     if schedule.ranking != "linear":
         return ranked[:, :t], None, None
     rows = g.unbroken()
@@ -234,17 +266,31 @@ def _square_stage(g: _Group, schedule: Schedule) -> None:
         g.mark(rows, broken[rows], found[rows], SQUARE)
 
 
+def _fab_run(g: _Group, schedule: Schedule, target: torch.Tensor) -> None:
+    """One FAB-T run towards ``target`` (one class per row) on the unbroken rows."""
+    rows = g.unbroken()
+    if len(rows):
+        broken, found = fab(g.forward, g.x[rows], g.y[rows], target[rows], g.lo[rows], g.hi[rows], schedule.eps,
+                            schedule.fab_steps)
+        g.mark(rows, broken, found, FAB_T)
+
+
 def _stages(g: _Group, schedule: Schedule, logits: torch.Tensor) -> None:
-    """APGD-CE, APGD-T and Square in turn, each in its own evaluation phase (module docstring)."""
+    """APGD-CE, APGD-T, FAB-T and Square in turn, each in its own evaluation phase (module
+    docstring; the ranking is charged to the first targeted stage)."""
     with g.forward.phase("apgd-ce"):
         for _ in range(schedule.restarts):
             _gradient_run(g, schedule, APGD_CE, g.y, cross_entropy)
-    if schedule.used_targets(logits.shape[1]):
-        with g.forward.phase("apgd-t"):
+    apgd_t, fab_t = schedule.used_targets(logits.shape[1]), schedule.used_fab_targets(logits.shape[1])
+    if apgd_t or fab_t:
+        with g.forward.phase("apgd-t" if apgd_t else "fab-t"):
             targets, starts, first = _ranked_targets(g, schedule, logits)
-            for k in range(targets.shape[1]):
+            for k in range(apgd_t):
                 _gradient_run(g, schedule, APGD_T, torch.stack([g.y, targets[:, k]], dim=1), dlr_targeted,
                               None if starts is None else starts[k], None if first is None else first[k])
+        with g.forward.phase("fab-t"):
+            for k in range(fab_t):
+                _fab_run(g, schedule, targets[:, k])
     if schedule.square_queries:
         with g.forward.phase("square"):
             _square_stage(g, schedule)
