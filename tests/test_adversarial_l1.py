@@ -1,6 +1,6 @@
 """The adversarial-accuracy check in L1: the ball's projection, first-order maximiser and sparse
 step, exactness on linear models with the box (checked against linear programmes), the noise of
-the L1 ball, and the stage layout (no Square stage)."""
+the L1 ball, and the stage layout and defaults."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from test_adversarial import QUICK, linear_problem
 
 from pytest_robust import UniformL1, adversarial_accuracy
 from pytest_robust.attacks.norms import SPARSITY, L1Ball
+from pytest_robust.errors import SettingError
 
 
 def _problem(n=64, shape=(3, 4, 4), eps=1.5, seed=0):
@@ -112,19 +113,31 @@ def test_l1_is_exact_on_linear_models_with_the_box(classes):
     assert any(0 < k < len(y) - len(y[::10]) for k in counts)  # the radii matter
 
 
-def test_l1_has_no_square_stage_three_restarts_and_counts_its_phases():
-    """In L1 APGD widens through 8, 4 and 2 eps before eps (one evaluation more per phase), APGD-CE
-    restarts 3 times unless told otherwise, and there is no Square stage, whatever square_queries
-    says."""
+def test_l1_defaults_and_the_cost_of_every_stage():
+    """In L1 APGD widens through 8, 4 and 2 eps before eps (one evaluation more per phase); by
+    default APGD-CE restarts 10 times, APGD-T is off, FAB-T runs on 2 ranked targets (each after
+    its first-order point) and Square-L1 on 50 queries; the worst case counts every part."""
     model, x, y = linear_problem(3, n=20)
-    r = adversarial_accuracy(model, (x, y), eps=0.5, norm="l1", steps=10, square_queries=100)
-    assert r.details["attack"]["square_queries"] == 0 and "Square" not in r.perturbation
-    assert r.perturbation.endswith("; each APGD run starts wide (8, 4, 2 x eps)")
-    assert r.details["evaluations"].get("square", 0) == 0 and r.details["attack"]["restarts"] == 3
+    r = adversarial_accuracy(model, (x, y), eps=0.5, norm="l1", steps=10)
+    a = r.details["attack"]
+    assert (a["restarts"], a["targets"], a["fab_targets"], a["fab_steps"], a["square_queries"]) == (10, 0, 2, 40, 50)
+    assert r.perturbation.endswith("FAB-T 40 steps x 2 target(s), Square 50 queries; each APGD run starts wide "
+                                   "(8, 4, 2 x eps)")
     run = 10 + len(L1Ball.widening)
-    assert r.details["attack"]["worst_case_per_input"] == 1 + 3 * run + 2 + 2 * run  # 2 ranking gradients
-    once = adversarial_accuracy(model, (x, y), eps=0.5, norm="l1", steps=10, restarts=1)
-    assert once.details["attack"]["restarts"] == 1
+    assert a["worst_case_per_input"] == 1 + 10 * run + 2 + 2 * (40 + 1) + 50  # 2 ranking gradients (3 classes)
+    assert [s["name"] for s in r.details["stages"]] == ["apgd-ce", "apgd-t", "fab-t", "square"]
+    once = adversarial_accuracy(model, (x, y), eps=0.5, norm="l1", steps=10, restarts=1, targets=1, fab_targets=0,
+                                square_queries=0)
+    assert once.details["attack"]["worst_case_per_input"] == 1 + 2 * run + 2
+    assert "FAB-T" not in once.perturbation and "Square" not in once.perturbation
+
+
+def test_fab_targets_outside_l1_is_a_setting_error():
+    model, x, y = linear_problem(3, n=10)
+    with pytest.raises(SettingError, match="fab_targets.*built for norm='l1' only"):
+        adversarial_accuracy(model, (x, y), eps=0.1, norm="linf", fab_targets=2)
+    r = adversarial_accuracy(model, (x, y), eps=0.1, norm="l2", **QUICK)
+    assert [s["name"] for s in r.details["stages"]] == ["apgd-ce", "apgd-t", "square"]  # no FAB-T row
 
 
 def test_uniform_l1_noise_stays_in_the_ball_and_fills_it():

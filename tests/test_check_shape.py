@@ -57,9 +57,10 @@ CHECKS = {
                                                                    targets=1, square_queries=20, **k),
     "adversarial_accuracy_l2": lambda m, d, **k: adversarial_accuracy(m, d, threshold=0.3, eps=0.5, norm="l2", steps=4,
                                                                       targets=1, square_queries=20, **k),
-    # 10 steps: the widening phases (8, 4, 2 x eps) run too
+    # 10 steps: the widening phases (8, 4, 2 x eps) run too; every L1 stage (APGD-CE, APGD-T, FAB-T, Square)
     "adversarial_accuracy_l1": lambda m, d, **k: adversarial_accuracy(m, d, threshold=0.3, eps=1.0, norm="l1",
-                                                                      steps=10, targets=1, **k),
+                                                                      steps=10, restarts=2, targets=1, fab_steps=10,
+                                                                      square_queries=20, **k),
     "corruption_accuracy": lambda m, d, **k: corruption_accuracy(
         m, d, threshold=0.5, corruptions=["gaussian_noise", "brightness", "contrast"], severities=[1, 3, 5],
         budget=3000, **k),

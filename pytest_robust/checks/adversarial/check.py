@@ -64,6 +64,7 @@ import torch
 from pytest_robust.checks.adversarial import DECLARATION, _ImageDefault
 from pytest_robust.checks.adversarial.ensemble import (
     BROKEN,
+    FAB_T,
     MISCLASSIFIED,
     OUTCOMES,
     ROBUST,
@@ -143,13 +144,15 @@ def _masking(stage: np.ndarray, flat: np.ndarray) -> tuple[dict, str]:
 
 
 def _stage_table(stage: np.ndarray, outcome: np.ndarray, spent: dict, schedule: Schedule, classes: int) -> list[dict]:
-    """Per stage: inputs it attacked (unbroken when it began), inputs it broke, evaluations it spent
-    (the target ranking's included in APGD-T's)."""
+    """Per stage of the norm (FAB-T in L1 only): inputs it attacked (unbroken when it began), inputs
+    it broke, evaluations it spent (the target ranking's in the first targeted stage's)."""
     open_ = int((outcome != MISCLASSIFIED).sum())
     runs = (schedule.restarts, schedule.used_targets(classes), schedule.used_fab_targets(classes),
             schedule.square_queries)
     rows = []
     for code, (name, size) in enumerate(zip(STAGES, runs)):
+        if code == FAB_T and not schedule.ball().fab_targets:
+            continue
         broke = int((stage == code).sum())
         rows.append({"name": name, "attacked": open_ if size else 0, "broken": broke,
                      "evaluations": spent.get(name, 0)})
@@ -367,11 +370,13 @@ def _required(run: Run, schedule: Schedule, classes: int) -> int:
     input (and the probe of the classes) is refused up front, naming the parts of that cost."""
     per_input_cost, used = schedule.worst_case(classes), schedule.used_targets(classes)
     ranked = f" + {schedule.ranked(classes)} ranking gradient(s)" if schedule.ranked(classes) else ""
+    fab = schedule.used_fab_targets(classes)
+    fab = f" + {fab} FAB-T target(s) x {schedule.fab_steps + bool(schedule.ranked(classes))}" if fab else ""
     run.require(1 + per_input_cost, (
         f"to attack one input with up to {per_input_cost} (1 clean + ({schedule.restarts} restart(s) + {used} "
-        f"target(s) of {classes} classes) x {schedule.run_cost()} APGD evaluations{ranked} + "
+        f"target(s) of {classes} classes) x {schedule.run_cost()} APGD evaluations{ranked}{fab} + "
         f"{schedule.square_queries} Square queries), plus 1 to probe the number of classes; or lower steps=, "
-        "targets= or square_queries="))
+        "targets=, fab_targets= or square_queries="))
     return per_input_cost
 
 

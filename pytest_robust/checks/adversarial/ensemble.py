@@ -34,15 +34,18 @@ in the L-inf or the L2 ball of radius eps within the input box (``norms``).
 4. ``fab-t`` (L1 only): FAB-T (``attacks.fab``), ``fab_steps`` evaluations per target for the
    ``fab_targets`` best target classes of the same ranking, each run from the clean input: a walk
    along the linearised decision boundary that breaks inputs where the loss ascent of the APGD
-   stages stalls (on an L-inf-trained model that thresholds its pixels);
+   stages stalls (on an L-inf-trained model that thresholds its pixels). With the linear ranking,
+   each target's first-order worst point of the eps ball is evaluated first (one evaluation), so
+   the stage is exact on linear models even without APGD-T (L1's default);
 5. ``square``: the Square attack with ``square_queries`` queries, a gradient-free random search: it
-   breaks what gradient masking hides from the first two stages.
+   breaks what gradient masking hides from the gradient stages.
 
 An input is "robust" when no stage broke it, else "broken" with the name of the stage that did,
 and the first misclassified point that stage found is kept (the gallery shows it). Worst-case
 cost per input (``Schedule.worst_case``): 1 + restarts r + [ranked pool when either targeted
-stage runs] + t r (+ t first-order points where L2 runs widen) + f fab_steps + square_queries model
-evaluations, with t = min(targets, classes - 1) and f = min(fab_targets, classes - 1), where a run costs
+stage runs] + t r (+ t first-order points where L2 runs widen) + f (fab_steps + 1 first-order point
+with the linear ranking) + square_queries model evaluations, with t = min(targets, classes - 1) and
+f = min(fab_targets, classes - 1), where a run costs
 r = steps + phases (one evaluation at each phase's start: steps + 1 in L-inf, steps + 4 in L2 and
 L1 from 10 steps up); inputs broken early cost far less (APGD drops them at its checkpoints, Square
 at its segments). Every evaluation a stage makes is charged to it (the ranking's to ``apgd-t``),
@@ -128,7 +131,8 @@ class Schedule:
         wide = len(self.phases()) > 1 and self.ball().wide_first_order
         first = self.used_targets(classes) if self.ranked(classes) and wide else 0
         return (1 + (self.restarts + self.used_targets(classes)) * self.run_cost() + self.ranked(classes) + first
-                + self.used_fab_targets(classes) * self.fab_steps + self.square_queries)
+                + self.used_fab_targets(classes) * (self.fab_steps + (self.ranked(classes) > 0))
+                + self.square_queries)
 
     def ball(self) -> Ball:
         """The ball the stages move in (``norms``)."""
@@ -203,10 +207,7 @@ def _gradient_run(g: _Group, schedule: Schedule, code: int, labels: torch.Tensor
     """One APGD run on the unbroken rows; ``labels`` are the objective's, ``starts`` (None: random)
     the runs' starting points and ``first`` (None: none) points of the eps ball evaluated before
     the run, all over every row."""
-    if first is not None:
-        rows = g.unbroken()
-        if len(rows):
-            g.mark(rows, ~g.forward.correct(first[rows], g.y[rows]), first[rows], code)
+    _try_first(g, first, code)
     rows = g.unbroken()
     if not len(rows):
         return
@@ -266,8 +267,18 @@ def _square_stage(g: _Group, schedule: Schedule) -> None:
         g.mark(rows, broken[rows], found[rows], SQUARE)
 
 
-def _fab_run(g: _Group, schedule: Schedule, target: torch.Tensor) -> None:
-    """One FAB-T run towards ``target`` (one class per row) on the unbroken rows."""
+def _try_first(g: _Group, first: torch.Tensor | None, code: int) -> None:
+    """Evaluate ``first`` (points of the eps ball over every row; None: nothing) on the unbroken
+    rows, breaking those it misclassifies (one evaluation per row)."""
+    rows = g.unbroken() if first is not None else ()
+    if len(rows):
+        g.mark(rows, ~g.forward.correct(first[rows], g.y[rows]), first[rows], code)
+
+
+def _fab_run(g: _Group, schedule: Schedule, target: torch.Tensor, first: torch.Tensor | None) -> None:
+    """One FAB-T run towards ``target`` (one class per row) on the unbroken rows, after evaluating
+    its first-order worst point ``first`` (None: none)."""
+    _try_first(g, first, FAB_T)
     rows = g.unbroken()
     if len(rows):
         broken, found = fab(g.forward, g.x[rows], g.y[rows], target[rows], g.lo[rows], g.hi[rows], schedule.eps,
@@ -288,9 +299,10 @@ def _stages(g: _Group, schedule: Schedule, logits: torch.Tensor) -> None:
             for k in range(apgd_t):
                 _gradient_run(g, schedule, APGD_T, torch.stack([g.y, targets[:, k]], dim=1), dlr_targeted,
                               None if starts is None else starts[k], None if first is None else first[k])
+        at_eps = first if first is not None else starts  # the first-order worst points of the eps ball
         with g.forward.phase("fab-t"):
             for k in range(fab_t):
-                _fab_run(g, schedule, targets[:, k])
+                _fab_run(g, schedule, targets[:, k], None if at_eps is None else at_eps[k])
     if schedule.square_queries:
         with g.forward.phase("square"):
             _square_stage(g, schedule)
