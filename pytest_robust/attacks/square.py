@@ -1,6 +1,6 @@
 """The Square attack (Andriushchenko, Croce, Flammarion & Hein, "Square Attack: a query-efficient
-black-box adversarial attack via random search", ECCV 2020), in L-inf and in L2: a random search that
-needs no gradient, so it still works where gradients are masked (zero, noisy or misleading).
+black-box adversarial attack via random search", ECCV 2020), in L-inf, L2 and L1: a random search
+that needs no gradient, so it still works where gradients are masked (zero, noisy or misleading).
 
 The point evaluated is clamp(x + delta, lo, hi), clamped to the feasible box
 [max(x - eps, lo), min(x + eps, hi)] (which only shrinks delta, so the point stays in the ball).
@@ -23,6 +23,12 @@ covers a share p of the pixels; p starts at 0.8 and halves at the iterations 10,
   energy sqrt(max(eps^2 - ||D||^2, 0) / C + ||D on W1 and W2||^2), empties W2, and rescales the
   whole delta to length eps: energy moves from W2, and from the room the clamp freed, into W1.
   s = round(sqrt(p H W)), made odd, in [min(3, H, W), min(H, W)].
+- L1 (Square-L1, Croce, Singh & Hein's version in AutoAttack): the L2 search with every length an
+  L1 norm (mass): the profile is sum_{k >= r} 1 / (k + 1)^4, sharper, of unit mass; a proposal gives
+  W1 the mass max(eps - ||D||_1, 0) / C + ||D on W1 and W2||_1 per channel (the reference gives C
+  times that, then projects; the mass kept is the same where C = 1) and the whole delta is rescaled
+  to mass eps; the start is the tiles' grid projected onto the L1 ball and the box
+  (``norms.L1Ball.project``), which keeps the largest coordinates, as in the reference.
 
 A row counts as broken when any point it evaluated was misclassified (ties included).
 

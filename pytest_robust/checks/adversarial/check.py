@@ -2,10 +2,10 @@
 RobustBench reports).
 
 Per input x with label y, the attack of ``attacks.ensemble`` (clean check, then APGD on
-cross-entropy, APGD on the targeted DLR loss towards the most promising other classes, then the
-gradient-free Square search, each stage only on the inputs the earlier ones left unbroken: Croce &
-Hein 2020, Andriushchenko et al. 2020) looks for a point of the ball of radius eps around x (L-inf,
-L2 or L1, ``norm``; no Square stage in L1), clipped to the box, that the model misclassifies (a tie
+cross-entropy, APGD on the targeted DLR loss towards the most promising other classes, in L1 the
+FAB-T boundary walk, then the gradient-free Square search, each stage only on the inputs the earlier
+ones left unbroken: Croce & Hein 2020, Andriushchenko et al. 2020) looks for a point of the ball of
+radius eps around x (L-inf, L2 or L1, ``norm``), clipped to the box, that the model misclassifies (a tie
 counts as misclassified). The outcome per input, "robust" (no stage found one), is a Bernoulli variable
 whose mean over the data is the *attack's* robust accuracy.
 
