@@ -68,7 +68,7 @@ CNNS = {"linf": (("standard", (0.05, 0.1)), ("noise", (0.1, 0.2)), ("pgd", (0.2,
 #: Radii never used while choosing the defaults (``--heldout``; L2: the widening start, the restart
 #: count and APGD-T's wide start were chosen on the rows of CNNS).
 HELDOUT = {"l2": (("standard", (0.4,)), ("noise", (0.65,)), ("wide", (0.65,))),
-           "l1": (("standard", (1.5,)), ("noise", (1.5,)), ("pgd", (0.75, 1.5)), ("wide", (1.5,)))}
+           "l1": (("standard", (1.25, 1.5)), ("noise", (1.25, 1.5)), ("pgd", (0.75, 1.25, 1.5)), ("wide", (1.25, 1.5)))}
 #: Per norm, (classes kept, radii) of the linear models.
 LINEARS = {"linf": (((3, 8), (0.02, 0.05)), ((3, 5, 8), (0.02, 0.05)), (tuple(range(10)), (0.02, 0.05))),
            "l2": (((3, 8), (0.1, 0.25)), ((3, 5, 8), (0.1, 0.25)), (tuple(range(10)), (0.1, 0.25))),

@@ -79,19 +79,21 @@ def fab(forward: Forward, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor
     point within L1 distance eps was found, those points (x where none))."""
     broken = torch.zeros(len(y), dtype=torch.bool, device=x.device)
     found = x.clone()
-    rows = torch.arange(len(y), device=x.device)
-    p = x
-    marks = {max(1, round(steps * k / SEGMENTS)) for k in range(1, SEGMENTS)}
-    for done in range(steps):
-        gap, w, right = forward.grad(p, torch.stack([y[rows], target[rows]], dim=1), target_gap, truth=y[rows])
-        size = (p - x[rows]).flatten(1).abs().sum(dim=1)
-        hit = ~right & (size <= eps) & ~broken[rows]
-        found[rows] = torch.where(per_row(hit, p), p, found[rows])
-        broken[rows] |= hit
-        p = _step(p, x[rows], w, gap, ~right, size, eps, lo[rows], hi[rows])
-        if done + 1 in marks:  # broken rows leave (one host read)
-            keep = (~broken[rows]).nonzero().squeeze(1)
-            rows, p = rows[keep], p[keep]
-            if not len(rows):
+    rows = torch.arange(len(y), device=x.device)  # the rows still walking, and their state below
+    p, center, labels, truth, low, high = x, x, torch.stack([y, target], dim=1), y, lo, hi
+    hits, points = broken.clone(), found.clone()
+    marks = {max(1, round(steps * k / SEGMENTS)) for k in range(1, SEGMENTS)} | {steps}
+    for done in range(1, steps + 1):
+        gap, w, right = forward.grad(p, labels, target_gap, truth=truth)
+        size = (p - center).flatten(1).abs().sum(dim=1)
+        hit = ~right & (size <= eps) & ~hits
+        points, hits = torch.where(per_row(hit, p), p, points), hits | hit
+        p = _step(p, center, w, gap, ~right, size, eps, low, high)
+        if done in marks:  # record, and the broken rows leave (one host read)
+            broken[rows], found[rows] = hits, points
+            keep = (~hits).nonzero().squeeze(1)
+            if not len(keep):
                 break
+            rows, p, center, labels, truth, low, high, hits, points = (
+                v[keep] for v in (rows, p, center, labels, truth, low, high, hits, points))
     return broken, found
