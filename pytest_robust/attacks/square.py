@@ -247,6 +247,8 @@ class _Search:
         linf = self.ball.name == "linf"
         proposal = self._linf_proposal(i, queries) if linf else self._lp_proposal(i, queries)
         value, wrong, point = self._evaluate(proposal)
+        if self.ball.name == "l1":  # rescaled to mass eps in floating point: count a point only inside the ball
+            wrong = wrong & ((point - self.x).flatten(1).abs().sum(dim=1) <= self.ball.eps)
         better = value < self.margin if linf else (value < self.margin) | wrong
         kept = proposal if linf else point - self.x
         self.delta = torch.where(better[:, None, None, None], kept, self.delta)

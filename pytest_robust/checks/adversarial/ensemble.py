@@ -110,9 +110,10 @@ class Schedule:
         return min(self.fab_targets, classes - 1) if self.fab_steps else 0
 
     def ranked(self, classes: int) -> int:
-        """Gradient evaluations per input of the ranking (0 without one)."""
-        targeted = self.used_targets(classes) or self.used_fab_targets(classes)
-        return min(POOL, classes - 1) if self.ranking == "linear" and targeted else 0
+        """Gradient evaluations per input of the ranking (0 without one): the POOL best classes by
+        clean logit, or as many as a targeted stage attacks where that is more."""
+        targeted = max(self.used_targets(classes), self.used_fab_targets(classes))
+        return min(max(POOL, targeted), classes - 1) if self.ranking == "linear" and targeted else 0
 
     def phases(self) -> list[tuple[float, int]]:
         """(radius, steps) of each phase of an APGD run (module docstring): the ball's ``widening``
