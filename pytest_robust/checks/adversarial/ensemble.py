@@ -112,8 +112,12 @@ class Schedule:
     def ranked(self, classes: int) -> int:
         """Gradient evaluations per input of the ranking (0 without one): the POOL best classes by
         clean logit, or as many as a targeted stage attacks where that is more."""
-        targeted = max(self.used_targets(classes), self.used_fab_targets(classes))
+        targeted = self.ranked_targets(classes)
         return min(max(POOL, targeted), classes - 1) if self.ranking == "linear" and targeted else 0
+
+    def ranked_targets(self, classes: int) -> int:
+        """Target classes the ranking must supply: as many as the targeted stage that takes most."""
+        return max(self.used_targets(classes), self.used_fab_targets(classes))
 
     def phases(self) -> list[tuple[float, int]]:
         """(radius, steps) of each phase of an APGD run (module docstring): the ball's ``widening``
@@ -230,7 +234,7 @@ def _ranked_targets(g: _Group, schedule: Schedule, logits: torch.Tensor) -> tupl
     point of its widest ball after evaluating that of the eps ball (when it widens); by clean
     logits with random starts for ``ranking="logits"``."""
     ranked = other_classes(logits, g.y)
-    t = max(schedule.used_targets(logits.shape[1]), schedule.used_fab_targets(logits.shape[1]))
+    t = schedule.ranked_targets(logits.shape[1])
     if schedule.ranking != "linear":
         return ranked[:, :t], None, None
     rows = g.unbroken()
