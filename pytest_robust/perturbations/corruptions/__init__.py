@@ -9,8 +9,8 @@ generator, in a fixed order per call: the same generator state and the same batc
 output on the same device. (The evaluation engine draws perturbations in fixed blocks of inputs,
 each with its own generator, so a check's numbers do not depend on the batch size.)
 
-On a GPU the corruptions do not wait for the device: no value is read back to the host, except
-by JPEG, whose codec runs on the host (one transfer per call, one per batch in a grid). The box
+On a GPU the corruptions do not wait for the device: no value is read back to the host (JPEG
+too is coded on the device, ``jpeg``; on a CPU, by Pillow's codec, with the same numbers). The box
 check of ``Corruption.sample`` reads the batch's extremes; the engine's ``draw`` skips it, as the
 check's data were checked once.
 
@@ -59,8 +59,8 @@ ANY_MIN_SIDE = 4
 #: Corruptions that change colour and so need 3 channels.
 NEEDS_COLOUR = ("saturate",)
 #: Corruptions that draw nothing and whose function also takes a list of one parameter per image:
-#: a grid corrupts the images of all their cells in one call. (JPEG's codec runs on the host: one
-#: round trip to the host per batch instead of one per severity.)
+#: a grid corrupts the images of all their cells in one call (one codec call per batch instead of
+#: one per severity).
 PER_IMAGE = ("jpeg_compression",)
 
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from pytest_robust.engine.device import upload
-from pytest_robust.perturbations.corruptions._ops import blur, box_matrix, constant, uniform, warp
+from pytest_robust.perturbations.corruptions._ops import blur, box_rows, constant, uniform, warp
+from pytest_robust.perturbations.corruptions.jpeg import jpeg
 
 
 def contrast(x, c, g, preset):
@@ -35,55 +35,55 @@ def saturate(x, c, g, preset):
 
 
 def pixelate(x, c, g, preset):
-    """Downsample by box averaging to (int(c h), int(c w)) px (PIL's ``BOX``, as two matrix
-    matrix products), then upsample by nearest neighbour (pixel centres, PIL's ``NEAREST``; CIFAR-10-C's
-    ``BOX`` upsampling is the same map)."""
+    """Downsample to (int(c h), int(c w)) px by PIL's ``BOX`` filter (``_ops.box_rows``, rows then
+    columns), then upsample by nearest neighbour (pixel centres, PIL's ``NEAREST``; the
+    reference's ``BOX`` upsampling is the same map): Pillow's resizes of float images, to float32
+    rounding. The reference resizes 8-bit images, so it differs by its rounding (< 1.5/255)."""
     h, w = x.shape[-2:]
-    out_h, out_w = int(h * c), int(w * c)
-    if h % out_h == 0 and w % out_w == 0:  # whole boxes: the same average, pooled
-        small = F.avg_pool2d(x, (h // out_h, w // out_w))
-    else:
-        small = box_matrix(out_h, h, x) @ x @ box_matrix(out_w, w, x).T
-    return F.interpolate(small, size=(h, w), mode="nearest-exact")
+    small = box_rows(box_rows(x, int(h * c)).transpose(2, 3).contiguous(), int(w * c)).transpose(2, 3)
+    return F.interpolate(small.contiguous(), size=(h, w), mode="nearest-exact")
 
 
-def _pil_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
-    """Encode one (h, w) or (h, w, 3) uint8 image as JPEG at ``quality`` with Pillow, decode it."""
+def _pil_jpeg(image: torch.Tensor, quality: int, out: torch.Tensor) -> None:
+    """Code one (c, h, w) CPU image in [0, 1] at ``quality`` and write its decoding / 255 to ``out``.
+
+    The levels round(255 x) (NumPy's ``rint``: half to even, as ``torch.round``) are merged from
+    their planes into a Pillow image and split into planes again after the round trip (Pillow's
+    own copies, faster than interleaving the channels in torch)."""
+    levels = np.rint(image.numpy() * 255).astype(np.uint8)
+    planes = [Image.fromarray(plane) for plane in levels]
     buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="JPEG", quality=quality)
-    return np.asarray(Image.open(buffer))
-
-
-def _pil_jpegs(images: np.ndarray, qualities: list) -> np.ndarray:
-    """``_pil_jpeg`` of each of the (n, h, w[, 3]) images at its quality, spread over
-    ``torch.get_num_threads()`` threads (Pillow releases the GIL while it codes)."""
-    threads = max(1, torch.get_num_threads())
-    if threads == 1:
-        return np.stack([_pil_jpeg(im, q) for im, q in zip(images, qualities)])
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        return np.stack(list(pool.map(_pil_jpeg, images, qualities)))
+    (planes[0] if len(planes) == 1 else Image.merge("RGB", planes)).save(buffer, format="JPEG", quality=quality)
+    for plane, channel in zip(Image.open(buffer).split(), out.numpy()):
+        np.divide(np.asarray(plane), channel.dtype.type(255), out=channel)
 
 
 def jpeg_compression(x, c, g, preset):
     """JPEG encoding at quality c (or at c[i] for image i, c a list) and decoding of the image
-    quantised to 8 bits (round(255 x)), by Pillow's libjpeg-turbo (the codec of the reference) on
-    the host, for images on any device: RGB images are coded as YCbCr with 4:2:0 chroma
-    subsampling (Pillow's default), grey images as one luma component. So a CUDA batch gets
-    exactly the CPU's numbers.
+    quantised to 8 bits (round(255 x)), as Pillow's libjpeg-turbo (the codec of the reference)
+    does it: RGB images as YCbCr with 4:2:0 chroma subsampling (Pillow's default), grey images as
+    one luma component. Every device gets the same numbers, each by its fastest path:
 
-    Host synchronisation: on CUDA the quantised batch is copied to the host in one transfer, the
-    only time a corruption waits for the device (the codec runs on the host, image by image);
-    the decoded batch, divided by 255 on the host, goes back without a wait (``_ops.upload``).
-    torchvision's GPU codec (nvJPEG) is not used: its encoder takes 3-channel images only, keeps
-    chroma at full resolution (4:4:4, fixed in torchvision 0.29's ``encode_jpegs_cuda``), so its
-    RGB images differ from the CPU's, and it waits for the device twice per image. torchvision's
-    CPU encoder measured 10x slower than Pillow's on 224-px images (torchvision 0.29).
+    - on a CPU, libjpeg-turbo codes the images one by one (``_pil_jpeg``), spread over
+      ``torch.get_num_threads()`` threads (the codec releases the GIL): its SIMD code on 8-bit
+      images measured 8x faster than the batched tensor codec below;
+    - on any other device, ``jpeg.jpeg`` codes the whole batch there, libjpeg's integer
+      arithmetic in float64 tensors, equal to Pillow's result level for level, with nothing read
+      back to the host. (torchvision's nvJPEG encoder is not used: it takes 3-channel images
+      only and keeps chroma at full resolution, 4:4:4, so its images differ from the CPU's.)
     """
     qualities = [int(q) for q in (c if isinstance(c, list) else [c] * len(x))]
-    levels = x.permute(0, 2, 3, 1).mul(255).round_().to(torch.uint8).contiguous().numpy(force=True)
-    decoded = _pil_jpegs(levels if x.shape[1] == 3 else levels[..., 0], qualities)
-    out = torch.from_numpy(decoded if x.shape[1] == 3 else decoded[..., None]).permute(0, 3, 1, 2)
-    return upload(out.to(x.dtype).div_(255), x.device)  # channels-last memory, (n, c, h, w) shape
+    if x.device.type != "cpu":
+        return jpeg(x, qualities)
+    images, out = x.detach(), torch.empty_like(x)
+    threads = max(1, min(torch.get_num_threads(), len(x)))
+    if threads == 1:
+        for image, quality, decoded in zip(images, qualities, out):
+            _pil_jpeg(image, quality, decoded)
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(_pil_jpeg, images, qualities, out))
+    return out
 
 
 def elastic_transform(x, c, g, preset):
