@@ -99,13 +99,16 @@ def reference():
         return original(image, *args, **kwargs)
 
     skimage.filters.gaussian = gaussian
-    try:
-        import pkg_resources  # noqa: F401
-    except ImportError:  # setuptools >= 81 dropped it; frost only needs resource_filename
+    shimmed = importlib.util.find_spec("pkg_resources") is None
+    if shimmed:  # setuptools >= 81 dropped it; frost only needs resource_filename
         sys.modules["pkg_resources"] = types.SimpleNamespace(
             resource_filename=lambda module, name: os.path.join(os.path.dirname(sys.modules[module].__file__), name))
-    import imagecorruptions
-    from imagecorruptions import corruptions as module
+    try:
+        import imagecorruptions
+        from imagecorruptions import corruptions as module
+    finally:
+        if shimmed:  # others (pytest's monkeypatch) look for the real one
+            del sys.modules["pkg_resources"]
 
     frost = module.frost
 
