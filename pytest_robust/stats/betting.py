@@ -102,15 +102,45 @@ def mixture_bets(m: float, alpha: float, horizon: int) -> tuple[np.ndarray, np.n
 
 class _KellyPair:
     """The plug-in Kelly processes of ``_advance`` for the gate's two sides, H0: E[X] <= m on x
-    (pass) and H0: E[1 - X] <= 1 - m on 1 - x (fail), advanced together as the rows of one array."""
+    (pass) and H0: E[1 - X] <= 1 - m on 1 - x (fail), advanced together in one pass over x.
+
+    The fail side's running mean of 1 - x is 1 - mu_{t-1}, so its bet is
+    clip((m - mu_{t-1}) / (m (1 - m)), 0, BET_CAP / (1 - m)) and its factor 1 + lambda (m - x):
+    with u = (mu_{t-1} - m) / (m (1 - m)) and v = clip(u, -BET_CAP / (1 - m), BET_CAP / m), each
+    element's factor 1 + v (x - m) belongs to the pass side where v > 0 and to the fail side where
+    v < 0 (the other side's factor is 1). One log1p per element serves both sides: the numbers
+    of ``_advance`` on x and on 1 - x up to float64 rounding (``tests/test_hot_loop.py``)."""
 
     def __init__(self, m: float):
-        self.m = np.array([[m], [1.0 - m]])
-        self.state = _Running(total=np.zeros((2, 1)), log_capital=np.zeros((2, 1)))
+        self.m = m
+        self.t, self.total = 0, 0.0
+        self.log_capital = np.zeros((2, 1))
 
     def advance(self, x: np.ndarray) -> np.ndarray:
         """(2, len(x)): each side's log capital after each element of block x."""
-        return _advance(np.stack((x, 1.0 - x)), self.m, self.state)
+        n, m = len(x), self.m
+        if n == 0:
+            return np.empty((2, 0))
+        mu = np.empty(n)  # (1/2 + the sum before each element) / (elements before it + 1)
+        sums = np.cumsum(x)
+        mu[0] = self.total
+        mu[1:] = sums[:-1]
+        mu[1:] += self.total
+        mu += 0.5
+        mu /= np.arange(self.t + 1, self.t + n + 1, dtype=np.float64)
+        mu -= m
+        mu /= m * (1.0 - m)
+        np.minimum(np.maximum(mu, -BET_CAP / (1.0 - m), out=mu), BET_CAP / m, out=mu)
+        logs = np.zeros((2, n))
+        np.log1p(mu * (x - m), out=logs[1])
+        np.copyto(logs[0], logs[1], where=mu > 0.0)
+        logs[1][mu > 0.0] = 0.0
+        np.cumsum(logs, axis=1, out=logs)
+        logs += self.log_capital
+        self.t += n
+        self.total += float(sums[-1])
+        self.log_capital = logs[:, -1:].copy()
+        return logs
 
 
 class _Mixture:
