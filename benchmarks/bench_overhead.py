@@ -89,8 +89,8 @@ def bare_tsrm(model, x, y, steps: int) -> int:
         for _ in range(steps):
             idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
             noise = (torch.rand((BATCH, *x.shape[1:]), generator=g, device=x.device) * 2 - 1) * EPS
-            z = model((x[idx] + noise).clamp(0, 1))
-            hits += int((z.argmax(1) == y[idx]).sum())
+            z = model((x.index_select(0, idx) + noise).clamp(0, 1))
+            hits += int((z.argmax(1) == y.index_select(0, idx)).sum())
     return hits
 
 
@@ -117,7 +117,8 @@ def bare_corruption(model, x, y, steps: int, corruption) -> int:
     with torch.no_grad():
         for _ in range(steps):
             idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
-            hits += int((model(corruption.corrupt(x[idx], g)).argmax(1) == y[idx]).sum())
+            rows, labels = x.index_select(0, idx), y.index_select(0, idx)
+            hits += int((model(corruption.corrupt(rows, g)).argmax(1) == labels).sum())
     return hits
 
 
@@ -179,7 +180,8 @@ def bare_nppr(model, x, y, steps: int, learned) -> int:
     with torch.no_grad():
         for _ in range(steps):
             idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
-            hits += int((model(learned(x[idx], g, index=idx, y=y[idx])).argmax(1) == y[idx]).sum())
+            rows, labels = x.index_select(0, idx), y.index_select(0, idx)
+            hits += int((model(learned(rows, g, index=idx, y=labels)).argmax(1) == labels).sum())
     return hits
 
 

@@ -7,7 +7,6 @@ errors)."""
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -304,8 +303,10 @@ class Forward:
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
         if self.deferred:  # read later, with the caller's own host read (``finite``)
-            low, high = torch.aminmax(z.detach())  # NaN compares false: not finite either
-            self.finite = (low > -math.inf) & (high < math.inf) & self.finite
+            # the float64 sum is finite exactly when every logit is (NaN and +-inf carry through;
+            # finite logits of any dtype cannot overflow it)
+            finite = torch.isfinite(z.detach().sum(dtype=torch.float64))
+            self.finite = finite if self.finite is True else finite & self.finite
         elif not torch.isfinite(z).all():
             self.raise_nonfinite(x, z)
         if ties:

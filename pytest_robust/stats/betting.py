@@ -132,9 +132,11 @@ class _KellyPair:
         mu /= m * (1.0 - m)
         np.minimum(np.maximum(mu, -BET_CAP / (1.0 - m), out=mu), BET_CAP / m, out=mu)
         logs = np.zeros((2, n))
-        np.log1p(mu * (x - m), out=logs[1])
-        np.copyto(logs[0], logs[1], where=mu > 0.0)
-        logs[1][mu > 0.0] = 0.0
+        opened = mu > 0.0  # the pass side's bets; the fail side's where mu < 0
+        np.subtract(x, m, out=logs[1])
+        np.log1p(np.multiply(mu, logs[1], out=logs[1]), out=logs[1])
+        np.copyto(logs[0], logs[1], where=opened)
+        np.copyto(logs[1], 0.0, where=opened)
         np.cumsum(logs, axis=1, out=logs)
         logs += self.log_capital
         self.t += n
@@ -346,17 +348,14 @@ class SequentialGate:
             return self.decision
         x = np.asarray(x, dtype=np.float64)
         logs = self._sides(x)  # row 0: the pass side's log capital, row 1: the fail side's
-        end = len(x)
-        crossed = logs >= self._log_level
-        if crossed.any():
+        best = logs.max(axis=1) if len(x) else np.zeros(2)
+        if best.max() >= self._log_level:
+            crossed = logs >= self._log_level
             firsts = [(int(np.argmax(row)), side) for row, side in zip(crossed, ("pass", "fail")) if row.any()]
             at, verdict = min(firsts)
             self.decision = Decision(verdict, self.seen + at + 1)
-            end = at + 1  # what follows the decision is not part of the test
-        if end:
-            best = logs[:, :end].max(axis=1)
-            self._best = {"pass": max(self._best["pass"], float(best[0])),
-                          "fail": max(self._best["fail"], float(best[1]))}
+            best = logs[:, :at + 1].max(axis=1)  # what follows the decision is not part of the test
+        self._best = {"pass": max(self._best["pass"], float(best[0])), "fail": max(self._best["fail"], float(best[1]))}
         self.seen += len(x)
         return self.decision
 

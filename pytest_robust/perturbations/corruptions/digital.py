@@ -44,17 +44,16 @@ def pixelate(x, c, g, preset):
     return F.interpolate(small.contiguous(), size=(h, w), mode="nearest-exact")
 
 
-def _pil_jpeg(image: torch.Tensor, quality: int, out: torch.Tensor) -> None:
-    """Code one (c, h, w) CPU image in [0, 1] at ``quality`` and write its decoding / 255 to ``out``.
-
-    The levels round(255 x) (NumPy's ``rint``: half to even, as ``torch.round``) are merged from
-    their planes into a Pillow image and split into planes again after the round trip (Pillow's
-    own copies, faster than interleaving the channels in torch)."""
-    levels = np.rint(image.numpy() * 255).astype(np.uint8)
-    planes = [Image.fromarray(plane) for plane in levels]
+def _pil_jpeg(image: np.ndarray, quality: int, out: np.ndarray) -> None:
+    """Code one (c, h, w) image in [0, 1] at ``quality`` with Pillow and write its decoding / 255
+    to ``out`` (c, h, w, float). The levels round(255 x) (NumPy's ``rint``: half to even, as
+    ``torch.round``) are computed image by image, while the image is in the cache; the planes are
+    merged into a Pillow image and split again after the round trip (Pillow's own copies, faster
+    than interleaving the channels in torch)."""
+    planes = [Image.fromarray(plane) for plane in np.rint(image * 255).astype(np.uint8)]
     buffer = io.BytesIO()
     (planes[0] if len(planes) == 1 else Image.merge("RGB", planes)).save(buffer, format="JPEG", quality=quality)
-    for plane, channel in zip(Image.open(buffer).split(), out.numpy()):
+    for plane, channel in zip(Image.open(buffer).split(), out):
         np.divide(np.asarray(plane), channel.dtype.type(255), out=channel)
 
 
@@ -75,7 +74,8 @@ def jpeg_compression(x, c, g, preset):
     qualities = [int(q) for q in (c if isinstance(c, list) else [c] * len(x))]
     if x.device.type != "cpu":
         return jpeg(x, qualities)
-    images, out = x.detach(), torch.empty_like(x)
+    images = x.numpy(force=True)  # the one read of the batch (no copy on a CPU)
+    out = np.empty(images.shape, dtype=images.dtype)
     threads = max(1, min(torch.get_num_threads(), len(x)))
     if threads == 1:
         for image, quality, decoded in zip(images, qualities, out):
@@ -83,7 +83,7 @@ def jpeg_compression(x, c, g, preset):
     else:
         with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(_pil_jpeg, images, qualities, out))
-    return out
+    return torch.from_numpy(out)
 
 
 def elastic_transform(x, c, g, preset):
