@@ -14,7 +14,7 @@ from toy_models import SmallNet, image_data
 
 from pytest_robust import adversarial_accuracy
 from pytest_robust.attacks.fab import ETA, fab, onto_hyperplane
-from pytest_robust.attacks.norms import L1Ball
+from pytest_robust.attacks.norms import L1Ball, L2Ball
 from pytest_robust.attacks.square import eta, square
 from pytest_robust.engine.forward import Forward
 from pytest_robust.engine.streams import RowStreams
@@ -156,18 +156,21 @@ def test_square_l1_breaks_what_zero_gradients_hide_and_the_masking_warning_fires
     assert r.details["gradient_masking"]["broken_only_by_square"] >= 4
 
 
-def test_square_l1_never_counts_a_point_rounded_outside_the_ball():
-    """A 10-class linear model on (3, 16, 16) inputs at eps 3, where float32 rescaling leaves some
-    proposals' mass a few ulps above eps: no reported point lies outside the ball."""
+@pytest.mark.parametrize("ball", [L1Ball(3.0), L2Ball(1.0)], ids=["l1", "l2"])
+def test_square_never_counts_a_point_rounded_outside_the_ball(ball):
+    """A 10-class linear model on (3, 16, 16) inputs, where float32 rescaling to length (L1: mass)
+    eps leaves some proposals a few ulps outside the ball (at L2 1.0, one of 64 rows without the
+    check): no reported point lies outside the ball."""
     g = torch.Generator().manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, 10))
     x = torch.rand(64, 3, 16, 16, generator=g)
     with torch.no_grad():
         y = model(x).argmax(1)
-    lo, hi = feasible_box(x, 3.0, (0.0, 1.0))
+    lo, hi = feasible_box(x, ball.eps, (0.0, 1.0))
     streams = RowStreams([torch.Generator().manual_seed(i) for i in range(8)], [8] * 8, x.device, x.dtype)
-    fooled, found = square(Forward(model, batch_size=64), x, y, lo, hi, torch.arange(64), L1Ball(3.0), 200, streams)
-    assert fooled.any() and (_l1(found[fooled] - x[fooled]) <= 3.0).all()
+    fooled, found = square(Forward(model, batch_size=64), x, y, lo, hi, torch.arange(64), ball, 200, streams)
+    lengths = (found[fooled] - x[fooled]).flatten(1).norm(p=1 if ball.name == "l1" else 2, dim=1)
+    assert fooled.any() and (lengths <= ball.eps).all()
 
 
 def test_more_targets_than_the_ranking_pool_are_ranked():

@@ -61,6 +61,11 @@ HALVINGS = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
 #: Broken rows leave the search after every 1/SEGMENTS of the queries (one host read each).
 SEGMENTS = 10
 
+#: L2 and L1 deltas are rescaled to length (mass) INSIDE eps, not eps: a delta rescaled to eps
+#: exactly lands a float32 ulp or two outside the ball about as often as inside, and which one
+#: depends on the order in which a norm is summed. 2^-20 is about eight ulps of float32.
+INSIDE = 1.0 - 2.0 ** -20
+
 
 def window_share(i: int, queries: int) -> float:
     """p at iteration i of a search of ``queries`` queries (module docstring)."""
@@ -163,7 +168,7 @@ def _lp_start(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, ball: Ball, s
     delta[:, :, top : top + a * tiles_h, left : left + b * tiles_w] = grid
     if p == 1:
         return ball.project(x + delta, x, lo, hi) - x
-    return delta * (ball.eps / delta.flatten(1).norm(dim=1).clamp(min=1e-30))[:, None, None, None]
+    return delta * (ball.eps * INSIDE / delta.flatten(1).norm(dim=1).clamp(min=1e-30))[:, None, None, None]
 
 
 def _power(ball: Ball) -> int:
@@ -240,15 +245,15 @@ class _Search:
         energy = energy[:, None, None, None]
         proposal = torch.where(w1, fresh / (fresh_length + 1e-12) * energy, torch.where(w2, 0.0, d))
         length = proposal.flatten(1).norm(p=p, dim=1).clamp(min=1e-30)[:, None, None, None]
-        return proposal * (self.ball.eps / length)
+        return proposal * (self.ball.eps * INSIDE / length)
 
     def iterate(self, i: int, queries: int) -> None:
         """One proposal per row, kept where it lowers the margin (L2: the delta the clamp applied)."""
         linf = self.ball.name == "linf"
         proposal = self._linf_proposal(i, queries) if linf else self._lp_proposal(i, queries)
         value, wrong, point = self._evaluate(proposal)
-        if self.ball.name == "l1":  # rescaled to mass eps in floating point: count a point only inside the ball
-            wrong = wrong & ((point - self.x).flatten(1).abs().sum(dim=1) <= self.ball.eps)
+        if not linf:  # rescaled to length (mass) eps in floating point: count a point only inside the ball
+            wrong = wrong & ((point - self.x).flatten(1).norm(p=_power(self.ball), dim=1) <= self.ball.eps)
         better = value < self.margin if linf else (value < self.margin) | wrong
         kept = proposal if linf else point - self.x
         self.delta = torch.where(better[:, None, None, None], kept, self.delta)
