@@ -28,8 +28,9 @@ At each checkpoint, and after the steps ``EARLY`` (each capped at the first chec
 already broken leave the run (their remaining steps are not spent): most breakable inputs break
 within a few steps, so they cost a few evaluations rather than the first checkpoint's w_1 + 1.
 One host read per exit: eight checkpoints plus len(EARLY) per run whatever N (an exit that
-coincides with the previous one, for small N, still reads once); nothing else is read back,
-every per-row decision is a ``torch.where`` on the device. Iterates, step sizes and losses are float32 or wider whatever
+coincides with the previous one, for small N, still reads once), which also reads whether every
+logit since the last exit was finite (``Forward.deferring``); nothing else is read back, every
+per-row decision is a ``torch.where`` on the device. Iterates, step sizes and losses are float32 or wider whatever
 the model's dtype (the model wrapper casts at the model's input).
 """
 
@@ -151,11 +152,13 @@ def _record(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Ten
     found[s.index] = torch.where(per_row(s.fooled, s.x), s.x, s.best_x)
 
 
-def _retire(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Tensor) -> _Rows:
+def _retire(forward: Forward, s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Tensor) -> _Rows:
     """Record the current rows' outcomes and keep only the rows not yet broken (the one host read
-    of a checkpoint; the state is copied only when some row leaves)."""
+    of a checkpoint; the state is copied only when some row leaves). The finiteness of the logits
+    since the last exit is read here too (``Forward.deferring``): the device already waited."""
     _record(s, fooled, flat, found)
     keep = (~s.fooled).nonzero().squeeze(1)
+    forward.check_flag(int(forward.finite))
     return s if len(keep) == len(s.index) else s.take(keep)
 
 
@@ -182,16 +185,18 @@ def apgd(forward: Forward, x0: torch.Tensor, center: torch.Tensor, y: torch.Tens
     """
     fooled = torch.zeros(len(y), dtype=torch.bool, device=x0.device)
     flat, found = torch.zeros_like(fooled), x0.clone()
-    s, done, last = _start(forward, x0, center, y, labels, lo, hi, objective, ball), 0, 0
-    marks = checkpoints(steps)
-    for e in EARLY:  # capped at the first checkpoint: the same number of reads whatever the steps
-        s, done = _advance(forward, s, objective, ball, done, min(e, marks[0]))
-        s = _retire(s, fooled, flat, found)
-    for w in marks:
-        s, done = _advance(forward, s, objective, ball, done, w)
-        if w > last:
-            s = _revise(s, w - last)
-        s, last = _retire(s, fooled, flat, found), w
-    s, _ = _advance(forward, s, objective, ball, done, steps)
-    _record(s, fooled, flat, found)
+    with forward.deferring():  # the logits' finiteness is read at the exits, not at every step
+        s, done, last = _start(forward, x0, center, y, labels, lo, hi, objective, ball), 0, 0
+        marks = checkpoints(steps)
+        for e in EARLY:  # capped at the first checkpoint: the same number of reads whatever the steps
+            s, done = _advance(forward, s, objective, ball, done, min(e, marks[0]))
+            s = _retire(forward, s, fooled, flat, found)
+        for w in marks:
+            s, done = _advance(forward, s, objective, ball, done, w)
+            if w > last:
+                s = _revise(s, w - last)
+            s, last = _retire(forward, s, fooled, flat, found), w
+        s, _ = _advance(forward, s, objective, ball, done, steps)
+        _record(s, fooled, flat, found)
+        forward.check_flag(int(forward.finite))
     return fooled, flat, found
