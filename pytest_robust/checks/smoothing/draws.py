@@ -73,6 +73,10 @@ class Noise:
         self.generator.manual_seed(stream_seed(self.seed, "smoothing", index, block))
         torch.randn(out.shape, generator=self.generator, out=out)
 
+#: Batches of draws between two reads of the logits' finiteness flag (a model that returns NaN
+#: is named within this many batches, and the device does not wait for the host between them).
+CHECK_EVERY = 64
+
 
 def draw_noisy(x_i: torch.Tensor, sigma: float, noise: Noise, index: int, start: int, stop: int,
                out: torch.Tensor | None = None) -> torch.Tensor:
@@ -156,18 +160,23 @@ def _counts(forward: Forward, x: torch.Tensor, index, sigma: float, phases, seed
     The counts stay on the device, flat: cell tag * (classes + 1) + class, where class = classes
     stands for a tie. ``index_add_`` asserts its indices on the device, where
     ``index_put_(accumulate=True)`` reads their range to the host in some PyTorch releases; so the
-    only host read is the final one.
+    host reads are the final one and the logits' finiteness flag (``Forward.deferring``) every
+    ``CHECK_EVERY`` batches.
     """
     counts = None
     total = len(x) * sum(stop - start for start, stop in phases)
-    for rows, tags in _batches(x, index, sigma, phases, seed, device, forward.batch_size):
-        values, classes = forward.ranked(rows)
-        width = forward.n_classes + 1
-        pred = torch.where(values[:, 0] > values[:, 1], classes[:, 0], width - 1)
-        if counts is None:
-            counts = torch.zeros(len(x) * len(phases) * width, dtype=torch.long, device=device)
-        counts.index_add_(0, tags * width + pred, torch.ones_like(pred))
-        forward.report_progress(metric=metric, draws=forward.passes, budget=total)
+    with forward.deferring():  # finiteness read every CHECK_EVERY batches, not at each
+        for k, (rows, tags) in enumerate(_batches(x, index, sigma, phases, seed, device, forward.batch_size)):
+            values, classes = forward.ranked(rows)
+            width = forward.n_classes + 1
+            pred = torch.where(values[:, 0] > values[:, 1], classes[:, 0], width - 1)
+            if counts is None:
+                counts = torch.zeros(len(x) * len(phases) * width, dtype=torch.long, device=device)
+            counts.index_add_(0, tags * width + pred, torch.ones_like(pred))
+            forward.report_progress(metric=metric, draws=forward.passes, budget=total)
+            if k % CHECK_EVERY == CHECK_EVERY - 1:
+                forward.check_flag(int(forward.finite))
+        forward.check_flag(int(forward.finite))
     if counts is None:  # no inputs on this rank
         return np.zeros((0, len(phases), 0), dtype=np.int64)
     return counts.view(len(x), len(phases), width)[:, :, :-1].numpy(force=True)

@@ -139,12 +139,20 @@ def chunk_end(start: int, allowance: int, fewest: int, clean: bool) -> int:
 def outcomes(run: Run, plan: GatePlan, shard: Shard, spans: list) -> np.ndarray:
     """One batch of the gate: whether the model is right on draws a..b-1 of input i, for each span
     (i, a, b) in turn, as one boolean host array. Noise and labels are assembled on the device;
-    the outcomes are the batch's one host read."""
+    the outcomes, with the logits' finiteness flag (``Forward.deferring``), are the batch's one host
+    read."""
     rows = [shard.row[i] for i, _, _ in spans]
     noise = Noise(tuple(shard.x.shape[1:]), shard.x.dtype, run.seed, run.device)
     noisy = torch.cat([draw_noisy(shard.x[k], plan.sigma, noise, i, a, b) for k, (i, a, b) in zip(rows, spans)])
     labels = torch.cat([shard.y[k].expand(b - a) for k, (_, a, b) in zip(rows, spans)])
-    return run.forward.correct(noisy, labels).numpy(force=True)
+    with run.forward.deferring():  # the logits' finiteness comes back with the outcomes
+        correct = run.forward.correct(noisy, labels)
+        finite = run.forward.finite
+    if finite is True:  # no rows: nothing was evaluated
+        return correct.numpy(force=True)
+    host = torch.cat([correct, finite.view(1)]).numpy(force=True)
+    run.forward.check_flag(int(host[-1]))
+    return host[:-1]
 
 
 def run_round(run: Run, plan: GatePlan, state: GateState, tests: LocalTests, shard: Shard, queue: deque,
