@@ -266,11 +266,14 @@ def pillow_jpeg(x: torch.Tensor, qualities) -> torch.Tensor:
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("shape", [(3, 1, 8, 8), (2, 1, 13, 21), (3, 3, 32, 32), (2, 3, 37, 41)])
+@pytest.mark.parametrize("shape", [(3, 1, 8, 8), (2, 1, 13, 21), (3, 3, 32, 32), (2, 3, 37, 41), (2, 3, 28, 28),
+                                   (1, 3, 100, 36), (2, 3, 32, 4), (1, 3, 9, 5), (2, 1, 6, 4)])
 def test_jpeg_is_pillows_codec_bit_for_bit(shape):
-    """Grey and RGB images, any size, one quality or one per image: Pillow's result exactly, on
-    the CPU path (Pillow itself) and on the batched tensor codec that other devices run. (Both
-    are integer arithmetic, so exact equality holds on every machine.)"""
+    """Grey and RGB images, any size (even heights that are not whole 16-px MCUs, whose chroma
+    padding differs; widths of 4 px or less, whose chroma is not upsampled by the fancy filter),
+    one quality or one per image: Pillow's result exactly, on the CPU path (Pillow itself) and on
+    the batched tensor codec that other devices run. (Both are integer arithmetic, so exact
+    equality holds on every machine.)"""
     x = torch.rand(shape, generator=gen(0))
     for severity in (1, 5):
         c = Corruption("jpeg_compression", severity)
@@ -297,7 +300,9 @@ def test_jpeg_tensor_codec_on_photographs_and_in_half_precision():
                                            ((1, 3, 32, 32), 0.65), ((1, 1, 37, 53), 0.5), ((1, 1, 41, 29), 0.3)])
 def test_pixelate_is_pillows_box_then_nearest(shape, factor):
     """Pixelate equals Pillow's BOX downsampling and nearest upsampling on 32-bit float images
-    (mode "F": no rounding to 8 bits), to float32 rounding (1e-5 on values in [0, 1])."""
+    (mode "F": no rounding to 8 bits), to float32 rounding (1e-5 on values in [0, 1]), on these
+    sizes (nearest upsampling at pixel centres can round a centre that falls exactly on an edge
+    to the other neighbour than Pillow in some sizes; the downsampling is Pillow's everywhere)."""
     from PIL import Image
 
     x = torch.rand(shape, generator=gen(2))
@@ -415,3 +420,15 @@ def test_repr():
     assert repr(Corruption("fog", 2)) == "Corruption('fog', severity=2)"
     boxed = Corruption("fog", 2, "cifar", bounds=(-1, 1))
     assert repr(boxed) == "Corruption('fog', severity=2, preset='cifar', bounds=(-1, 1))"
+
+
+def test_jpeg_takes_bfloat16_and_refuses_a_quality_list_of_the_wrong_length():
+    """The CPU path takes bfloat16 batches (NumPy has none) and returns their dtype; a list of
+    qualities must have one per image, or the error says so (no image is left unwritten)."""
+    x = torch.rand(3, 3, 16, 16, generator=gen(3))
+    out = jpeg_compression(x.to(torch.bfloat16), 50, None, "cifar")
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), jpeg_compression(x.to(torch.bfloat16).float(), 50, None, "cifar"),
+                               rtol=0, atol=0.01)  # bfloat16 keeps 8 bits of the levels / 255
+    with pytest.raises(ValueError, match="2 qualities for 3 images: give one per image"):
+        jpeg_compression(x, [50, 40], None, "cifar")

@@ -70,3 +70,20 @@ def test_a_batch_with_nan_logits_names_how_many_rows_and_which():
     with pytest.raises(RobustModelError, match=r"NaN or infinite logits on \d+ of \d+ inputs of a batch \(rows \d+"):
         pr.intermediate_q(NanWhere(above=0.85), data(value=0.84), perturbation=pr.UniformLinf(eps=0.1), q=10,
                           max_loss=2.0, chains=4, steps=6, warmup=2, inputs=48, budget=20_000)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_deferred_flag_tells_huge_finite_logits_from_non_finite_ones(dtype):
+    """``Forward.deferring``'s flag (read by the streams, APGD and the smoothing counts): logits at
+    the largest finite values of their dtype are finite (a float64 sum of float64 logits could
+    overflow, so float64 logits are tested one by one); a single NaN or infinity is not."""
+    from pytest_robust.engine.forward import Forward
+
+    big = torch.finfo(dtype).max
+    for logits, finite in ((torch.tensor([[big, big * 0.9]] * 4, dtype=dtype), True),
+                           (torch.tensor([[1.0, 2.0], [float("nan"), 0.0]], dtype=dtype), False),
+                           (torch.tensor([[1.0, float("-inf")], [2.0, 0.0]], dtype=dtype), False)):
+        forward = Forward(lambda x, z=logits: z, batch_size=8)
+        with forward.deferring():
+            forward.logits(torch.zeros(len(logits), 3))
+        assert bool(forward.finite) is finite, (dtype, logits)

@@ -303,9 +303,10 @@ class Forward:
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
         if self.deferred:  # read later, with the caller's own host read (``finite``)
-            # the float64 sum is finite exactly when every logit is (NaN and +-inf carry through;
-            # finite logits of any dtype cannot overflow it)
-            finite = torch.isfinite(z.detach().sum(dtype=torch.float64))
+            # a float64 sum of narrower logits is finite exactly when every logit is (NaN and +-inf
+            # carry through; they cannot overflow it); float64 logits could, so they are tested each
+            finite = (torch.isfinite(z.detach()).all() if z.dtype == torch.float64
+                      else torch.isfinite(z.detach().sum(dtype=torch.float64)))
             self.finite = finite if self.finite is True else finite & self.finite
         elif not torch.isfinite(z).all():
             self.raise_nonfinite(x, z)

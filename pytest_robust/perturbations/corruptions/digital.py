@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from pytest_robust.errors import ArgumentError
 from pytest_robust.perturbations.corruptions._ops import blur, box_rows, constant, uniform, warp
 from pytest_robust.perturbations.corruptions.jpeg import jpeg
 
@@ -36,9 +37,11 @@ def saturate(x, c, g, preset):
 
 def pixelate(x, c, g, preset):
     """Downsample to (int(c h), int(c w)) px by PIL's ``BOX`` filter (``_ops.box_rows``, rows then
-    columns), then upsample by nearest neighbour (pixel centres, PIL's ``NEAREST``; the
-    reference's ``BOX`` upsampling is the same map): Pillow's resizes of float images, to float32
-    rounding. The reference resizes 8-bit images, so it differs by its rounding (< 1.5/255)."""
+    columns: Pillow's resize of float images, to float32 rounding), then upsample by nearest
+    neighbour at pixel centres (torch's ``nearest-exact``). That is the map of the reference's
+    ``BOX`` upsampling and of Pillow's ``NEAREST`` except where a pixel centre falls exactly on a
+    source pixel's edge, which rounds to the other neighbour in some sizes. The reference resizes
+    8-bit images, so it also differs by its rounding (< 1.5/255)."""
     h, w = x.shape[-2:]
     small = box_rows(box_rows(x, int(h * c)).transpose(2, 3).contiguous(), int(w * c)).transpose(2, 3)
     return F.interpolate(small.contiguous(), size=(h, w), mode="nearest-exact")
@@ -71,10 +74,13 @@ def jpeg_compression(x, c, g, preset):
       back to the host. (torchvision's nvJPEG encoder is not used: it takes 3-channel images
       only and keeps chroma at full resolution, 4:4:4, so its images differ from the CPU's.)
     """
+    if isinstance(c, list) and len(c) != len(x):
+        raise ArgumentError(f"jpeg_compression got {len(c)} qualities for {len(x)} images: give one per image")
     qualities = [int(q) for q in (c if isinstance(c, list) else [c] * len(x))]
     if x.device.type != "cpu":
         return jpeg(x, qualities)
-    images = x.numpy(force=True)  # the one read of the batch (no copy on a CPU)
+    # the one read of the batch (no copy on a CPU; NumPy has no bfloat16)
+    images = (x.float() if x.dtype == torch.bfloat16 else x).numpy(force=True)
     out = np.empty(images.shape, dtype=images.dtype)
     threads = max(1, min(torch.get_num_threads(), len(x)))
     if threads == 1:
@@ -83,7 +89,7 @@ def jpeg_compression(x, c, g, preset):
     else:
         with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(_pil_jpeg, images, qualities, out))
-    return torch.from_numpy(out)
+    return torch.from_numpy(out).to(x.dtype)
 
 
 def elastic_transform(x, c, g, preset):

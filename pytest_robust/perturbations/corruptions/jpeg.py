@@ -8,8 +8,9 @@ and decoded as Pillow decodes it, on the images' device, for a whole batch at on
    + 2^15) >> 16, Cb = (-11059 R - 21709 G + 32768 B + 2^23 + 2^15 - 1) >> 16, Cr likewise with
    (32768, -27439, -5329); grey images are one luma plane;
 3. chroma 4:2:0 (Pillow's default): each 2x2 square -> (sum + b) >> 2, b = 1, 2, 1, 2, ... along
-   the row (``jcsample.c``); planes padded by repeating the last row and column to whole
-   16-px squares (8 px for grey), as libjpeg pads to whole MCUs;
+   the row (``jcsample.c``); as libjpeg pads to whole MCUs, the columns are padded by repeating
+   the last one to a multiple of 16 px and the rows to an even count before downsampling, then
+   each plane's last row is repeated down to whole 8-px blocks (grey: rows and columns to 8 px);
 4. per 8x8 block B, libjpeg's integer DCT (``jfdctint.c``, "islow", 13-bit constants; two passes,
    each rounded) gives 8 F, F ~ T (B - 128) T^T (T the orthonormal DCT-II), quantised to
    k = sign(F) floor((8 |F| + 4 Q) / (8 Q)) (``jcdctmgr.c``) with the IJG tables at quality q
@@ -19,7 +20,8 @@ and decoded as Pillow decodes it, on the images' device, for a whole batch at on
    clipped to 0..255;
 6. chroma upsampled by libjpeg's "fancy" triangle filter (``jdsample.c``): column sums
    s = 3 C_i + C_(i -+ 1) for the upper/lower output row, then outputs (3 s_j + s_(j-1) + 8) >> 4
-   and (3 s_j + s_(j+1) + 7) >> 4, edges repeated;
+   and (3 s_j + s_(j+1) + 7) >> 4, edges repeated (planes of at most 2 columns: each value
+   repeated);
 7. YCbCr -> RGB in fixed point (``jdcolor.c``): R = Y + ((91881 Cr' + 2^15) >> 16), G = Y +
    ((-22554 Cb' - 46802 Cr' + 2^15) >> 16), B = Y + ((116130 Cb' + 2^15) >> 16), Cb' = Cb - 128,
    clipped to 0..255; the result is L' / 255.
@@ -38,6 +40,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from pytest_robust.engine.device import upload
 from pytest_robust.perturbations.corruptions._ops import constant
 
 #: The IJG example tables (JPEG standard, Annex K), row-major.
@@ -121,8 +124,8 @@ def _tables(base: tuple, qualities: list, like: torch.Tensor) -> torch.Tensor:
     when all qualities agree)."""
     distinct = sorted(set(qualities))
     tables = constant(tuple(quantisation_table(base, q) for q in distinct), like.device, torch.float64)
-    if len(distinct) != 1:
-        tables = tables[constant(tuple(distinct.index(q) for q in qualities), like.device, torch.long)]
+    if len(distinct) != 1:  # the images' mix changes from batch to batch: uploaded without a wait
+        tables = tables[upload(torch.tensor([distinct.index(q) for q in qualities]), like.device)]
     return tables.view(-1, 1, 8, 8)
 
 
@@ -159,8 +162,12 @@ def _shift(s: torch.Tensor, step: int, dim: int) -> torch.Tensor:
 
 
 def _upsample(chroma: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """Step 6: libjpeg's h2v2 fancy upsampling of (n, 2, ceil(h/2), ceil(w/2)) planes to (h, w)."""
+    """Step 6: libjpeg's h2v2 fancy upsampling of (n, 2, ceil(h/2), ceil(w/2)) planes to (h, w);
+    planes of at most 2 columns are upsampled by repeating each value (libjpeg-turbo's
+    ``jinit_upsampler`` uses the fancy filter only on wider ones)."""
     n, c, hh, ww = chroma.shape
+    if ww <= 2:
+        return chroma.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)[..., :h, :w]
     rows = []
     for step in (-1, 1):  # upper output row: the row above; lower: the row below
         s = chroma * 3 + _shift(chroma, step, 2)
@@ -180,11 +187,13 @@ def jpeg(x: torch.Tensor, qualities: list) -> torch.Tensor:
         return _code_blocks(_pad(levels, 8), luma)[..., :h, :w].div_(255).to(x.dtype)
     ycc = constant(((19595, 38470, 7471), (-11059, -21709, 32768), (32768, -27439, -5329)), x.device, torch.float64)
     offset = constant((32768, 8421375, 8421375), x.device, torch.float64).view(1, 3, 1, 1)
-    padded = _pad(levels, 16)
+    # libjpeg pads the columns to whole 16-px MCUs and the rows to an even count before
+    # downsampling, then repeats the last chroma row and luma row down to whole blocks
+    padded = F.pad(levels, (0, -w % 16, 0, h % 2), mode="replicate") if w % 16 or h % 2 else levels
     planes = ycc.matmul(padded.flatten(2)).view(padded.shape).add_(offset).div_(65536).floor_()
     bias = constant((1.0, 2.0), x.device, torch.float64).repeat(planes.shape[-1] // 4)
-    chroma = F.avg_pool2d(planes[:, 1:], 2).mul_(4).add_(bias).div_(4).floor_()
-    y = _code_blocks(planes[:, :1], luma)[..., :h, :w]
+    chroma = _pad(F.avg_pool2d(planes[:, 1:], 2).mul_(4).add_(bias).div_(4).floor_(), 8)
+    y = _code_blocks(_pad(planes[:, :1], 8), luma)[..., :h, :w]
     chroma = _code_blocks(chroma, _tables(CHROMA, qualities, x))[..., :(h + 1) // 2, :(w + 1) // 2]
     shifted = _upsample(chroma, h, w).sub_(128)
     rgb = constant(((0, 91881), (-22554, -46802), (116130, 0)), x.device, torch.float64)
