@@ -87,3 +87,31 @@ def test_the_deferred_flag_tells_huge_finite_logits_from_non_finite_ones(dtype):
         with forward.deferring():
             forward.logits(torch.zeros(len(logits), 3))
         assert bool(forward.finite) is finite, (dtype, logits)
+
+
+def test_a_replayed_run_names_the_failing_batch_and_is_not_charged():
+    """``Forward.replayable``: a run whose deferred flag says non-finite is made again with the
+    check at every call, so the error names the batch's rows; the replay is counted but not held
+    to the budget (it would exceed it here); a model that does not fail again still gets the error,
+    without rows."""
+    from pytest_robust.engine.forward import Forward
+
+    def model(x):  # NaN logits on rows whose first feature is above 0.5
+        z = torch.stack([x[:, 0], -x[:, 0]], dim=1)
+        return torch.where(x[:, :1] > 0.5, float("nan"), z)
+
+    x = torch.tensor([[0.1, 0.0], [0.2, 0.0], [0.9, 0.0], [0.3, 0.0]])
+    forward = Forward(model, batch_size=2, budget=4)
+    with pytest.raises(RobustModelError, match=r"on 1 of 2 inputs of a batch \(rows 0 of the batch\)"):
+        forward.replayable(lambda: forward.logits(x))
+    assert forward.passes == 4 + 2 and forward.budget == 4  # the replay stopped at its second batch
+    calls = []
+
+    def once(x):  # non-finite on its first call only
+        calls.append(1)
+        return torch.full((len(x), 2), float("nan") if len(calls) == 1 else 0.0)
+
+    forward = Forward(once, batch_size=4)
+    with pytest.raises(RobustModelError, match="NaN or infinite logits on perturbed inputs"):
+        forward.replayable(lambda: forward.logits(x))
+    assert forward.replayable(lambda: forward.logits(x)[:, 0].sum()) == 0.0  # a finite run returns its result

@@ -339,6 +339,25 @@ class Forward:
         if not flag:
             self.raise_nonfinite()
 
+    def replayable(self, run: Callable[[], object]):
+        """``run()`` with the logits' finiteness read once, at its end (``deferring``), so the
+        device never waits for the host between its model calls. When some logit was not finite,
+        ``run()`` is made again with the check at every call: the same draws (``run`` must build
+        its seeded streams itself), so the error names the failing batch and its rows. The replay
+        is counted but not held to the budget (a BudgetError would hide the model's fault); if it
+        does not fail (a nondeterministic model), the error says non-finite logits without the batch."""
+        with self.deferring():
+            out = run()
+            flag = int(self.finite)
+        if flag:
+            return out
+        budget, self.budget = self.budget, None
+        try:
+            run()
+        finally:
+            self.budget = budget
+        self.raise_nonfinite()
+
 
 def correct_predictions(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Boolean per row: the true class has the strictly largest logit (a tie is an error).

@@ -29,12 +29,12 @@ def _path_group(plan: Plan, q: float, group: list[int]) -> list[dict]:
     x, y = repeat_rows(plan.x[rows], cfg.chains), repeat_rows(plan.y[rows], cfg.chains)
     space = plan.perturbation.parameter_space(x)
     evaluate = evaluator(space, y, plan.run.forward, plan.loss)
-    trace = path_sampling(
+    trace = plan.run.forward.replayable(lambda: path_sampling(  # no host read between the chains' steps
         space, evaluate, q, cfg.steps, cfg.sampler, cfg.chains,
         plan.streams("q-warmup", group, cfg.chains), plan.streams("q-path", group, cfg.chains),
         progress=lambda: plan.run.forward.report_progress(metric=f"q-loss (q={q:g})", stage="path sampling",
-                                         forward_passes=plan.run.forward.passes),
-    )
+                                                          forward_passes=plan.run.forward.passes),
+    ))
     sizes = [(plan.blocks[b].stop - plan.blocks[b].start) * cfg.chains for b in group]
     fields = {"log_losses": trace.log_losses, "accept": trace.accept, "log_step": trace.log_step,
               "warmup_accept": trace.warmup_accept}
@@ -64,17 +64,21 @@ def _mc_group(plan: Plan, q: float, group: list[int]) -> list[np.ndarray]:
     """Log losses of ``mc_draws`` independent draws from the perturbation per input of each block
     in ``group`` (one array per block); draws DRAW_CHUNK at a time per input, every block from its
     own streams, the blocks of the group in one model call."""
-    draws, parts = plan.config.mc_draws, []
-    for k, start in enumerate(range(0, draws, DRAW_CHUNK)):
-        d = min(DRAW_CHUNK, draws - start)
-        xs = torch.cat([plan.perturbation(repeat_rows(plan.x[plan.blocks[b]], d),
-                                          stream_generator(plan.seed, "q-mc", b, k, device=plan.run.device))
-                        for b in group])
-        y = torch.cat([plan.y[plan.blocks[b]] for b in group])
-        parts.append(plan.loss.log_values(plan.run.forward.logits(xs), repeat_rows(y, d)).reshape(len(y), d))
-        plan.run.forward.report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo",
-                                         forward_passes=plan.run.forward.passes)
-    logs = torch.cat(parts, dim=1).double().cpu().numpy()
+    draws, forward = plan.config.mc_draws, plan.run.forward
+
+    def chunks() -> list:  # every chunk's log losses, kept on the device
+        parts = []
+        for k, start in enumerate(range(0, draws, DRAW_CHUNK)):
+            d = min(DRAW_CHUNK, draws - start)
+            xs = torch.cat([plan.perturbation(repeat_rows(plan.x[plan.blocks[b]], d),
+                                              stream_generator(plan.seed, "q-mc", b, k, device=plan.run.device))
+                            for b in group])
+            y = torch.cat([plan.y[plan.blocks[b]] for b in group])
+            parts.append(plan.loss.log_values(forward.logits(xs), repeat_rows(y, d)).reshape(len(y), d))
+            forward.report_progress(metric=f"q-loss (q={q:g})", stage="Monte Carlo", forward_passes=forward.passes)
+        return parts
+
+    logs = torch.cat(forward.replayable(chunks), dim=1).double().cpu().numpy()
     return np.split(logs, np.cumsum([plan.blocks[b].stop - plan.blocks[b].start for b in group])[:-1])
 
 
