@@ -89,36 +89,6 @@ def _islow(device: torch.device) -> tuple:
         return tuple(m.to(device) for m in (first, second, inverse))
 
 
-#: libjpeg's islow IDCT (``jidctint.c``, 13-bit constants) as an integer matrix: before its two
-#: roundings, output sample x of a row or column is sum_u ISLOW[x][u] (coefficient u).
-ISLOW = ((8192, 11363, 10703, 9633, 8192, 6437, 4433, 2260),
-         (8192, 9633, 4433, -2259, -8192, -11362, -10704, -6436),
-         (8192, 6437, -4433, -11362, -8192, 2261, 10704, 9633),
-         (8192, 2260, -10703, -6436, 8192, 9633, -4433, -11363),
-         (8192, -2260, -10703, 6436, 8192, -9633, -4433, 11363),
-         (8192, -6437, -4433, 11362, -8192, -2261, 10704, -9633),
-         (8192, -9633, 4433, 2259, -8192, 11362, -10704, 6436),
-         (8192, -11363, 10703, -9633, 8192, -6437, 4433, -2260))
-
-
-@functools.lru_cache(maxsize=16)
-def _islow(device: torch.device) -> tuple:
-    """(forward pass 1, forward pass 2, inverse) 8x8 float64 matrices with libjpeg's scalings folded in.
-
-    The forward islow butterfly (``jfdctint.c``) is ISLOW^T with rows 0 and 4 divided by 2^13.
-    Pass 1 (rows) keeps 2 fraction bits: outputs 0, 4 times 4, the others / 2^11 and rounded;
-    pass 2 (columns) rounds outputs 0, 4 / 4 and the others / 2^15: the coefficients scaled by 8.
-    The inverse passes each round ISLOW's sums, / 2^11 (columns) and / 2^18 (rows)."""
-    with torch.inference_mode(False):
-        inverse = torch.tensor(ISLOW, dtype=torch.float64)
-        forward = inverse.T.clone()
-        forward[[0, 4]] /= 8192
-        exact = torch.tensor([1.0, 0, 0, 0, 1, 0, 0, 0], dtype=torch.float64)[:, None].bool()
-        first = forward * torch.where(exact, 4.0, 2.0 ** -11)
-        second = forward * torch.where(exact, 0.25, 2.0 ** -15)
-        return tuple(m.to(device) for m in (first, second, inverse))
-
-
 def _tables(base: tuple, qualities: list, like: torch.Tensor) -> torch.Tensor:
     """(n, 1, 8, 8) float64 quantisation tables, one per image (one shared (1, 1, 8, 8)
     when all qualities agree)."""
