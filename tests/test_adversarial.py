@@ -183,6 +183,7 @@ def test_a_budget_attacks_the_inputs_it_pays_for_and_is_refused_only_below_one_i
     assert (short.estimate, short.lower, short.upper) == (subset.estimate, subset.lower, subset.upper)
     assert short.forward_passes <= short.budget
     assert f"paid for 3 of the 40 inputs (each attack costs up to {per_input}" in short.message()
+    assert f"so {short.forward_passes} were spent" in short.message()  # what was spent, beside the worst case
     r = adversarial_accuracy(SmallNet().eval(), (x, y), budget=1 + 40 * per_input, **attack)
     assert r.forward_passes <= r.budget and "budget_stop" not in r.details
     assert r.details["attack"]["worst_case_per_input"] == per_input and r.details["attack"]["classes"] == 3

@@ -162,6 +162,8 @@ CASES = [
     ("nan-in-data", run_tsrm(data=with_nan(float("nan"))), RobustDataError, "input 3 has NaN"),
     ("inf-in-data", run_tsrm(data=with_nan(float("inf"))), RobustDataError, "input 3 has infinite"),
     ("images-0-255", run_tsrm(data=(images()[0] * 255, images()[1])), RobustDataError, "divide the images by 255"),
+    ("images-0-16", run_tsrm(data=(images()[0] * 16, images()[1])), RobustDataError,
+     "e.g. 16 for scikit-learn's 8x8 digits, 255 for 8-bit images"),
     ("normalized-data", run_tsrm(data=((images()[0] - 0.5) / 0.25, images()[1])), RobustDataError, "bounds="),
     ("normalized-data-advice", run_tsrm(data=((images()[0] - 0.5) / 0.25, images()[1])), RobustDataError,
      "pass the model's normalization as normalize=(mean, std)"),

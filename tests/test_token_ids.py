@@ -524,6 +524,14 @@ def test_corruptions_on_token_ids_say_images_only():
         pr.corruption_accuracy(BagOfEmbeddings(), sentences(20), budget=100)
 
 
+def test_an_image_perturbation_on_token_ids_gets_token_advice():
+    """A corruption on token ids names what works for them (the embeddings, or a substitution of
+    the ids), not noise in features' units (which refuses integers) or a channels-last layout."""
+    with pytest.raises(pr.ArgumentError, match="are token ids, not images: perturb the model's embeddings") as err:
+        pr.tsrm(BagOfEmbeddings(), sentences(20), perturbation=pr.Corruption("jpeg_compression", 3), budget=100)
+    assert "bounds=None" not in str(err.value) and "permute" not in str(err.value)
+
+
 def test_a_global_embedding_is_switched_off_per_check_and_named_on_continuous_inputs(pytester):
     pytester.makeconftest("""
 import pytest

@@ -387,8 +387,10 @@ def _budget_stop(run: Run, details: dict, attacked: int, n: int, per_input_cost:
     if attacked >= n or run.clock.stopped or (gate is not None and gate.decision is not None):
         return ""
     details["budget_stop"] = {"attacked": attacked, "chosen": n, "worst_case_per_input": per_input_cost}
+    spent = run.args.budget - max(run.remaining(), 0)
     return (f"the budget of {run.args.budget} model evaluations paid for {attacked} of the {n} inputs (each attack "
-            f"costs up to {per_input_cost}; inputs broken early cost less)")
+            f"costs up to {per_input_cost}, and an input is attacked only where the budget left covers that; "
+            f"inputs broken early cost less, so {spent} were spent)")
 
 
 adversarial_accuracy = function("adversarial_accuracy", DECLARATION)

@@ -312,14 +312,22 @@ def check_size(perturbation, x: torch.Tensor) -> None:
 def check_images_only(perturbation, x: torch.Tensor) -> None:
     """ArgumentError when a perturbation defined on images only (``Perturbation.images_only``)
     meets inputs that are not (n, 1 or 3, height, width) images, naming what to use instead."""
-    if getattr(perturbation, "images_only", None) and not is_image_batch(x):
+    if not getattr(perturbation, "images_only", None) or is_image_batch(x):
+        return
+    head = (f"{perturbation!r} is for images only ({perturbation.images_only}), and these inputs of shape "
+            f"{tuple(x.shape)}")
+    if not x.dtype.is_floating_point:
         raise ArgumentError(
-            f"{perturbation!r} is for images only ({perturbation.images_only}), and these inputs of shape "
-            f"{tuple(x.shape)} are not images (n, 1 or 3 channels, height, width): for tabular features, sequences "
-            "or embeddings use noise in the features' units, e.g. tsrm with UniformLinf(eps=..., bounds=None) or "
-            "GaussianNoise(sigma=..., bounds=None) (one size per feature allowed), adversarial_accuracy with "
-            "eps=..., or a perturbation of your own (a callable (x, generator) -> x'); images of another layout "
-            "go in as (n, channels, height, width), e.g. x.permute(0, 3, 1, 2) for channels-last")
+            f"{head} are token ids, not images: perturb the model's embeddings instead (embedding='<the model's "
+            "embedding module>' with GaussianNoise(sigma=...) or adversarial_accuracy(eps=...)), or the ids "
+            "themselves with a perturbation of your own (a callable (ids, generator) -> ids, e.g. a random token "
+            "substitution)")
+    raise ArgumentError(
+        f"{head} are not images (n, 1 or 3 channels, height, width): for tabular features, sequences "
+        "or embeddings use noise in the features' units, e.g. tsrm with UniformLinf(eps=..., bounds=None) or "
+        "GaussianNoise(sigma=..., bounds=None) (one size per feature allowed), adversarial_accuracy with "
+        "eps=..., or a perturbation of your own (a callable (x, generator) -> x'); images of another layout "
+        "go in as (n, channels, height, width), e.g. x.permute(0, 3, 1, 2) for channels-last")
 
 
 def inspect_inputs(ds, perturbation, normalized: bool = False) -> None:
@@ -351,11 +359,17 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool =
         f"bounds=({float(lo):g}, {float(hi):g})"
     )
     images = is_image_batch(x)
-    if images and low >= 0 and 10.0 < high <= 255.0 and float(hi.max()) <= 1.0:
+    if images and low >= 0 and 128.0 < high <= 255.0 and float(hi.max()) <= 1.0:
         raise RobustDataError(
             f"{name}: inputs range from {low:g} to {high:g}, which looks like 0..255 images, but the "
             f"perturbation's box is {shown}: divide the images by 255 (torchvision's ToTensor() does) "
             "so that inputs and eps are in [0, 1] pixel units"
+        )
+    if images and low >= 0 and 1.0 < high <= 128.0 and float(hi.max()) <= 1.0:
+        raise RobustDataError(
+            f"{name}: inputs range from {low:g} to {high:g}, but the perturbation's box is {shown}: divide the "
+            "images by their full scale (the largest value their format holds, e.g. 16 for scikit-learn's 8x8 "
+            "digits, 255 for 8-bit images) so that inputs and eps are in [0, 1] pixel units"
         )
     advice = NORMALIZED_INSIDE_ADVICE if normalized else NORMALIZATION_ADVICE if images else FEATURES_BOX_ADVICE
     raise RobustDataError(
