@@ -515,3 +515,15 @@ def test_host_reads_per_model_call(check):
     (reads_1, calls_1), (reads_2, calls_2) = counts
     assert calls_2 > calls_1 + 10
     assert reads_2 - reads_1 <= most * (calls_2 - calls_1) + (most < 1)
+
+
+def test_a_gate_whose_budget_left_inputs_open_says_to_raise_it():
+    """Inputs still undecided when the budget's share for them ran out: the inconclusive message
+    says more budget would help (a few evaluations stay unspent, so it must not read as "every
+    input used, only more inputs help")."""
+    sigma = 0.25
+    data = inputs_with_pa([0.9995] * 30 + [0.985] * 20 + [0.5] * 10, sigma)
+    r = certified_accuracy(HALF_SPACE, data, threshold=0.7, radius=0.5, sigma=sigma, budget=20_000)
+    assert r.verdict == "inconclusive" and r.forward_passes < r.budget and r.details["undecided"] > 0
+    assert "could pay for no more of their draws" in r.message() and "raise it (--robust-budget" in r.message()
+    assert "not more budget" not in r.message()

@@ -73,7 +73,7 @@ def _check_feasible(run: Run, radius, sigma, alpha, max_draws) -> tuple[int, int
             short, needed = (short, mid) if passes(mid) else (mid, needed)
         run.require(needed * fewest, f"to pass: at least {needed} of {n_inputs} inputs certified and each "
                     f"certificate at least {fewest} draws (L2 radius {radius:g}, sigma={sigma:g}, alpha={alpha:g}); "
-                    "raise the budget or use fewer inputs")
+                    "raise the budget, or pass fewer inputs in the data")
     return fewest, fixed
 
 
@@ -140,13 +140,26 @@ def _gate_note(certified, refuted, at_cap, n, settled, budget, plan: GatePlan) -
     return note + f"; bounds: Clopper-Pearson over inputs -/+ alpha={plan.alpha:g}"
 
 
+def _undecided_reason(plan: GatePlan, undecided: int, at_cap: int) -> str:
+    """Why a gate left inconclusive stopped: every input decided (only more inputs help), inputs
+    left open by the budget's allocation (more budget helps), or only by max_draws."""
+    if not undecided:
+        return ("every input was decided and the bounds still straddle the threshold: only more inputs "
+                "(not more draws) can narrow them")
+    if undecided > at_cap:
+        return (f"{undecided - at_cap} input(s) were still undecided when the budget of {plan.budget} model "
+                "evaluations could pay for no more of their draws (it is shared out among the inputs, so some of "
+                "it can stay unspent): raise it (--robust-budget, budget= on the marker) or max_draws=, or "
+                "move the threshold away from the estimate")
+    return (f"{undecided} input(s) reached max_draws={plan.max_draws} undecided: raise max_draws= (and the budget) "
+            "or move the threshold away from the estimate")
+
+
 def _gate_details(plan: GatePlan, state: GateState, radius: float, fewest: int, fixed: int, at_cap: int) -> dict:
     names = {OPEN: "undecided", CERTIFIED: "certified", REFUTED: "not certifiable"}
     undecided = int((state.verdict == OPEN).sum())
     return {
-        "inconclusive_reason": None if undecided else (
-            "every input was decided and the bounds still straddle the threshold: only more inputs "
-            "(not more draws) can narrow them"),
+        "inconclusive_reason": _undecided_reason(plan, undecided, at_cap),
         "radius": radius,
         "sigma": plan.sigma,
         "alpha": plan.alpha,
