@@ -121,6 +121,9 @@ def test_cache_dir_setting_moves_the_cache(suite):
     [
         ("nppr=0.8", "needs eps="),
         ("nppr=0.8, eps=0.1, modes=3", "unknown keyword(s) modes"),
+        # the library function's threshold= is the marker's own nppr=
+        ("nppr=0.8, eps=0.1, threshold=0.8", "unknown keyword(s) threshold on robust(nppr=...) (the threshold is the "
+                                             "value of nppr=)"),
         ("nppr=1.2, eps=0.1", "nppr=1.2 is invalid"),
         ("nppr=0.8, eps=-0.1", "eps=-0.1 is invalid: expected a finite number > 0"),
         # every parameter is validated at collection, by its declaration

@@ -272,8 +272,10 @@ class Metric:
             raise ArgumentError(f"{per_run[0]}{SPELLINGS[spelling][1]} on {where}: {per_run[0]} "
                                 f"{PER_RUN[per_run[0]]}, not per check", key=per_run[0])
         if unknown:
-            raise ArgumentError(f"unknown keyword(s) {', '.join(k + suggest(k, allowed) for k in unknown)} on {where}; "
-                                + self.valid_keywords(name, spelling, where, settings), key=unknown[0])
+            # the library functions' threshold= is the check's own keyword on a marker or in a suite
+            hint = f" (the threshold is the value of {name}{SPELLINGS[spelling][1]})" if "threshold" in unknown else ""
+            raise ArgumentError(f"unknown keyword(s) {', '.join(k + suggest(k, allowed) for k in unknown)} on {where}"
+                                f"{hint}; " + self.valid_keywords(name, spelling, where, settings), key=unknown[0])
 
     def _requested_pairing(self, where: str, threshold_key: str | None, given: dict, keywords: dict,
                            spelling: str) -> tuple | None:
