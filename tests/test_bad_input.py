@@ -557,3 +557,19 @@ checks:
     result.assert_outcomes(failed=1)
     (r,) = json.loads((suite.path / "rep" / "results.json").read_text())["results"]
     assert r["verdict"] == "error" and "weights missing" in r["details"]["error"]
+
+
+def test_a_check_that_did_not_run_names_what_it_would_have_perturbed():
+    """The conditions recorded for a check without numbers (an error, a skip) come from its own
+    parameters: a certified-accuracy check names its smoothing, not the run's eps; a check with a
+    default perturbation says so beside the run's eps."""
+    from pytest_robust.checks import BUILTIN
+    from pytest_robust.checks.registry import CheckSpec
+    from pytest_robust.checks.spec import not_run
+
+    certified = CheckSpec("certified_accuracy", 0.6, {"radius": 0.5, "sigma": 0.25})
+    assert not_run(certified, BUILTIN, "error", "boom").perturbation == "Gaussian smoothing sigma=0.25, L2 radius 0.5"
+    q = not_run(CheckSpec("q", 0.5, {"q": 10}), BUILTIN, "error", "boom").perturbation
+    assert q == "its default" or q.startswith("its default perturbation")
+    attack = CheckSpec("adversarial_accuracy", 0.4, {"eps": 0.1})
+    assert not_run(attack, BUILTIN, "error", "boom").perturbation == "eps=0.1"

@@ -76,15 +76,31 @@ def not_run(spec: CheckSpec, metrics: dict, verdict: str, reason: str, model: st
     with what is known of its conditions: its parameters and, when resolved, its settings."""
     metric = metrics.get(spec.metric)
     direction = metric.direction if metric is not None else ">="
-    p = spec.params.get("perturbation")
-    eps = spec.overrides.get("eps", spec.params.get("eps", settings.eps if settings else None))
-    shown = repr(p) if p is not None else f"eps={eps:g}" if isinstance(eps, (int, float)) else "its default"
-    result = Result.not_run(spec.metric, spec.threshold, direction, shown, verdict, reason, model)
+    result = Result.not_run(spec.metric, spec.threshold, direction, _conditions(spec, metric, settings), verdict,
+                            reason, model)
     result.details["title"] = metric.title if metric is not None and metric.title else spec.metric
     if settings is not None:
         result.confidence, result.seed = settings.confidence, settings.seed
         result.budget = (budget_of(settings, metric) if metric is not None else settings.budget) or 0
     return result
+
+
+def _conditions(spec: CheckSpec, metric: Metric | None, settings: Settings | None) -> str:
+    """What a check that produced no numbers would have perturbed, from its parameters: its
+    perturbation, its radius where it takes eps=, its smoothing where it takes sigma=, else its
+    default (the default perturbations' size is the run's eps, named where known)."""
+    given = {**spec.params, **spec.overrides}
+    declared = {p.name for p in metric.params} if metric is not None else {"eps"}
+    eps = given.get("eps", settings.eps if settings else None)
+    if given.get("perturbation") is not None:
+        return repr(given["perturbation"])
+    if "eps" in declared and isinstance(eps, (int, float)):
+        return f"eps={eps:g}"
+    if "sigma" in declared and isinstance(given.get("sigma"), (int, float)):
+        radius = given.get("radius")
+        return f"Gaussian smoothing sigma={given['sigma']:g}" + (
+            f", L2 radius {radius:g}" if isinstance(radius, (int, float)) else "")
+    return f"its default perturbation (eps={eps:g})" if isinstance(eps, (int, float)) else "its default"
 
 
 def budget_of(settings: Settings, metric: Metric) -> int | None:
