@@ -271,9 +271,10 @@ def pillow_jpeg(x: torch.Tensor, qualities) -> torch.Tensor:
 def test_jpeg_is_pillows_codec_bit_for_bit(shape):
     """Grey and RGB images, any size (even heights that are not whole 16-px MCUs, whose chroma
     padding differs; widths of 4 px or less, whose chroma is not upsampled by the fancy filter),
-    one quality or one per image: Pillow's result exactly, on the CPU path (Pillow itself) and on
-    the batched tensor codec that other devices run. (Both are integer arithmetic, so exact
-    equality holds on every machine.)"""
+    one quality or one per image: Pillow's result exactly, on the CPU path (torchvision's bindings
+    of the same libjpeg-turbo) and on the batched tensor codec that other devices run, and that a
+    CPU runs when torchvision has no JPEG codec. (Both are integer arithmetic, so exact equality
+    holds on every machine.)"""
     x = torch.rand(shape, generator=gen(0))
     for severity in (1, 5):
         c = Corruption("jpeg_compression", severity)
@@ -283,6 +284,9 @@ def test_jpeg_is_pillows_codec_bit_for_bit(shape):
     assert torch.equal(jpeg_compression(x, qualities, None, "cifar"), pillow_jpeg(x, qualities))
     for batch_qualities in ([100] * len(x), [1] * len(x), [95, 50, 3][: len(x)], qualities):
         assert torch.equal(jpeg(x, batch_qualities), pillow_jpeg(x, batch_qualities)), batch_qualities
+    with pytest.MonkeyPatch.context() as patch:  # a torchvision without the (deprecated) codec bindings
+        patch.setattr("pytest_robust.perturbations.corruptions.digital.encode_jpeg", None)
+        assert torch.equal(jpeg_compression(x, qualities, None, "cifar"), pillow_jpeg(x, qualities))
 
 
 def test_jpeg_tensor_codec_on_photographs_and_in_half_precision():

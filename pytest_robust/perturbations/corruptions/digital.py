@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import io
-from concurrent.futures import ThreadPoolExecutor
+import warnings
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+
+try:  # libjpeg-turbo's bindings, deprecated since torchvision 0.29; once gone, the tensor codec codes on a CPU too
+    from torchvision.io import decode_jpeg, encode_jpeg
+except ImportError:  # pragma: no cover - torchvision without its image extension
+    decode_jpeg = encode_jpeg = None
 
 from pytest_robust.errors import ArgumentError
 from pytest_robust.perturbations.corruptions._ops import blur, box_rows, constant, uniform, warp
@@ -47,28 +50,17 @@ def pixelate(x, c, g, preset):
     return F.interpolate(small.contiguous(), size=(h, w), mode="nearest-exact")
 
 
-def _pil_jpeg(image: np.ndarray, quality: int, out: np.ndarray) -> None:
-    """Code one (c, h, w) image in [0, 1] at ``quality`` with Pillow and write its decoding / 255
-    to ``out`` (c, h, w, float). The levels round(255 x) (NumPy's ``rint``: half to even, as
-    ``torch.round``) are computed image by image, while the image is in the cache; the planes are
-    merged into a Pillow image and split again after the round trip (Pillow's own copies, faster
-    than interleaving the channels in torch)."""
-    planes = [Image.fromarray(plane) for plane in np.rint(image * 255).astype(np.uint8)]
-    buffer = io.BytesIO()
-    (planes[0] if len(planes) == 1 else Image.merge("RGB", planes)).save(buffer, format="JPEG", quality=quality)
-    for plane, channel in zip(Image.open(buffer).split(), out):
-        np.divide(np.asarray(plane), channel.dtype.type(255), out=channel)
-
-
 def jpeg_compression(x, c, g, preset):
     """JPEG encoding at quality c (or at c[i] for image i, c a list) and decoding of the image
     quantised to 8 bits (round(255 x)), as Pillow's libjpeg-turbo (the codec of the reference)
     does it: RGB images as YCbCr with 4:2:0 chroma subsampling (Pillow's default), grey images as
     one luma component. Every device gets the same numbers, each by its fastest path:
 
-    - on a CPU, libjpeg-turbo codes the images one by one (``_pil_jpeg``), spread over
-      ``torch.get_num_threads()`` threads (the codec releases the GIL): its SIMD code on 8-bit
-      images measured 8x faster than the batched tensor codec below;
+    - on a CPU, torchvision's bindings of libjpeg-turbo (``torchvision.io.encode_jpeg`` and
+      ``decode_jpeg``: the library and the settings Pillow uses, islow DCT, 4:2:0 and fancy
+      upsampling, equal to Pillow level for level, ``tests/test_corruptions.py``) code the images
+      one by one, each quantised and rescaled by NumPy while it is in the cache: its SIMD code on
+      8-bit images measured 8x faster than the batched tensor codec below;
     - on any other device, ``jpeg.jpeg`` codes the whole batch there, libjpeg's integer
       arithmetic in float64 tensors, equal to Pillow's result level for level, with nothing read
       back to the host. (torchvision's nvJPEG encoder is not used: it takes 3-channel images
@@ -77,18 +69,20 @@ def jpeg_compression(x, c, g, preset):
     if isinstance(c, list) and len(c) != len(x):
         raise ArgumentError(f"jpeg_compression got {len(c)} qualities for {len(x)} images: give one per image")
     qualities = [int(q) for q in (c if isinstance(c, list) else [c] * len(x))]
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or encode_jpeg is None:
         return jpeg(x, qualities)
     # the one read of the batch (no copy on a CPU; NumPy has no bfloat16)
     images = (x.float() if x.dtype == torch.bfloat16 else x).numpy(force=True)
-    out = np.empty(images.shape, dtype=images.dtype)
-    threads = max(1, min(torch.get_num_threads(), len(x)))
-    if threads == 1:
+    out = np.empty_like(images)
+    scale = images.dtype.type(255)
+    levels, octets = np.empty(images.shape[1:], images.dtype), torch.empty(images.shape[1:], dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The image decoding and encoding", DeprecationWarning)
         for image, quality, decoded in zip(images, qualities, out):
-            _pil_jpeg(image, quality, decoded)
-    else:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            list(pool.map(_pil_jpeg, images, qualities, out))
+            np.rint(np.multiply(image, scale, out=levels), out=levels)  # half to even, as torch.round
+            np.copyto(octets.numpy(), levels, casting="unsafe")
+            np.copyto(decoded, decode_jpeg(encode_jpeg(octets, quality=quality)).numpy())
+            np.divide(decoded, scale, out=decoded)  # two SIMD passes, faster than one mixed-type divide
     return torch.from_numpy(out).to(x.dtype)
 
 
