@@ -3,8 +3,8 @@ blocks of draws perturbed in one call (``Perturbation.draw_blocks``) against blo
 confidence sequence's bracketed bisection over cached running means against the plain bisection
 with ``rejects_at``, the forward pass's top-two logits (``Forward.ranked``, ``Forward.grad(truth=)``)
 against ``correct_predictions`` and the tie count of ``Forward.logits``, the gate's two betting sides
-advanced together against each alone, and NPPR's learned mixture drawing a step's blocks in one call
-against block by block."""
+advanced together against each alone, NPPR's learned mixture drawing a step's blocks in one call
+against block by block, and uniform noise without its clipping pass against the clipped draw."""
 
 from __future__ import annotations
 
@@ -32,6 +32,20 @@ def test_blocks_drawn_in_one_call_are_the_blocks_drawn_alone(perturbation):
                        for j, g in enumerate(generators())])
     assert torch.equal(together, alone) and not torch.equal(together, x)
     assert torch.equal(x, torch.rand(3 * 8, 5, 3, generator=torch.Generator().manual_seed(0)))  # x untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("perturbation", [pr.UniformLinf(eps=0.3), pr.UniformLinf(eps=PER_FEATURE),
+                                          pr.UniformLinf(eps=0.7, bounds=(-1.0, 0.5))], ids=repr)
+def test_uniform_noise_needs_no_clipping_pass(perturbation, dtype):
+    """``UniformLinf`` skips the clip (``within_box``): lerp(lo, hi, u) for u in [0, 1) lies in [lo, hi],
+    which the ball and box share, in every precision (inputs on the box's edges, radii beyond it)."""
+    lo, hi = perturbation.bounds
+    x = torch.rand(4000, 3, generator=torch.Generator().manual_seed(1)).mul_(hi - lo).add_(lo)
+    x[::7], x[1::7] = lo, hi
+    x = x.to(dtype)
+    drawn = perturbation(x, torch.Generator().manual_seed(2))
+    assert perturbation.within_box and torch.equal(drawn, perturbation.clip(drawn.clone()))
 
 
 def _plain(x: np.ndarray, alpha: float, known: float = 0.0, tol: float = 1e-6) -> float:

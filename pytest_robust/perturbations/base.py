@@ -190,6 +190,9 @@ class Perturbation(ABC):
     #: combines them element by element into a fresh tensor: then it takes ``streams.RowStreams``
     #: (a batch of blocks drawn in one call, ``draw_blocks``) and its output is clipped in place.
     elementwise = False
+    #: True when ``sample`` returns points inside the box by construction, so ``__call__`` adds no
+    #: clipping pass (the same numbers: clipping would change none).
+    within_box = False
 
     def __init__(self, bounds=(0.0, 1.0)):
         self.bounds = checked_box(bounds)
@@ -222,7 +225,8 @@ class Perturbation(ABC):
         return torch.clamp(x, lo, hi, out=x) if inplace else torch.maximum(torch.minimum(x, hi), lo)
 
     def __call__(self, x: torch.Tensor, generator) -> torch.Tensor:
-        return self.clip(self.sample(x, generator), inplace=self.elementwise)
+        drawn = self.sample(x, generator)
+        return drawn if self.within_box else self.clip(drawn, inplace=self.elementwise)
 
     def draw(self, x: torch.Tensor, generator: torch.Generator, index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One perturbed copy of the rows x, which are rows ``index`` of the data with labels ``y``."""

@@ -27,6 +27,7 @@ class UniformLinf(Perturbation):
 
     differentiable = True
     elementwise = True
+    within_box = True  # lerp(lo, hi, u) lies in [lo, hi] for u in [0, 1), and [lo, hi] in the box
     coordinate_size = "eps"
 
     def __init__(self, eps: float, bounds=(0.0, 1.0)):
