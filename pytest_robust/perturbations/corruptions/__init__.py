@@ -10,7 +10,7 @@ output on the same device. (The evaluation engine draws perturbations in fixed b
 each with its own generator, so a check's numbers do not depend on the batch size.)
 
 On a GPU the corruptions do not wait for the device: no value is read back to the host (JPEG
-too is coded on the device, ``jpeg``; on a CPU, by Pillow's codec, with the same numbers). The box
+too is coded on the device, ``jpeg``; on a CPU, by libjpeg-turbo, Pillow's codec, with the same numbers). The box
 check of ``Corruption.sample`` reads the batch's extremes; the engine's ``draw`` skips it, as the
 check's data were checked once.
 
