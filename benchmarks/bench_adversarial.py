@@ -8,7 +8,7 @@ Run from the repository root (both AutoAttacks are benchmark-only dependencies, 
     .venv/bin/python -m pip install --no-deps torchattacks==3.5.1
     .venv/bin/python -m pip install --no-deps pyautoattack==0.2.0   # --norm l1
     python benchmarks/bench_adversarial.py [--norm linf|l2|l1] [--heldout] [--gate] [--quick] [--no-aa100]
-        [--device cpu|cuda] [--threads N]
+        [--steps N] [--restarts N] [--device cpu|cuda] [--threads N]
 
 The radii per norm are in CNNS and LINEARS below; ``--heldout`` runs the HELDOUT radii instead.
 
@@ -173,11 +173,12 @@ def exact_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: floa
     return robust.double().mean().item()
 
 
-def ours(model: nn.Module, x, y, eps: float, norm: str, device) -> dict:
-    """``adversarial_accuracy`` at its defaults through the counting wrapper."""
+def ours(model: nn.Module, x, y, eps: float, norm: str, device, settings: dict) -> dict:
+    """``adversarial_accuracy`` through the counting wrapper, at its defaults but ``settings`` (APGD's
+    ``steps`` and ``restarts`` where ``--steps`` / ``--restarts`` give them)."""
     counted = Counted(model)
     start = time.perf_counter()
-    r = adversarial_accuracy(counted, (x, y), eps=eps, norm=norm, seed=SEED, device=device)
+    r = adversarial_accuracy(counted, (x, y), eps=eps, norm=norm, seed=SEED, device=device, **settings)
     probe = r.details.get("label_probe", {}).get("evaluations", 0)  # the label check's, outside the budget
     assert counted.rows == r.forward_passes + probe, (counted.rows, r.forward_passes, probe)
     return {"acc": r.estimate, "evals": counted.rows, "s": time.perf_counter() - start,
@@ -257,7 +258,7 @@ def evaluate(name: str, model: nn.Module, x, y, eps: float, cfg: dict, device, e
     norm = cfg["norm"]
     key = f"{norm}|{name}|{fingerprint(model, x, y)}|eps={eps:g}|inputs={len(y)}|seed={SEED}"
     row = {"model": name, "eps": eps, "exact": exact, "clean": correct_predictions(model(x), y).double().mean().item(),
-           "ours": ours(model, x, y, eps, norm, device) if cfg["ours"] else None,
+           "ours": ours(model, x, y, eps, norm, device, cfg["settings"]) if cfg["ours"] else None,
            "aa10": autoattack(model, x, y, eps, None, norm, key, cfg["refresh"]),
            "aa100": autoattack(model, x, y, eps, 100, norm, key, cfg["refresh"]) if cfg["aa100"] else None}
     print(f"  done: {name} eps={eps:g}", file=sys.stderr, flush=True)
@@ -391,7 +392,7 @@ def section(cfg: dict, device) -> str:
                      if r[k] is not None and r[k].get("cached")})
     line = header(device, f"seed={SEED}", f"norm={cfg['norm']}",
                   f"{cfg['inputs']} test digits (linear models: those of their classes)",
-                  "ours at the defaults",
+                  "ours at the defaults" + "".join(f", {k}={v}" for k, v in cfg["settings"].items()),
                   ("AutoAttack: pyautoattack 0.2.0 (the authors' code) L1 version=standard" if cfg["norm"] == "l1"
                    else "AutoAttack: torchattacks 3.5.1 version=standard")
                   + (f" ({', '.join(cached)} figures from {CACHE.name}, measured by an earlier run of this script; "
@@ -413,12 +414,15 @@ def main(argv=None) -> None:
         "--refresh-aa": dict(action="store_true", help="measure AutoAttack again rather than reuse the cache"),
         "--gate": dict(action="store_true", help="also measure the early decision's saving (digits CNNs)"),
         "--heldout": dict(action="store_true", help="the CNNs at radii never used to choose the defaults (L2)"),
+        "--steps": dict(type=int, default=None, help="our APGD steps per run (default: the check's)"),
+        "--restarts": dict(type=int, default=None, help="our APGD-CE restarts (default: the check's)"),
     })
     if args.heldout and args.norm not in HELDOUT:
         raise SystemExit(f"--heldout has radii for {', '.join(HELDOUT)} only, not --norm {args.norm}")
     cfg = {"inputs": 100 if args.quick else 359, "aa100": not (args.quick or args.no_aa100), "norm": args.norm,
            "models": args.models, "ours": not args.aa_only, "refresh": args.refresh_aa, "gate": args.gate,
-           "heldout": args.heldout}
+           "heldout": args.heldout,
+           "settings": {k: v for k, v in (("steps", args.steps), ("restarts", args.restarts)) if v is not None}}
     report(f"Adversarial accuracy benchmark ({args.mode} run, {args.norm}), digits example",
            lambda: section(cfg, args.device))
 
