@@ -63,7 +63,9 @@ SEGMENTS = 10
 
 #: L2 and L1 deltas are rescaled to length (mass) INSIDE eps, not eps: a delta rescaled to eps
 #: exactly lands a float32 ulp or two outside the ball about as often as inside, and which one
-#: depends on the order in which a norm is summed. 2^-20 is about eight ulps of float32.
+#: depends on the order in which a norm is summed. 2^-20 is about eight ulps of float32; a float32
+#: sum over many coordinates can err by more, so a point (the start too) counts only when its
+#: length, summed in float64, is within eps (``_Search._evaluate``).
 INSIDE = 1.0 - 2.0 ** -20
 
 
@@ -215,7 +217,12 @@ class _Search:
         """(margin, misclassified, point) at the point clamp(x + delta, lo, hi): one evaluation per row."""
         point = torch.minimum(torch.maximum(self.x + delta, self.lo), self.hi)
         logits = self.forward.logits(point.reshape(len(point), *self.shape))
-        return margin(logits, self.y), ~correct_predictions(logits, self.y), point
+        wrong = ~correct_predictions(logits, self.y)
+        if self.ball.name != "linf":  # rescaled to length (mass) eps in floating point: a point counts only inside
+            # the ball, its length summed in float64 (a float32 sum over hundreds of coordinates errs by more than ulps)
+            offset = point.flatten(1).double() - self.x.flatten(1).double()
+            wrong &= offset.norm(p=_power(self.ball), dim=1) <= self.ball.eps
+        return margin(logits, self.y), wrong, point
 
     def _linf_proposal(self, i: int, queries: int) -> torch.Tensor:
         """delta with one window set to one random sign per channel times eps."""
@@ -252,8 +259,6 @@ class _Search:
         linf = self.ball.name == "linf"
         proposal = self._linf_proposal(i, queries) if linf else self._lp_proposal(i, queries)
         value, wrong, point = self._evaluate(proposal)
-        if not linf:  # rescaled to length (mass) eps in floating point: count a point only inside the ball
-            wrong = wrong & ((point - self.x).flatten(1).norm(p=_power(self.ball), dim=1) <= self.ball.eps)
         better = value < self.margin if linf else (value < self.margin) | wrong
         kept = proposal if linf else point - self.x
         self.delta = torch.where(better[:, None, None, None], kept, self.delta)
