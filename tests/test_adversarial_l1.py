@@ -75,7 +75,7 @@ def test_the_sparse_step_has_unit_l1_norm_on_few_coordinates():
     for support, k in ((0, 1), (3, 2), (15, 10), (50, 10)):
         d = torch.zeros_like(x)
         d[:, :support] = 0.01
-        step = ball.ascent(grad, d)
+        step = ball.ascent(grad, x + d, x)
         assert torch.allclose(_l1(step), torch.ones(len(x), dtype=x.dtype))
         assert ((step != 0).sum(dim=1) == k).all() and k == max(1, min(int(np.ceil(support / 1.5)),
                                                                        int(SPARSITY * 50)))

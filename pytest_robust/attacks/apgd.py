@@ -100,7 +100,8 @@ class _Rows:
 def _evaluate(forward: Forward, x: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, objective: Objective):
     """(loss, gradient, misclassified, gradient exactly zero) at x, one evaluation per row."""
     loss, grad, right = forward.grad(x, labels, objective, truth=y)
-    return loss, grad, ~right, grad.flatten(1).abs().amax(dim=1) == 0  # NaN is not 0
+    flat = grad.flatten(1)  # two reductions, no |g| copy (aminmax along a row measured 15x slower); NaN is not 0
+    return loss, grad, ~right, (flat.amax(dim=1) == 0) & (flat.amin(dim=1) == 0)
 
 
 def _start(forward, x0, center, y, labels, lo, hi, objective, ball) -> _Rows:
@@ -119,7 +120,7 @@ def _step(forward: Forward, s: _Rows, objective: Objective, ball: Ball, first: b
     is (its step size and momentum weight are 0 and its point is feasible, so the projection keeps
     it exactly): its point is its first misclassified iterate, with no copy of it per step."""
     moving = (~s.fooled).to(s.eta.dtype)
-    z = ball.project(s.x + per_row(s.eta * moving, s.x) * ball.ascent(s.grad, s.x - s.center), s.center, s.lo, s.hi)
+    z = ball.project(s.x + per_row(s.eta * moving, s.x) * ball.ascent(s.grad, s.x, s.center), s.center, s.lo, s.hi)
     if not first:
         z = ball.project(s.x + ALPHA * (z - s.x) + per_row((1 - ALPHA) * moving, s.x) * (s.x - s.x_prev), s.center,
                          s.lo, s.hi)

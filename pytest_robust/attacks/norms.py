@@ -6,7 +6,8 @@ Every attack keeps, per row, the feasible L-inf box S = [max(x - eps, lo), min(x
 that contains the L2 and L1 balls' intersections with it (|d_i| <= ||d||_2 <= ||d||_1). A ``Ball``
 supplies what differs between the norms (all per row, in input units, float32 or wider):
 
-- ``ascent(g, d)``: the ascent direction of unit norm for a gradient g at the perturbation d:
+- ``ascent(g, z, x)``: the ascent direction of unit norm for a gradient g at the point z of the
+  ball around x (the perturbation d = z - x, computed only where the norm needs it, L1):
   sign(g) in L-inf (the maximiser of g.d over ||d||_inf <= 1), g / ||g||_2 in L2 (0 where g = 0);
   in L1 (Croce & Hein's L1-APGD, ICML 2021) sign(g_i) on the k coordinates of largest |g_i|,
   divided by k, with k = ceil(min(||d||_0 / 1.5, SPARSITY D)), at least 1: sparser as the
@@ -95,7 +96,7 @@ class Ball:
         self.eps = eps  # the radius (per feature: the largest; APGD's step sizes are in its units)
         self.per_feature = per_feature  # L-inf only: one radius per coordinate, of one input's shape
 
-    def ascent(self, g: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    def ascent(self, g: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return g.sign()
 
     def project(self, z: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -117,7 +118,7 @@ class L2Ball(Ball):
     name, title = "l2", "L2"
     widening, wide_first_order = WIDENING, True
 
-    def ascent(self, g: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    def ascent(self, g: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return _unit(g)
 
     def project(self, z: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -143,9 +144,9 @@ class L1Ball(Ball):
     widening, step = WIDENING, 1.0
     restarts, targets, fab_targets, square_queries = 10, 0, 2, 50
 
-    def ascent(self, g: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    def ascent(self, g: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         flat, width = g.flatten(1), g[0].numel()
-        support = (d.flatten(1) != 0).sum(dim=1)
+        support = ((z - x).flatten(1) != 0).sum(dim=1)
         k = torch.clamp(torch.ceil(torch.clamp(support / 1.5, max=SPARSITY * width)), min=1).long()
         magnitude = flat.abs()
         kth = magnitude.sort(dim=1, descending=True).values.gather(1, k[:, None] - 1)

@@ -229,8 +229,8 @@ class Forward:
             out = x.new_empty((0,)), x.new_empty(x.shape)
             return out if truth is None else out + (torch.zeros(0, dtype=torch.bool, device=x.device),)
         values, grads, right = zip(*parts)
-        out = torch.cat(values), torch.cat(grads)
-        return out if truth is None else out + (torch.cat(right),)
+        out = _joined(list(values), None), _joined(list(grads), None)  # one chunk: no copy
+        return out if truth is None else out + (_joined(list(right), None),)
 
     def called(self, x: torch.Tensor, model=None):
         """The logits of ``model(x)`` (default: the check's model; another module, such as a
