@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 VERDICTS = ("pass", "fail", "inconclusive", "estimate", "error", "skipped", "interrupted")
 
 #: What a report shows for a check (``Result.status``): its verdict, or how pytest judged its test.
@@ -336,19 +338,23 @@ def rows(table: dict) -> list[dict]:
     return [dict(zip(names, values)) for values in zip(*(table[c] for c in names))]
 
 
-def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+def _numbers(values, n: int) -> np.ndarray:
+    """A column as floats: finite numbers as they are, anything else (absent, None, text, NaN) NaN."""
+    if values is None:
+        return np.full(n, np.nan)
+    return np.array([float(v) if isinstance(v, (int, float)) and math.isfinite(v) else np.nan for v in values])
 
 
 def worst(table: dict, direction: str = ">=", k: int = WORST) -> list[dict]:
     """The ``k`` worst rows: by outcome rank (``OUTCOME_RANK``), then by estimate (lowest first for
     an accuracy, ``direction`` ">="; highest first for a loss, "<="), else by stage (earliest
-    first), then by index. Stable: ties keep the data order."""
-    sign = 1.0 if direction == ">=" else -1.0
-
-    def key(row: dict):
-        estimate, stage = _number(row.get("estimate")), _number(row.get("stage"))
-        order = sign * estimate if estimate is not None else stage if stage is not None else math.inf
-        return OUTCOME_RANK.get(row["outcome"], OUTCOME_RANK["undecided"]), order, row["index"]
-
-    return sorted(rows(table), key=key)[:k]
+    first), then by index. Stable: ties keep the data order. The keys are columns (one sort of
+    arrays); only the k rows chosen are built."""
+    n, undecided = len(table["index"]), OUTCOME_RANK["undecided"]
+    rank = np.array([OUTCOME_RANK.get(o, undecided) for o in table["outcome"]], dtype=float)
+    estimate, stage = _numbers(table.get("estimate"), n), _numbers(table.get("stage"), n)
+    order = np.where(np.isnan(estimate), np.where(np.isnan(stage), np.inf, stage),
+                     (1.0 if direction == ">=" else -1.0) * estimate)
+    names = columns(table)
+    chosen = np.lexsort((np.asarray(table["index"]), order, rank))[:k] if n else []
+    return [dict(zip(names, (table[c][i] for c in names))) for i in chosen]

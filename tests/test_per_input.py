@@ -28,6 +28,33 @@ def test_worst_inputs_rank_outcomes_then_estimates_in_the_metrics_direction():
     assert [r["index"] for r in worst(staged)] == [2, 0, 1]
 
 
+def test_worst_inputs_sorted_as_columns_are_the_rows_sorted_one_by_one():
+    """The column sort of ``worst`` against the definition: every row built, sorted by (outcome rank,
+    signed estimate, else stage, else last, index), stable; with ties, gaps (None, NaN, text) and
+    outcome words the ranks do not know."""
+    import math
+    import random
+
+    from pytest_robust.results import OUTCOME_RANK, rows
+
+    rng = random.Random(0)
+    words = ["robust", "broken", "misclassified", "undecided", "certified", "made up"]
+    for direction in (">=", "<="):
+        n = 300
+        table = {"index": rng.sample(range(10_000), n), "outcome": [rng.choice(words) for _ in range(n)],
+                 "estimate": [rng.choice([None, math.nan, "x", 0.5, rng.random()]) for _ in range(n)],
+                 "stage": [rng.choice([None, 0, 1, 2, "square"]) for _ in range(n)]}
+        sign = 1.0 if direction == ">=" else -1.0
+
+        def key(row):
+            number = lambda v: float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None  # noqa: E731
+            estimate, stage = number(row["estimate"]), number(row["stage"])
+            order = sign * estimate if estimate is not None else stage if stage is not None else math.inf
+            return OUTCOME_RANK.get(row["outcome"], OUTCOME_RANK["undecided"]), order, row["index"]
+
+        assert worst(table, direction, k=50) == sorted(rows(table), key=key)[:50]
+
+
 def test_a_malformed_table_is_the_metrics_bug_named():
     with bare_run("mine", small_net(), images()) as run:
         with pytest.raises(ArgumentError,
