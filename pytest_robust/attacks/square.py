@@ -277,7 +277,7 @@ class _Search:
         self.record(fooled, found)
         keep = (~self.fooled).nonzero().squeeze(1)
         for name in ("live", "x", "y", "lo", "hi", "delta", "margin", "fooled", "found"):
-            setattr(self, name, getattr(self, name)[keep])
+            setattr(self, name, getattr(self, name).index_select(0, keep))
 
 
 def square(forward: Forward, x: torch.Tensor, y: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
