@@ -122,16 +122,18 @@ def _step(forward: Forward, s: _Rows, objective: Objective, ball: Ball, first: b
     it exactly): its point is its first misclassified iterate, with no copy of it per step."""
     moving = (~s.fooled).to(s.eta.dtype)
     z = ball.project(s.x + per_row(s.eta * moving, s.x) * ball.ascent(s.grad, s.x, s.center), s.center, s.lo, s.hi)
-    if not first:
-        z = ball.project(s.x + ALPHA * (z - s.x) + per_row((1 - ALPHA) * moving, s.x) * (s.x - s.x_prev), s.center,
-                         s.lo, s.hi)
+    if not first:  # x + ALPHA (z - x) + (1 - ALPHA) (x - x_prev), in place on fresh temporaries
+        step = (z - s.x).mul_(ALPHA).add_(s.x)
+        z = ball.project(step.add_((s.x - s.x_prev).mul_(per_row((1 - ALPHA) * moving, s.x))), s.center, s.lo, s.hi)
     loss, grad, wrong, flat = _evaluate(forward, z, s.y, s.labels, objective)
     better = loss > s.best_loss
     wide = per_row(better, z)
-    return dataclasses.replace(
-        s, x=z, x_prev=s.x, grad=grad, loss=loss, rises=s.rises + (loss > s.loss),
-        best_x=torch.where(wide, z, s.best_x), best_grad=torch.where(wide, grad, s.best_grad),
-        best_loss=torch.where(better, loss, s.best_loss), fooled=s.fooled | wrong, flat=s.flat & flat)
+    # the state advanced in place (no caller keeps the old one): dataclasses.replace cost more than the arithmetic
+    s.rises = s.rises + (loss > s.loss)
+    s.best_x, s.best_grad = torch.where(wide, z, s.best_x), torch.where(wide, grad, s.best_grad)
+    s.best_loss, s.fooled, s.flat = torch.where(better, loss, s.best_loss), s.fooled | wrong, s.flat & flat
+    s.x_prev, s.x, s.grad, s.loss = s.x, z, grad, loss
+    return s
 
 
 def _revise(s: _Rows, interval: int) -> _Rows:
