@@ -37,7 +37,8 @@ The host overhead is the engine's time per step less the bare loop's; the goal i
 microseconds per 512-draw step. The last column counts minor page faults per step: memory that the
 C allocator returned to the system after a step and the next step touches again (glibc trims its
 heap when a large free block sits at its top), a cost that depends on the pattern of allocations
-rather than on the work. NPPR's sampling and q's MCMC have no bare twin here yet.
+rather than on the work. A line under the table times the end-of-run confidence sequence, which
+every Bernoulli row computes once, on as many draws as a run makes, per step.
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ import resource
 import statistics
 import warnings
 
+import numpy as np
 import torch
 from common import header, interleaved, markdown_table, parse_args, report, sync, timed
 
 from pytest_robust import Corruption, UniformLinf, adversarial_accuracy, certify, intermediate_q, tsrm
 from pytest_robust.checks.nppr.fit import FrozenGMM
 from pytest_robust.checks.nppr.gmm import GMMConfig, GMMPerturbation
+from pytest_robust.stats import confidence_sequence
 
 #: Model evaluations per step, in the engine and the bare loops.
 BATCH = 512
@@ -246,6 +249,16 @@ def learned_mixture() -> FrozenGMM:
     return FrozenGMM(GMMPerturbation(cfg).eval(), None, (0.0, 1.0))
 
 
+def end_of_run(draws: int, steps: int) -> str:
+    """The share of each Bernoulli row's overhead that the end-of-run confidence sequence takes: its
+    time on ``draws`` seeded Bernoulli(0.9) outcomes at confidence 0.999 (median of 3), per step."""
+    outcomes = (np.random.default_rng(0).random(draws) < 0.9).astype(np.float64)
+    seconds = statistics.median(timed(lambda: confidence_sequence(outcomes, 0.001), torch.device("cpu"))[1]
+                                for _ in range(3))
+    return (f"End-of-run confidence sequence (every Bernoulli row computes one): {seconds * 1e3:.1f} ms on {draws:,} "
+            f"draws, {seconds / steps * 1e6:.0f} µs per step of these runs.")
+
+
 def row(name: str, runs: int, steps: int, engine, bare, device, bare_steps: int | None = None) -> list[str]:
     """One table row: microseconds per step of the engine (``steps`` steps) and of the bare loop
     (``bare_steps``, default the same) (median of ``runs`` interleaved runs), their difference and
@@ -325,7 +338,7 @@ def main() -> None:
                  f"{runs} interleaved runs")
         return header(device, facts) + "\n\n" + markdown_table(
             ["hot loop", "engine µs/step", "bare µs/step", "host overhead µs", "overhead range", "bare / engine",
-             "page faults/step (engine / bare)"], rows, "lrrrrrr")
+             "page faults/step (engine / bare)"], rows, "lrrrrrr") + "\n\n" + end_of_run(steps * BATCH, steps)
 
     report("Host work per step: engine vs a bare loop", section)
 
