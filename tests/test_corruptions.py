@@ -285,7 +285,7 @@ def test_jpeg_is_pillows_codec_bit_for_bit(shape):
     for batch_qualities in ([100] * len(x), [1] * len(x), [95, 50, 3][: len(x)], qualities):
         assert torch.equal(jpeg(x, batch_qualities), pillow_jpeg(x, batch_qualities)), batch_qualities
     with pytest.MonkeyPatch.context() as patch:  # a torchvision without the (deprecated) codec bindings
-        patch.setattr("pytest_robust.perturbations.corruptions.digital.encode_jpeg", None)
+        patch.setattr("pytest_robust.perturbations.corruptions.digital.libjpeg", lambda: None)
         assert torch.equal(jpeg_compression(x, qualities, None, "cifar"), pillow_jpeg(x, qualities))
 
 

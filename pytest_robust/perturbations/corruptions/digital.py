@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-try:  # libjpeg-turbo's bindings, deprecated since torchvision 0.29; once gone, the tensor codec codes on a CPU too
+try:  # at import, not mid-run: importing torchvision costs about a second and much garbage collection
     from torchvision.io import decode_jpeg, encode_jpeg
-except ImportError:  # pragma: no cover - torchvision without its image extension
+except ImportError:  # pragma: no cover - a torchvision without them (``libjpeg``)
     decode_jpeg = encode_jpeg = None
 
 from pytest_robust.errors import ArgumentError
@@ -50,6 +51,27 @@ def pixelate(x, c, g, preset):
     return F.interpolate(small.contiguous(), size=(h, w), mode="nearest-exact")
 
 
+#: torchvision's warning on its image codecs, deprecated since 0.29 in favour of TorchCodec
+DEPRECATED = "The image decoding and encoding"
+
+
+@functools.cache
+def libjpeg():
+    """(encode, decode): torchvision's bindings of libjpeg-turbo, ``torchvision.io.encode_jpeg``
+    and ``decode_jpeg``, once a round trip of a small image works; None where they are missing (a
+    torchvision without its image extension, or a release after their deprecation in 0.29), and
+    the tensor codec codes on the CPU too, with the same numbers."""
+    if encode_jpeg is None:  # pragma: no cover
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", DEPRECATED, DeprecationWarning)
+            decode_jpeg(encode_jpeg(torch.zeros(1, 8, 8, dtype=torch.uint8), quality=50))
+    except RuntimeError:  # pragma: no cover - "Couldn't load the image extension"
+        return None
+    return encode_jpeg, decode_jpeg
+
+
 def jpeg_compression(x, c, g, preset):
     """JPEG encoding at quality c (or at c[i] for image i, c a list) and decoding of the image
     quantised to 8 bits (round(255 x)), as Pillow's libjpeg-turbo (the codec of the reference)
@@ -70,8 +92,10 @@ def jpeg_compression(x, c, g, preset):
     if isinstance(c, list) and len(c) != len(x):
         raise ArgumentError(f"jpeg_compression got {len(c)} qualities for {len(x)} images: give one per image")
     qualities = [int(q) for q in (c if isinstance(c, list) else [c] * len(x))]
-    if x.device.type != "cpu" or encode_jpeg is None:
+    codec = libjpeg() if x.device.type == "cpu" else None
+    if codec is None:
         return jpeg(x, qualities)
+    encode, decode = codec
     # the batch read once, its channels interleaved (the codec's own layout: it then copies nothing)
     # in one pass; NumPy has no bfloat16
     images = (x.float() if x.dtype == torch.bfloat16 else x).contiguous(memory_format=torch.channels_last)
@@ -80,12 +104,12 @@ def jpeg_compression(x, c, g, preset):
     scale = images.dtype.type(255)
     levels, octets = np.empty(images.shape[1:], images.dtype), torch.empty(images.shape[1:], dtype=torch.uint8)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "The image decoding and encoding", DeprecationWarning)
+        warnings.filterwarnings("ignore", DEPRECATED, DeprecationWarning)
         for image, quality, decoded in zip(images, qualities, out):
             np.rint(np.multiply(image, scale, out=levels), out=levels)  # half to even, as torch.round
             np.copyto(octets.numpy(), levels, casting="unsafe")
-            coded = encode_jpeg(octets.permute(2, 0, 1), quality=quality)
-            np.copyto(decoded, decode_jpeg(coded).numpy())
+            coded = encode(octets.permute(2, 0, 1), quality=quality)
+            np.copyto(decoded, decode(coded).numpy())
             np.divide(decoded, scale, out=decoded)  # two SIMD passes, faster than one mixed-type divide
     return torch.from_numpy(out).to(x.dtype)
 
