@@ -19,7 +19,7 @@ from pytest_robust.checks.adversarial import check as adversarial_check
 from pytest_robust.checks.adversarial.check import CHUNK
 from pytest_robust.checks.adversarial.ensemble import Schedule
 from pytest_robust.errors import SettingError
-from pytest_robust.stats.betting import SequentialGate
+from pytest_robust.stats import SequentialGate
 
 
 def exact_robust_l2(model: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:

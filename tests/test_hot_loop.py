@@ -126,7 +126,8 @@ def test_the_gates_two_sides_advanced_together_are_each_advanced_alone(seed):
     the same log capitals, decision and p-values as ``_advance`` on each side alone, on Bernoulli
     outcomes and on values in [0, 1], fed in blocks of uneven sizes. Tolerance 1e-12 relative: the
     same float64 operations per element (a vectorised log1p may round its last bit differently)."""
-    from pytest_robust.stats.betting import SequentialGate, _advance, _Running
+    from pytest_robust.stats import SequentialGate
+    from pytest_robust.stats.betting import _advance, _Running
 
     rng = np.random.default_rng(seed)
     for x in (rng.random(3000) < 0.62, rng.random(3000)):
@@ -143,6 +144,7 @@ def test_the_gates_two_sides_advanced_together_are_each_advanced_alone(seed):
         assert (got.verdict, got.at) == (expected[1], expected[0] + 1) if expected else got is None
         end = expected[0] + 1 if expected else len(x)
         best = {"pass": max(0.0, up[:end].max()), "fail": max(0.0, down[:end].max())}
+        gate.p_values()  # computes the blocks still waiting
         for side in ("pass", "fail"):
             assert gate._best[side] == pytest.approx(best[side], rel=1e-12, abs=1e-12)
 
@@ -254,3 +256,39 @@ def test_the_look_ahead_changes_no_number_and_spends_at_most_one_step_more(monke
     assert plain.forward_passes <= ahead.forward_passes <= min(plain.forward_passes + 512, 20_000)
     if threshold is None:
         assert ahead.forward_passes == plain.forward_passes == 20_000
+
+
+def _gate_pair(threshold: float, alpha: float):
+    """A gate that leaves blocks waiting and one that computes every block at once."""
+    from pytest_robust.stats import SequentialGate
+
+    eager = SequentialGate(threshold, alpha)
+    eager._waits = lambda x: False
+    return SequentialGate(threshold, alpha), eager
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_blocks_left_waiting_decide_as_blocks_computed_at_once(seed):
+    """``SequentialGate`` leaves blocks that provably cannot reach the level waiting and computes
+    them with the first block that might: the same decision at the same draw and the same p-values
+    (to 1e-12: longer running sums round differently) as computing every block, on outcomes and
+    on values in [0, 1], near the threshold and past it, including streams that sit at the
+    threshold for thousands of draws and then turn, where blocks wait longest."""
+    rng = np.random.default_rng(seed)
+    threshold = float(rng.choice([0.05, 0.5, 0.87, 0.97]))
+    alpha = float(rng.choice([0.05, 1e-3]))
+    n = int(rng.integers(2_000, 40_000))
+    turn = int(rng.integers(n // 4, n))
+    p = np.where(np.arange(n) < turn, threshold, float(rng.choice([threshold - 0.04, threshold + 0.03, 1.0, 0.0])))
+    x = rng.random(n) < np.clip(p, 0.0, 1.0)
+    x = x if seed % 3 else np.clip(x + rng.normal(0.0, 0.2, n), 0.0, 1.0)  # outcomes, or values in [0, 1]
+    lazy, eager = _gate_pair(threshold, alpha)
+    waited = 0
+    for piece in np.split(x, np.cumsum(rng.integers(1, 700, n // 50))[:-1]):
+        waited += bool(lazy.update(piece) is None and lazy._waiting)
+        eager.update(piece)
+        assert (lazy.decision is None) == (eager.decision is None)
+    assert lazy.decision == eager.decision and lazy.seen == eager.seen
+    for side in ("pass", "fail"):
+        assert lazy.p_values()[side] == pytest.approx(eager.p_values()[side], rel=1e-12)
+    assert waited or lazy.decision is not None and lazy.decision.at < 2_000  # blocks did wait

@@ -3,8 +3,10 @@ data; torch serves one long running sum, ``betting._Rejection``):
 
 - ``binomial``: the regularized incomplete beta function, exact binomial tails, Clopper–Pearson
   bounds and Student-t quantiles;
-- ``betting``: anytime-valid sequential tests by betting (``SequentialGate``) and the confidence
-  sequence they give (``confidence_sequence``);
+- ``betting``: anytime-valid sequential tests by betting and the confidence sequence they give
+  (``confidence_sequence``);
+- ``gate``: the sequential gate of a mean against a threshold (``SequentialGate``), two betting
+  tests that leave blocks which cannot decide waiting;
 - ``group_sequential``: looks at growing samples, alpha spending over them, and the two-stage
   Student-t bounds of a mean over sampled units (the q check's gate);
 - ``paired``: betting tests and the confidence sequence of a paired difference (the paired gate);
@@ -18,7 +20,7 @@ share-scaled t tests of the group-sequential looks (``group_sequential.p_values`
 The names below are those the checks import from ``pytest_robust.stats``.
 """
 
-from pytest_robust.stats.betting import BET_CAP, Decision, SequentialGate, confidence_sequence, mixture_bets, rejects_at
+from pytest_robust.stats.betting import BET_CAP, confidence_sequence, mixture_bets, rejects_at
 from pytest_robust.stats.binomial import (
                        betainc,
                        betaincinv,
@@ -31,6 +33,7 @@ from pytest_robust.stats.binomial import (
                        t_sf,
 )
 from pytest_robust.stats.familywise import holm
+from pytest_robust.stats.gate import Decision, SequentialGate
 
 __all__ = [
     "BET_CAP", "Decision", "SequentialGate", "betainc", "betaincinv", "binom_cdf", "binom_sf",

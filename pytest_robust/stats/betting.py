@@ -1,5 +1,5 @@
-"""Anytime-valid sequential tests by betting: the gate ``SequentialGate`` and the confidence
-sequence ``confidence_sequence`` on the mean of a stream of values in [0, 1].
+"""Anytime-valid sequential tests by betting: the betting processes of the gate (``stats.gate``)
+and the confidence sequence ``confidence_sequence`` on the mean of a stream of values in [0, 1].
 
 Pure Python and NumPy (and torch's ``cumsum`` for the long running sums of
 ``confidence_sequence``, ``_Rejection``); nothing here knows about pytest or the checks.
@@ -313,77 +313,3 @@ def confidence_sequence(
         return lo
 
     return bound(x, lower_at_least), 1.0 - bound(1.0 - x, 1.0 - upper_at_most)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Outcome of a sequential gate: ``verdict`` is "pass" or "fail"; ``at`` counts the draws used."""
-
-    verdict: str
-    at: int
-
-
-class SequentialGate:
-    """Anytime-valid one-sided test of "mean >= threshold" on a stream of values in [0, 1].
-
-    Two betting processes run side by side, each at level alpha:
-    pass when the test of H0: mean <= threshold rejects (false pass <= alpha whenever the true mean
-    is at most the threshold), fail when the mirror test of H0: mean >= threshold rejects (false
-    fail <= alpha whenever the true mean is at least the threshold). Feed blocks with ``update``;
-    once decided, further updates are ignored. With ``horizon=n`` each side bets with the mixture
-    of constant bets sized for the gaps n draws can resolve, plus the bold bet (module docstring):
-    still level alpha per side, much faster near a threshold close to 0 or 1, and a side whose
-    data all sit at its favoured extreme decides within a few draws of the fixed-size minimum.
-
-    ``p_values()`` gives each side's anytime-valid p-value, 1 / the largest capital its betting
-    process reached up to the decision: by Ville's inequality P(p <= a) <= a under that side's
-    null for every level a, at any stopping time, and it is <= alpha exactly when that side decided.
-    """
-
-    def __init__(self, threshold: float, alpha: float, horizon: int | None = None):
-        if not 0.0 < alpha < 1.0:
-            raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-        if not 0.0 < threshold < 1.0:
-            raise ValueError(f"threshold must lie strictly between 0 and 1, got {threshold}")
-        self.threshold = threshold
-        self.alpha = alpha
-        self._log_level = math.log(1.0 / alpha)
-        if horizon is None:
-            self._sides = _KellyPair(threshold).advance
-        else:
-            sides = _Mixture(threshold, alpha, horizon), _Mixture(1.0 - threshold, alpha, horizon)
-            self._sides = lambda x: np.stack((sides[0].advance(x), sides[1].advance(1.0 - x)))
-        self.seen = 0
-        self.decision: Decision | None = None
-        #: the largest log capital of each side so far (0: the initial capital 1), up to the decision
-        self._best = {"pass": 0.0, "fail": 0.0}
-
-    def update(self, x: np.ndarray) -> Decision | None:
-        """Consume a block of observations; return the decision once one is reached."""
-        if self.decision is not None:
-            return self.decision
-        x = np.asarray(x, dtype=np.float64)
-        logs = self._sides(x)  # row 0: the pass side's log capital, row 1: the fail side's
-        best = logs.max(axis=1) if len(x) else np.zeros(2)
-        if best.max() >= self._log_level:
-            crossed = logs >= self._log_level
-            firsts = [(int(np.argmax(row)), side) for row, side in zip(crossed, ("pass", "fail")) if row.any()]
-            at, verdict = min(firsts)
-            self.decision = Decision(verdict, self.seen + at + 1)
-            best = logs[:, :at + 1].max(axis=1)  # what follows the decision is not part of the test
-        self._best = {"pass": max(self._best["pass"], float(best[0])), "fail": max(self._best["fail"], float(best[1]))}
-        self.seen += len(x)
-        return self.decision
-
-    def p_values(self) -> dict[str, float]:
-        """{"pass": p, "fail": p}: each side's anytime-valid p-value, min(1, 1 / the largest
-        capital its betting process reached so far, up to the decision) (class docstring). The
-        p-value of H0: mean <= threshold is "pass" (its rejection proves the requirement), that of
-        H0: mean >= threshold "fail". It agrees with the gate exactly: a side's p-value is <= alpha
-        if and only if that side decided (rounding at the level itself resolved by the decision)."""
-        out = {}
-        for side, best in self._best.items():
-            p = min(1.0, math.exp(-best))
-            decided = self.decision is not None and self.decision.verdict == side
-            out[side] = min(p, self.alpha) if decided else max(p, math.nextafter(self.alpha, 1.0))
-        return out

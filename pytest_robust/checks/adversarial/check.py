@@ -25,7 +25,7 @@ depend on their outcomes, are still i.i.d., so the outcomes form a Bernoulli str
 the attack's robust accuracy on the distribution (the random order protects against data sets
 sorted by class). Without a threshold every chosen input is attacked and the figure is bounded by
 one-sided Clopper-Pearson bounds. With a threshold the outcomes feed, chunk by chunk, the
-anytime-valid betting gate the TSRM check uses (``stats.betting.SequentialGate``, a mixture of bets
+anytime-valid betting gate the TSRM check uses (``stats.gate.SequentialGate``, a mixture of bets
 sized for the number of inputs): it stops as soon as its bounds clear the threshold either way
 (false pass and false fail each <= alpha at any stopping time, by Ville's inequality), and the
 bounds reported are its confidence sequence; a gate that never decides ends inconclusive with the
@@ -89,7 +89,7 @@ from pytest_robust.perturbations.noise import UniformL1, UniformL2, UniformLinf
 from pytest_robust.procedures.bernoulli import Stream, summary
 from pytest_robust.procedures.per_input import over_blocks, rate_result
 from pytest_robust.results import WORST, Result
-from pytest_robust.stats.betting import SequentialGate
+from pytest_robust.stats import SequentialGate
 
 #: Inputs whose random numbers come from one stream, numbered by the block's place in the attack
 #: order (results do not depend on the batch size, the ranks or the chunks); a rank attacks as many
