@@ -101,11 +101,10 @@ class SequentialGate:
         if x.dtype == bool:  # outcomes: the sums are counts
             ones = int(np.count_nonzero(x))
             total, above, below = float(ones), ones * (1.0 - m), (len(x) - ones) * m
-        else:
+        else:  # sum (x - m) = sum (x - m)^+ - sum (m - x)^+
             gaps = np.asarray(x, dtype=np.float64) - m
-            total = float(gaps.sum()) + m * len(x)
-            above = float(np.maximum(gaps, 0.0).sum())
-            below = above - (total - m * len(x))
+            shift, above = float(gaps.sum()), float(np.maximum(gaps, 0.0).sum())
+            total, below = shift + m * len(x), above - shift
         n, c, up, down = (a + b for a, b in zip(self._tally, (len(x), total, above, below)))
         k = self._kelly
         scale = m * (1.0 - m)
@@ -127,8 +126,7 @@ class SequentialGate:
         self._waiting, self._tally = [], [0, 0.0, 0.0, 0.0]
         if not blocks:
             return
-        x = np.concatenate(blocks).astype(np.float64, copy=False) if len(blocks) > 1 else \
-            np.asarray(blocks[0], dtype=np.float64)
+        x = np.concatenate(blocks, dtype=np.float64)
         logs = self._sides(x)  # row 0: the pass side's log capital, row 1: the fail side's
         best = logs.max(axis=1) if len(x) else np.zeros(2)
         if best.max() >= self._log_level:
