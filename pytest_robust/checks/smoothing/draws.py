@@ -73,6 +73,7 @@ class Noise:
         self.generator.manual_seed(stream_seed(self.seed, "smoothing", index, block))
         torch.randn(out.shape, generator=self.generator, out=out)
 
+
 #: Batches of draws between two reads of the logits' finiteness flag (a model that returns NaN
 #: is named within this many batches, and the device does not wait for the host between them).
 CHECK_EVERY = 64
