@@ -22,7 +22,7 @@ from pytest_robust.checks.nppr import DECLARATION as NPPR
 from pytest_robust.checks.nppr.check import nppr
 from pytest_robust.checks.nppr.data import split_data
 from pytest_robust.checks.nppr.fit import FrozenGMM
-from pytest_robust.checks.nppr.gmm import GMMConfig, GMMPerturbation
+from pytest_robust.checks.nppr.gmm import GMMConfig, GMMPerturbation, Mixture
 from pytest_robust.engine import cache
 from pytest_robust.errors import RobustDataError, RobustWarning, SettingError
 
@@ -148,6 +148,30 @@ def test_hard_draws_match_the_mixture_parameters(covariance):
         assert ((covs[j] - sigma[j]).abs() <= 4.5 * sd).all()
     if covariance == "full":
         assert (sigma - torch.diag_embed(torch.diagonal(sigma, dim1=-2, dim2=-1))).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("covariance, dependency", [("full", "independent"), ("diagonal", "label"),
+                                                    ("diagonal", "input"), ("full", "input")])
+def test_one_hard_draw_per_block_is_torch_multinomials_draw(dtype, covariance, dependency):
+    # the exponential race draws, number for number, what torch.multinomial draws for one sample,
+    # then each block's generator draws the latent noise, and the chosen component's draw is
+    # component_draws' (the learned gate's numbers)
+    cfg = config(components=7, latent_dim=4, covariance=covariance, dependency=dependency, n_classes=3,
+                 feature_dim=5 if dependency == "input" else None)
+    gmm = seeded_gmm(cfg).to(dtype)
+    with torch.no_grad():
+        features = torch.randn(96, 5, generator=torch.Generator().manual_seed(3), dtype=dtype)
+        mix = gmm.mixture(features if dependency == "input" else None, torch.arange(96) % 3)
+        z, chosen = gmm.hard_latent_blocks(mix, 1, [torch.Generator().manual_seed(20 + j) for j in range(3)])
+        probs = torch.softmax(mix.logits, dim=-1)
+        for j in range(3):
+            g, rows = torch.Generator().manual_seed(20 + j), slice(32 * j, 32 * (j + 1))
+            expected = torch.multinomial(probs[rows], 1, replacement=True, generator=g)
+            e = torch.randn((32, 1, 1, 4), generator=g, dtype=dtype).expand(-1, -1, 7, -1)
+            block = Mixture(mix.logits[rows], *(t if mix.shared else t[rows] for t in (mix.means, mix.scale)))
+            assert torch.equal(chosen[rows], expected) and len(set(expected.flatten().tolist())) > 2
+            assert torch.equal(z[rows, 0], block.component_draws(e)[torch.arange(32), 0, expected[:, 0]])
 
 
 def test_input_dependent_mixture_differs_per_input_and_draws_match_each_row():

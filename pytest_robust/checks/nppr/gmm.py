@@ -137,6 +137,19 @@ class Mixture(NamedTuple):
             le = (self.scale if self.shared else self.scale[:, None]) * e
         return (self.means if self.shared else self.means[:, None]) + le
 
+    def chosen_draws(self, e: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """mu_k + L_k e of the one component k = ``chosen`` (B, S) of each draw, for standard normal
+        e of shape (B, S, d): ``component_draws``' number for that component. With diagonal
+        covariance only that component is computed; with full covariance every component is (a
+        factor L_k gathered per draw would hold d x d numbers per draw) and the chosen one kept."""
+        index = chosen[..., None].expand(*chosen.shape, e.shape[-1])
+        if self.full:
+            every = self.component_draws(e[:, :, None].expand(-1, -1, self.logits.shape[-1], -1))
+            return every.gather(2, index[:, :, None]).squeeze(2)
+        if self.shared:
+            return self.means[chosen] + self.scale[chosen] * e
+        return self.means.gather(1, index) + self.scale.gather(1, index) * e
+
 
 class _Free(nn.Module):
     """Parameters shared by every input: one learned vector, without a batch dimension."""
@@ -264,19 +277,22 @@ class GMMPerturbation(nn.Module):
 
     def hard_latent_blocks(self, mix: Mixture, draws: int, generators: list) -> tuple[torch.Tensor, torch.Tensor]:
         """``hard_latent`` of consecutive equal blocks of the rows, block j with ``generators[j]``:
-        the numbers of drawing each block alone, with the mixture's arithmetic done once."""
+        the numbers of drawing each block alone, with the mixture's arithmetic done once.
+
+        The component is the exponential race k = argmax_i p_i / q_i with q_i ~ Exp(1), an exact
+        draw from the categorical p (P(k = i) = p_i / sum p): for one draw it is what
+        ``torch.multinomial`` computes, number for number, without its validation (two host reads
+        per call on a GPU; softmax probabilities need none). Each block's generator draws its race,
+        then its latent noise e."""
         b, k = mix.logits.shape
         d, size = self.cfg.latent_dim, b // len(generators)
-        probs = torch.softmax(mix.logits, dim=-1)
-        chosen, noise = [], []
+        race = torch.empty((b, draws, k), device=mix.means.device, dtype=mix.logits.dtype)
+        noise = torch.empty((b, draws, d), device=mix.means.device, dtype=mix.means.dtype)
         for j, generator in enumerate(generators):
-            chosen.append(torch.multinomial(probs[j * size:(j + 1) * size], draws, replacement=True,
-                                            generator=generator))
-            noise.append(_randn((size, draws, 1, d), mix.means, generator))
-        chosen = torch.cat(chosen)
-        e = torch.cat(noise).expand(-1, -1, k, -1)
-        z = mix.component_draws(e).gather(2, chosen[:, :, None, None].expand(-1, -1, 1, d)).squeeze(2)
-        return z, chosen
+            race[j * size:(j + 1) * size].exponential_(generator=generator)
+            noise[j * size:(j + 1) * size].normal_(generator=generator)
+        chosen = torch.softmax(mix.logits, dim=-1)[:, None].div(race).argmax(-1)
+        return mix.chosen_draws(noise, chosen), chosen
 
     # -- from latent to input space ---------------------------------------------------------------
 
