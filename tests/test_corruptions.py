@@ -287,6 +287,10 @@ def test_jpeg_is_pillows_codec_bit_for_bit(shape):
     with pytest.MonkeyPatch.context() as patch:  # a torchvision without the (deprecated) codec bindings
         patch.setattr("pytest_robust.perturbations.corruptions.digital.libjpeg", lambda: None)
         assert torch.equal(jpeg_compression(x, qualities, None, "cifar"), pillow_jpeg(x, qualities))
+    for dtype in (torch.float16, torch.bfloat16):  # quantised from x's own values, returned in its dtype
+        low = x.to(dtype)
+        expected = pillow_jpeg(low.float(), qualities).to(dtype)
+        assert torch.equal(jpeg_compression(low, qualities, None, "cifar"), expected)
 
 
 def test_jpeg_tensor_codec_on_photographs_and_in_half_precision():

@@ -81,9 +81,10 @@ def jpeg_compression(x, c, g, preset):
     - on a CPU, torchvision's bindings of libjpeg-turbo (``torchvision.io.encode_jpeg`` and
       ``decode_jpeg``: the library and the settings Pillow uses, islow DCT, 4:2:0 and fancy
       upsampling, equal to Pillow level for level, ``tests/test_corruptions.py``) code the images
-      one by one, from the batch with its channels interleaved once (the codec's own layout, so it
-      copies nothing), each quantised and rescaled by NumPy while it is in the cache: its SIMD code
-      on 8-bit images measured 8x faster than the batched tensor codec below;
+      one by one, each quantised by NumPy in its planar layout, its planes interleaved into the
+      codec's own layout one at a time (so the codec copies nothing) and the result rescaled while
+      it is in the cache: its SIMD code on 8-bit images measured 8x faster than the batched tensor
+      codec below;
     - on any other device, ``jpeg.jpeg`` codes the whole batch there, libjpeg's integer
       arithmetic in float64 tensors, equal to Pillow's result level for level, with nothing read
       back to the host. (torchvision's nvJPEG encoder is not used: it takes 3-channel images
@@ -96,18 +97,22 @@ def jpeg_compression(x, c, g, preset):
     if codec is None:
         return jpeg(x, qualities)
     encode, decode = codec
-    # the batch read once, its channels interleaved (the codec's own layout: it then copies nothing)
-    # in one pass; NumPy has no bfloat16
-    images = (x.float() if x.dtype == torch.bfloat16 else x).contiguous(memory_format=torch.channels_last)
-    images = images.numpy(force=True).transpose(0, 2, 3, 1)
+    # each image quantised in its own (planar) layout, then its planes interleaved into the codec's
+    # layout one at a time: a transposing copy of the whole float batch, or the codec's own, costs
+    # twice as much; half-precision images in float32, where 255 x is exact (NumPy has no bfloat16)
+    images = (x if x.dtype in (torch.float32, torch.float64) else x.float()).numpy(force=True)
     out = np.empty(x.shape, images.dtype)
     scale = images.dtype.type(255)
-    levels, octets = np.empty(images.shape[1:], images.dtype), torch.empty(images.shape[1:], dtype=torch.uint8)
+    levels, planes = np.empty(images.shape[1:], images.dtype), np.empty(images.shape[1:], np.uint8)
+    octets = torch.empty((*images.shape[2:], images.shape[1]), dtype=torch.uint8)
+    interleaved = octets.numpy()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", DEPRECATED, DeprecationWarning)
         for image, quality, decoded in zip(images, qualities, out):
-            np.rint(np.multiply(image, scale, out=levels), out=levels)  # half to even, as torch.round
-            np.copyto(octets.numpy(), levels, casting="unsafe")
+            # half to even, as torch.round; the levels are whole numbers in [0, 255], so exact
+            np.rint(np.multiply(image, scale, out=levels), out=planes, casting="unsafe")
+            for channel, plane in enumerate(planes):
+                interleaved[..., channel] = plane
             coded = encode(octets.permute(2, 0, 1), quality=quality)
             np.copyto(decoded, decode(coded).numpy())
             np.divide(decoded, scale, out=decoded)  # two SIMD passes, faster than one mixed-type divide
