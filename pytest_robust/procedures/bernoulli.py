@@ -21,7 +21,6 @@ itself (NPPR gates its learned distribution with it).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -217,19 +216,17 @@ def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor, need
     dev = runs[0].device
     width = len(models) * blk
     local = torch.zeros((per_rank, width + len(models) + 1), dtype=torch.long, device=dev)
-    with models[0].deferring(), contextlib.ExitStack() as deferred:
-        for m, (forward, each) in enumerate(zip(models, runs)):
-            if m:
-                deferred.enter_context(forward.deferring())
-            inputs = x.to(each.dtype) if x.dtype.is_floating_point else x  # token ids stay integers
+    for m, (forward, each) in enumerate(zip(models, runs)):
+        inputs = x.to(each.dtype) if x.dtype.is_floating_point else x  # token ids stay integers
+        with forward.deferring():
             correct = forward.correct(inputs, y)
-            if sum(needed) == per_rank * blk:  # whole blocks: one copy
-                local[:, m * blk: (m + 1) * blk] = correct.view(per_rank, blk)
-            else:
-                for j, part in enumerate(correct.split(needed)):
-                    local[j, m * blk: m * blk + len(part)] = part
             local[:, width + m] = forward.finite
-        local[:, -1] = min(f.batch_size for f in models)
+        if sum(needed) == per_rank * blk:  # whole blocks: one copy
+            local[:, m * blk: (m + 1) * blk] = correct.view(per_rank, blk)
+        else:
+            for j, part in enumerate(correct.split(needed)):
+                local[j, m * blk: m * blk + len(part)] = part
+    local[:, -1] = min(f.batch_size for f in models)
     return local
 
 
