@@ -181,9 +181,11 @@ def name(key: str, value) -> str:
 
 
 def choice(*options: str):
+    """One of ``options``, spelt as they are (a value that differs only in case is named)."""
     def check(key: str, value) -> str:
         if value not in options:
-            raise SettingError(key, value, " or ".join(options))
+            same = [o for o in options if isinstance(value, str) and o.lower() == value.lower()]
+            raise SettingError(key, value, " or ".join(options) + (f" (did you mean {same[0]!r}?)" if same else ""))
         return value
 
     return check
