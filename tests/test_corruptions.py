@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from pytest_robust import Corruption, corruption_names
 from pytest_robust.engine.host_syncs import count_host_syncs
 from pytest_robust.perturbations.corruptions import NEEDS_COLOUR, NEEDS_MIN_SIDE, CorruptionGrid
+from pytest_robust.perturbations.corruptions._ops import fast_length, filter2d
 from pytest_robust.perturbations.corruptions.digital import jpeg_compression, pixelate
 from pytest_robust.perturbations.corruptions.jpeg import jpeg
 from pytest_robust.perturbations.corruptions.tables import TABLES
@@ -264,6 +265,33 @@ def pillow_jpeg(x: torch.Tensor, qualities) -> torch.Tensor:
         decoded = np.array(Image.open(buffer)).reshape(levels.shape)
         out.append(torch.from_numpy(decoded).permute(2, 0, 1).float() / 255)
     return torch.stack(out)
+
+
+def test_fft_lengths_are_the_next_5_smooth_numbers():
+    def smooth(m):
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    for n in range(1, 700):
+        length = fast_length(n)
+        assert length >= n and smooth(length) and not any(smooth(m) for m in range(n, length)), n
+
+
+@pytest.mark.parametrize("shape, k, shared", [((2, 3, 37, 41), 17, False), ((1, 3, 224, 224), 21, True),
+                                               ((3, 1, 9, 30), 5, False)])
+def test_fft_filter_is_the_direct_correlation_with_replicated_borders(shape, k, shared):
+    """At FFT lengths longer than the padded image (37 + 16 = 53 -> 54, 224 + 20 = 244 -> 250),
+    the result is the plain correlation: the zeros past the padding reach no pixel of the crop.
+    The FFT's float32 rounding on values in [0, 1] is about 1e-6."""
+    x = torch.rand(shape, generator=gen(2))
+    kernels = torch.rand((1 if shared else shape[0], k, k), generator=gen(3))
+    kernels = kernels / kernels.sum((1, 2), keepdim=True)
+    padded = F.pad(x, (k // 2,) * 4, mode="replicate")
+    direct = torch.cat([F.conv2d(padded[i:i + 1].transpose(0, 1), kernels[0 if shared else i][None, None])
+                        for i in range(shape[0])]).reshape(shape)
+    assert torch.allclose(filter2d(x, kernels), direct, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("shape", [(3, 1, 8, 8), (2, 1, 13, 21), (3, 3, 32, 32), (2, 3, 37, 41), (2, 3, 28, 28),

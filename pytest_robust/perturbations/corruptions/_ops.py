@@ -111,13 +111,28 @@ def filter2d(x: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
     k = kernels.shape[-1]
     r = k // 2
     padded = F.pad(x, (r, r, r, r), mode="replicate")
-    size = (h + 2 * r, w + 2 * r)
+    size = (fast_length(h + 2 * r), fast_length(w + 2 * r))  # zeros beyond the padding wrap nowhere in the crop
     # correlation = convolution with the flipped kernel; place its centre at the origin
     flipped = torch.flip(kernels, (-2, -1))
     spectrum = torch.fft.rfft2(padded, s=size) * torch.fft.rfft2(
         torch.roll(F.pad(flipped, (0, size[1] - k, 0, size[0] - k)), shifts=(-r, -r), dims=(-2, -1)), s=size
     ).unsqueeze(1)
     return torch.fft.irfft2(spectrum, s=size)[..., r:r + h, r:r + w]
+
+
+def fast_length(n: int) -> int:
+    """The smallest 2^a 3^b 5^c >= n: a length the FFT computes fast. One with a large prime
+    factor is slow (244 = 4 x 61, defocus blur's at 224 px, took 2.4x as long as 250 on a CPU)."""
+    best, fives = 1 << (n - 1).bit_length(), 1
+    while fives < best:
+        length = fives
+        while length < best:
+            doubled = length
+            while doubled < n:
+                doubled *= 2
+            best, length = min(best, doubled), length * 3
+        fives *= 5
+    return best
 
 
 def motion_kernels(radius: int, sigma: float, angles: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
