@@ -54,6 +54,8 @@ _FUNCTIONS = {
 #: pixel swaps); like ``imagecorruptions`` they need images of at least this many px per side.
 MIN_SIDE = 32
 NEEDS_MIN_SIDE = ("glass_blur", "motion_blur", "snow", "frost", "spatter")
+#: Corruptions whose result lies in [0, 1] whatever the input (JPEG's decoded levels k / 255): not clamped.
+IN_UNIT_BOX = ("jpeg_compression",)
 #: Every corruption needs at least this many px per side (pixelate keeps int(0.25 side) px).
 ANY_MIN_SIDE = 4
 #: Corruptions that change colour and so need 3 channels.
@@ -226,7 +228,8 @@ class Corruption(Perturbation):
     def corrupt(self, x: torch.Tensor, generator: torch.Generator | None, parameters=None) -> torch.Tensor:
         """``sample`` without the checks: x mapped from the box to [0, 1], corrupted in float32
         (or float64) with ``parameters`` (default: this severity's table row, ``parameters(x)``),
-        clamped to [0, 1], mapped back to the box, in x's dtype."""
+        clamped to [0, 1] (unless it lies there already, ``IN_UNIT_BOX``), mapped back to the box,
+        in x's dtype."""
         work = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
         unit_box = all(isinstance(b, numbers.Real) for b in self.bounds) and tuple(self.bounds) == (0, 1)
         if unit_box:
@@ -235,7 +238,9 @@ class Corruption(Perturbation):
             lo, hi = (b.to(work) for b in self._box(x))
             unit = ((x.to(work) - lo) / (hi - lo)).clamp_(0, 1)
         c = self.parameters(x) if parameters is None else parameters
-        out = _FUNCTIONS[self.name](unit, c, generator, self.preset_for(x)).clamp_(0, 1)
+        out = _FUNCTIONS[self.name](unit, c, generator, self.preset_for(x))
+        if self.name not in IN_UNIT_BOX:
+            out = out.clamp_(0, 1)
         if not unit_box:
             out = out.mul_(hi - lo).add_(lo)
         return out.to(x.dtype)
