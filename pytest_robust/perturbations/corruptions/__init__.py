@@ -239,8 +239,7 @@ class Corruption(Perturbation):
             unit = ((x.to(work) - lo) / (hi - lo)).clamp_(0, 1)
         c = self.parameters(x) if parameters is None else parameters
         out = _FUNCTIONS[self.name](unit, c, generator, self.preset_for(x))
-        if self.name not in IN_UNIT_BOX:
-            out = out.clamp_(0, 1)
+        out = out if self.name in IN_UNIT_BOX else out.clamp_(0, 1)
         if not unit_box:
             out = out.mul_(hi - lo).add_(lo)
         return out.to(x.dtype)
