@@ -100,9 +100,6 @@ def test_budget_map_never_leaves_the_ball_or_the_box(norm, shape, grid):
     if norm == "linf":
         assert delta.abs().max() <= eps
         assert delta.abs().max() > 0.99 * eps  # saturated: the whole radius is used
-        free = gmm.apply(x, z, None)  # no box: within the ball's corners x -+ eps by construction
-        assert ((free >= x[:, None] - eps) & (free <= x[:, None] + eps)).all()
-        assert (free - x[:, None]).abs().max() > eps / 2
     else:
         norms = delta.norm(dim=-1)
         assert norms.max() <= eps * (1 + 1e-5)

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytest_robust.engine.inspect.perturbation import box_for
+from pytest_robust.perturbations.base import feasible_box
 
 #: Added to softplus of the Cholesky diagonal: keeps every covariance positive definite.
 MIN_SCALE = 1e-4
@@ -324,14 +324,12 @@ class GMMPerturbation(nn.Module):
     def apply(self, x: torch.Tensor, z: torch.Tensor, bounds) -> torch.Tensor:
         """Perturbed inputs x' of shape (B, draws, *input_shape) for inputs x (B, ...) and latents z.
 
-        x' = clip(x + budget(decode(z))) to the box. The ball needs no clamp: every coordinate of
-        the budget lies within eps of 0 (|tanh| <= 1, and for L2 |u_i| <= ||u||), in floating point
-        too, where rounding is monotone, so x + delta lies in [x - eps, x + eps]; clipping to the box
-        then gives [max(x - eps, lo), min(x + eps, hi)]'s clamp for inputs in the box.
+        x' = clip(x + budget(decode(z))) to the box, clamped to [max(x - eps, lo), min(x + eps, hi)]
+        (for L2 the clamp only enforces the box; the L2 ball lies inside that L-inf box).
         """
-        out = x[:, None] + self.budget(self.decode(z))
-        box = box_for(bounds, x)  # against one input's shape, so per-channel bounds meet its channels
-        return out if box is None else torch.minimum(torch.maximum(out, box[0]), box[1])
+        delta = self.budget(self.decode(z))
+        lo, hi = feasible_box(x, self.size, bounds)  # of the batch, so per-channel bounds meet its channels
+        return torch.minimum(torch.maximum(x[:, None] + delta, lo[:, None]), hi[:, None])
 
 
 def _diagonal_positions(d: int) -> torch.Tensor:
