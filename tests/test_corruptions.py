@@ -319,6 +319,7 @@ def test_jpeg_is_pillows_codec_bit_for_bit(shape):
         low = x.to(dtype)
         expected = pillow_jpeg(low.float(), qualities).to(dtype)
         assert torch.equal(jpeg_compression(low, qualities, None, "cifar"), expected)
+        assert torch.equal(jpeg(low, qualities), expected)  # the tensor codec of other devices too
 
 
 def test_jpeg_tensor_codec_on_photographs_and_in_half_precision():

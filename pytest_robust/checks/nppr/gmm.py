@@ -286,6 +286,8 @@ class GMMPerturbation(nn.Module):
         then its latent noise e."""
         b, k = mix.logits.shape
         d, size = self.cfg.latent_dim, b // len(generators)
+        if size * len(generators) != b:
+            raise ValueError(f"{b} rows do not split into {len(generators)} equal blocks")
         race = torch.empty((b, draws, k), device=mix.means.device, dtype=mix.logits.dtype)
         noise = torch.empty((b, draws, d), device=mix.means.device, dtype=mix.means.dtype)
         for j, generator in enumerate(generators):

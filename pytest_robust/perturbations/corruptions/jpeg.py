@@ -151,7 +151,8 @@ def jpeg(x: torch.Tensor, qualities: list) -> torch.Tensor:
     """The batch x (n, 1 or 3, h, w) in [0, 1] coded and decoded at ``qualities[i]`` for image i
     (the module's steps) in float64; returns levels / 255 in x's dtype."""
     n, c, h, w = x.shape
-    levels = x.mul(255).round_().double()  # as the CPU path rounds, in x's dtype
+    # as the CPU path rounds: in x's dtype, half precision in float32 (where 255 x is exact)
+    levels = (x if x.dtype in (torch.float32, torch.float64) else x.float()).mul(255).round_().double()
     luma = _tables(LUMA, qualities, x)
     if c == 1:
         return _code_blocks(_pad(levels, 8), luma)[..., :h, :w].div_(255).to(x.dtype)
