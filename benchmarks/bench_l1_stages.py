@@ -4,10 +4,11 @@ Run from the repository root (pyautoattack is a benchmark-only dependency; ``--n
 from touching the pinned torch):
 
     .venv/bin/python -m pip install --no-deps pyautoattack==0.2.0
-    python benchmarks/bench_l1_stages.py [--threads N] [--quick]
+    python benchmarks/bench_l1_stages.py [--threads N] [--quick] [--models pgd ...] [--radii 1.25 ...]
 
-For each digits CNN (standard, noise-trained, PGD-trained; examples/digits/checkpoints) at the L1
-radii 1 and 2, on the 359 test digits (``--quick``: the first 100):
+For each digits CNN (standard, noise-trained, PGD-trained; examples/digits/checkpoints; ``--models``:
+those named) at the L1 radii 1 and 2 (``--radii``: those given), on the 359 test digits
+(``--quick``: the first 100):
 
 1. the check's gradient stage alone (``adversarial_accuracy(norm="l1", fab_targets=0,
    square_queries=0)``: APGD-CE with 10 restarts, as by default) finds the inputs it leaves robust;
@@ -88,13 +89,13 @@ def theirs_square(model, x, y, eps: float, queries: int) -> tuple[int, int]:
     return _broken(model, adv, x, y, eps), counted.rows
 
 
-def section(inputs: int) -> str:
+def section(inputs: int, models=MODELS, radii=RADII) -> str:
     _, (x, y) = digits()
     x, y = x[:inputs], y[:inputs]
     cells = []
-    for name in MODELS:
+    for name in models:
         model = load(name, torch.device("cpu")).eval()
-        for eps in RADII:
+        for eps in radii:
             left = _left(model, x, y, eps)
             xs, ys = x[left], y[left]
             row = [name, f"{eps:g}", len(left)]
@@ -112,9 +113,12 @@ def section(inputs: int) -> str:
 
 
 def main(argv=None) -> None:
-    args = parse_args(__doc__, quick="the first 100 test digits", argv=argv)
+    args = parse_args(__doc__, quick="the first 100 test digits", argv=argv, extra={
+        "--models": dict(nargs="+", default=MODELS, choices=MODELS, help="only these models (default: all three)"),
+        "--radii": dict(nargs="+", type=float, default=RADII, help="L1 radii (default: 1 2)"),
+    })
     inputs = 100 if args.quick else 359
-    report(f"L1 stages against AutoAttack's ({args.mode} run)", lambda: section(inputs))
+    report(f"L1 stages against AutoAttack's ({args.mode} run)", lambda: section(inputs, args.models, args.radii))
 
 
 if __name__ == "__main__":
