@@ -15,7 +15,7 @@ except ImportError:  # pragma: no cover - a torchvision without them (``libjpeg`
     decode_jpeg = encode_jpeg = None
 
 from pytest_robust.errors import ArgumentError
-from pytest_robust.perturbations.corruptions._ops import blur, box_rows, constant, uniform, warp
+from pytest_robust.perturbations.corruptions._ops import blur, box_rows, constant, uniform, warp, working_dtype
 from pytest_robust.perturbations.corruptions.jpeg import jpeg
 
 
@@ -99,8 +99,8 @@ def jpeg_compression(x, c, g, preset):
     encode, decode = codec
     # each image quantised in its own (planar) layout, then its planes interleaved into the codec's
     # layout one at a time: a transposing copy of the whole float batch, or the codec's own, costs
-    # twice as much; half-precision images in float32, where 255 x is exact (NumPy has no bfloat16)
-    images = (x if x.dtype in (torch.float32, torch.float64) else x.float()).numpy(force=True)
+    # twice as much; half-precision images in float32 (``working_dtype``; NumPy has no bfloat16)
+    images = x.to(working_dtype(x.dtype)).numpy(force=True)
     out = np.empty(x.shape, images.dtype)
     scale = images.dtype.type(255)
     levels, planes = np.empty(images.shape[1:], images.dtype), np.empty(images.shape[1:], np.uint8)
