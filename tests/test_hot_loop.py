@@ -1,7 +1,7 @@
 """The hot loops' faster paths give exactly the numbers of the plain computations they replace:
 blocks of draws perturbed in one call (``Perturbation.draw_blocks``) against block by block, the
 confidence sequence's bracketed bisection over cached running means against the plain bisection
-with ``rejects_at``, the forward pass's top-two logits (``Forward.ranked``, ``Forward.grad(truth=)``)
+with ``rejects_at``, the forward pass's top class (``Forward.ranked``, ``Forward.grad(truth=)``)
 against ``correct_predictions`` and the tie count of ``Forward.logits``, the gate's two betting sides
 advanced together against each alone, NPPR's learned mixture drawing a step's blocks in one call
 against block by block, and uniform noise without its clipping pass against the clipped draw."""
@@ -71,16 +71,28 @@ def test_the_confidence_sequence_is_the_plain_bisections(seed):
     assert upper == 1.0 - _plain(1.0 - x, alpha)
 
 
-def test_the_top_two_logits_give_the_correct_predictions_and_ties_of_the_logits():
-    z = torch.randn(300, 4, generator=torch.Generator().manual_seed(0))
+def _strictly_largest(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The oracle: row i is correct when its label's logit exceeds every other logit."""
+    rows = z.double().numpy()
+    return torch.tensor([bool(all(r[t] > v for k, v in enumerate(r) if k != t)) for r, t in zip(rows, y.tolist())])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_top_class_gives_the_correct_predictions_and_ties_of_the_logits(dtype):
+    z = torch.randn(300, 4, generator=torch.Generator().manual_seed(0)).to(dtype)
     z[::7, 1] = z[::7, 0] = 5.0  # ties, counted as errors
+    z[3::11, 2] = z[3::11, 3] = -9.0  # ties below the top: not ties of the prediction
     model = torch.nn.Identity()
     y = torch.randint(0, 4, (300,), generator=torch.Generator().manual_seed(1))
+    y[::7] = 0  # a tied top holding the label is still an error
     plain, ranked = Forward(model, batch_size=64), Forward(model, batch_size=64)
-    expected = correct_predictions(plain.logits(z), y)
+    expected = _strictly_largest(z, y)
+    assert torch.equal(correct_predictions(plain.logits(z), y).cpu(), expected)
     assert torch.equal(ranked.correct(z, y), expected)
-    assert int(ranked.ties) == int(plain.ties) == len(range(0, 300, 7))
-    assert ranked.passes == plain.passes == 300
+    classes, alone = ranked.ranked(z)
+    assert alone.dtype == torch.bool and classes.dtype == torch.long  # a vote's torch.where needs a mask
+    assert int(ranked.ties) == int(plain.ties) + len(range(0, 300, 7)) == 2 * len(range(0, 300, 7))
+    assert ranked.passes == plain.passes + 300 == 600
 
 
 def test_smoothing_noise_written_in_pieces_is_the_streams():
@@ -149,7 +161,7 @@ def test_the_gates_two_sides_advanced_together_are_each_advanced_alone(seed):
             assert gate._best[side] == pytest.approx(best[side], rel=1e-12, abs=1e-12)
 
 
-def test_attack_gradients_judge_correctness_from_their_own_top_two():
+def test_attack_gradients_judge_correctness_from_their_own_top_class():
     """``Forward.grad(truth=)`` gives ``correct_predictions`` of its logits and counts each row's
     tie once, as ``logits`` does."""
     torch.manual_seed(0)

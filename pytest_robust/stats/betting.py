@@ -115,6 +115,8 @@ class _KellyPair:
         self.m = m
         self.t, self.total = 0, 0.0
         self.log_capital = np.zeros((2, 1))
+        #: the two sides' log capitals as Python floats (the gate's test of waiting blocks)
+        self.last = (0.0, 0.0)
 
     def advance(self, x: np.ndarray) -> np.ndarray:
         """(2, len(x)): each side's log capital after each element of block x."""
@@ -142,6 +144,7 @@ class _KellyPair:
         self.t += n
         self.total += float(sums[-1])
         self.log_capital = logs[:, -1:].copy()
+        self.last = (float(logs[0, -1]), float(logs[1, -1]))
         return logs
 
 

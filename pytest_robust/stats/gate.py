@@ -105,15 +105,16 @@ class SequentialGate:
             gaps = np.asarray(x, dtype=np.float64) - m
             shift, above = float(gaps.sum()), float(np.maximum(gaps, 0.0).sum())
             total, below = shift + m * len(x), above - shift
-        n, c, up, down = (a + b for a, b in zip(self._tally, (len(x), total, above, below)))
+        n0, c0, up0, down0 = self._tally
+        n, c, up, down = n0 + len(x), c0 + total, up0 + above, down0 + below
         k = self._kelly
         scale = m * (1.0 - m)
         high = ((0.5 + k.total + c) / (k.t + c + 1.0) - m) / scale
         low = ((0.5 + k.total) / (k.t + n - c + 1.0) - m) / scale
-        lift = (min(max(high, 0.0), BET_CAP / m) * up, min(max(-low, 0.0), BET_CAP / (1.0 - m)) * down)
-        margin = 1e-9 * (1.0 + self._log_level)  # far above the rounding of either computation
-        waits = n <= MOST_WAITING and all(float(c0) + d < self._log_level - margin
-                                          for c0, d in zip(k.log_capital[:, 0], lift))
+        lift_pass, lift_fail = min(max(high, 0.0), BET_CAP / m) * up, min(max(-low, 0.0), BET_CAP / (1.0 - m)) * down
+        level = self._log_level - 1e-9 * (1.0 + self._log_level)  # a margin far above either computation's rounding
+        pass_capital, fail_capital = k.last
+        waits = n <= MOST_WAITING and pass_capital + lift_pass < level and fail_capital + lift_fail < level
         if waits:
             self._waiting.append(x)
             self._tally = [n, c, up, down]

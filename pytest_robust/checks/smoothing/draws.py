@@ -168,9 +168,9 @@ def _counts(forward: Forward, x: torch.Tensor, index, sigma: float, phases, seed
     total = len(x) * sum(stop - start for start, stop in phases)
     with forward.deferring():  # finiteness read every CHECK_EVERY batches, not at each
         for k, (rows, tags) in enumerate(_batches(x, index, sigma, phases, seed, device, forward.batch_size)):
-            values, classes = forward.ranked(rows)
+            classes, alone = forward.ranked(rows)
             width = forward.n_classes + 1
-            pred = torch.where(values[:, 0] > values[:, 1], classes[:, 0], width - 1)
+            pred = torch.where(alone, classes, width - 1)
             if counts is None:
                 counts = torch.zeros(len(x) * len(phases) * width, dtype=torch.long, device=device)
             counts.index_add_(0, tags * width + pred, torch.ones_like(pred))
