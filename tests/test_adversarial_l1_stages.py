@@ -2,7 +2,8 @@
 checked against scipy's linear programmes; every point it reports inside the ball and the box and
 misclassified; on a two-class linear model it breaks exactly the inputs whose smallest perturbation
 lies inside the ball, up to its overshoot) and Square-L1 (its profile, points inside the ball and
-the box, and the break of a model whose gradient is zero everywhere)."""
+the box, and the break of a model whose gradient is zero everywhere); and the wide phases of L1's
+APGD runs, which ascend to their end without labels (``apgd(y=None)``) where L2's stop at a break."""
 
 from __future__ import annotations
 
@@ -191,3 +192,46 @@ def test_more_targets_than_the_ranking_pool_are_ranked():
                              square_queries=0, bounds=(0.0, 1.0))
     assert "FAB-T 5 steps x 10 target(s)" in r.perturbation
     assert r.forward_passes <= r.budget
+
+
+def test_apgd_without_labels_ascends_every_row_to_its_end_and_returns_its_best_point():
+    """``apgd(y=None)``, a wide L1 phase: no row counts as broken or leaves the run, even where the
+    start is already misclassified, each takes every step (steps + 1 evaluations) and hands on the
+    point of highest loss it visited, inside the ball and the box."""
+    from pytest_robust.attacks.apgd import apgd
+    from pytest_robust.attacks.losses import cross_entropy
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 3)
+    x, y = torch.rand(30, 16), torch.randint(0, 3, (30,))
+    ball, steps = L1Ball(2.0), 12
+    lo, hi = feasible_box(x, 2.0, (0.0, 1.0))
+    forward = Forward(model, batch_size=64)
+    broken, _, best = apgd(forward, x.clone(), x, None, y, lo, hi, cross_entropy, ball, steps)
+    assert not broken.any() and forward.passes == len(x) * (steps + 1)
+    loss = lambda p: torch.nn.functional.cross_entropy(model(p), y, reduction="none")  # noqa: E731
+    with torch.no_grad():
+        assert (loss(best) >= loss(x) - 1e-6).all() and (loss(best) > loss(x) + 1e-3).any()
+        assert (_l1(best - x) <= 2.0 * (1 + 1e-5)).all() and ((best >= 0) & (best <= 1)).all()
+        judged = Forward(model, batch_size=64)
+        apgd(judged, x.clone(), x, y, y, lo, hi, cross_entropy, ball, steps)
+        assert judged.passes < forward.passes  # with labels, the misclassified rows leave early
+
+
+@pytest.mark.parametrize("norm, judged", [("l1", [False, False, False, True]), ("l2", [True] * 4)])
+def test_wide_l1_phases_ascend_to_their_end_and_l2_ones_stop_at_the_first_break(monkeypatch, norm, judged):
+    """L1's wide phases (8, 4, 2 eps) run without labels and hand on their best point, as
+    AutoAttack's large-radius start does; only the eps phase judges. L2's judge every phase."""
+    from pytest_robust.checks.adversarial import ensemble
+
+    calls, apgd = [], ensemble.apgd
+
+    def recorded(forward, x0, center, y, *args):
+        calls.append(y is not None)
+        return apgd(forward, x0, center, y, *args)
+
+    monkeypatch.setattr(ensemble, "apgd", recorded)
+    model, (x, y) = SmallNet().eval(), image_data(n=8)
+    adversarial_accuracy(model, (x, y), eps=0.05 if norm == "l2" else 0.2, norm=norm, restarts=1, targets=0,
+                         fab_targets=0, square_queries=0, steps=20, seed=0)
+    assert calls == judged

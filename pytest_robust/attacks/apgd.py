@@ -21,7 +21,8 @@ and no momentum), when
 
 So the step size starts large (exploration) and shrinks only where progress stalls; there is no
 step size to tune. A row counts as broken when any iterate it visits is misclassified (a tie
-counts as misclassified).
+counts as misclassified); without labels to check (``y=None``: a wide phase that ascends to its
+end, ``norms.Ball.wide_to_end``) no row is broken and every row takes every step.
 
 Cost and host reads: N + 1 model evaluations per row (x(0) ... x(N), each with a backward pass).
 At each checkpoint, and after the steps ``EARLY`` (each capped at the first checkpoint), the rows
@@ -74,7 +75,7 @@ class _Rows:
 
     index: torch.Tensor
     center: torch.Tensor  # the clean inputs, the balls' centres
-    y: torch.Tensor  # true labels, for the misclassification check
+    y: torch.Tensor | None  # true labels, for the misclassification check (None: no check)
     labels: torch.Tensor  # what the objective gets (y, or (y, target) pairs)
     lo: torch.Tensor
     hi: torch.Tensor
@@ -95,12 +96,19 @@ class _Rows:
     def take(self, keep: torch.Tensor) -> "_Rows":
         """The state of the rows ``keep`` (indices into the current rows; ``index_select``, the same
         rows as indexing, a fifth of its time on a CPU)."""
-        return _Rows(**{f.name: getattr(self, f.name).index_select(0, keep) for f in dataclasses.fields(self)})
+        return _Rows(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).index_select(0, keep)
+                        for f in dataclasses.fields(self)})
 
 
-def _evaluate(forward: Forward, x: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, objective: Objective):
-    """(loss, gradient, misclassified, gradient exactly zero) at x, one evaluation per row."""
-    loss, grad, right = forward.grad(x, labels, objective, truth=y)
+def _evaluate(forward: Forward, x: torch.Tensor, y: torch.Tensor | None, labels: torch.Tensor,
+              objective: Objective):
+    """(loss, gradient, misclassified, gradient exactly zero) at x, one evaluation per row (no row
+    misclassified when ``y`` is None)."""
+    if y is None:
+        loss, grad = forward.grad(x, labels, objective)
+        right = torch.ones(len(x), dtype=torch.bool, device=x.device)
+    else:
+        loss, grad, right = forward.grad(x, labels, objective, truth=y)
     flat = grad.flatten(1)  # two reductions, no |g| copy (aminmax along a row measured 15x slower); NaN is not 0
     return loss, grad, ~right, (flat.amax(dim=1) == 0) & (flat.amin(dim=1) == 0)
 
@@ -108,7 +116,7 @@ def _evaluate(forward: Forward, x: torch.Tensor, y: torch.Tensor, labels: torch.
 def _start(forward, x0, center, y, labels, lo, hi, objective, ball) -> _Rows:
     """The run's state at x(0): its loss and gradient; step size ``ball.step`` eps."""
     loss, grad, wrong, flat = _evaluate(forward, x0, y, labels, objective)
-    n = len(y)
+    n = len(x0)
     return _Rows(torch.arange(n, device=x0.device), center, y, labels, lo, hi, x0, x0, grad, loss, x0, grad, loss,
                  torch.full((n,), ball.step * ball.eps, dtype=x0.dtype, device=x0.device),
                  torch.zeros(n, dtype=torch.long, device=x0.device), loss,
@@ -174,7 +182,7 @@ def _advance(forward: Forward, s: _Rows, objective: Objective, ball: Ball, done:
     return s, done
 
 
-def apgd(forward: Forward, x0: torch.Tensor, center: torch.Tensor, y: torch.Tensor, labels: torch.Tensor,
+def apgd(forward: Forward, x0: torch.Tensor, center: torch.Tensor, y: torch.Tensor | None, labels: torch.Tensor,
          lo: torch.Tensor, hi: torch.Tensor, objective: Objective, ball: Ball,
          steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """APGD maximising ``objective(logits, labels)`` from x(0) = ``x0`` in ``ball`` around the clean
@@ -182,12 +190,12 @@ def apgd(forward: Forward, x0: torch.Tensor, center: torch.Tensor, y: torch.Tens
     iterations (module docstring).
 
     Returns two device masks over the rows, broken (some iterate was misclassified with respect to
-    ``y``) and flat (the objective's gradient was exactly zero at every point the row visited: a
-    sign of gradient masking), and per row the first misclassified iterate, or where there is none
-    the point of highest objective visited. At most steps + 1 evaluations per row, fewer for rows
-    broken early.
+    ``y``; None: none is checked, and every row runs to the end) and flat (the objective's gradient
+    was exactly zero at every point the row visited: a sign of gradient masking), and per row the
+    first misclassified iterate, or where there is none the point of highest objective visited. At
+    most steps + 1 evaluations per row, fewer for rows broken early.
     """
-    fooled = torch.zeros(len(y), dtype=torch.bool, device=x0.device)
+    fooled = torch.zeros(len(x0), dtype=torch.bool, device=x0.device)
     flat, found = torch.zeros_like(fooled), x0.clone()
     with forward.deferring():  # the logits' finiteness is read at the exits, not at every step
         s, done, last = _start(forward, x0, center, y, labels, lo, hi, objective, ball), 0, 0

@@ -8,8 +8,9 @@ in the L-inf or the L2 ball of radius eps within the input box (``norms``).
    fresh random start in the feasible set. In L2 and L1 every APGD run (this stage's and the
    next's) widens first (``norms.WIDENING``, after Croce & Hein's large-radius start for L1-APGD,
    ICML 2021): a tenth of its steps each in the balls of radius 8, 4 and 2 eps, then the rest in
-   the eps ball, each phase starting from the previous phase's result (its first misclassified
-   point, else its best) projected onto the smaller ball, the first from a random start in the
+   the eps ball, each phase starting from the previous phase's result projected onto the smaller
+   ball (in L2 its first misclassified point, else its best; in L1 its best, each wide phase
+   ascending to its end, ``norms.Ball.wide_to_end``), the first from a random start in the
    widest (or from the ranked start). Only the last phase's points count. On a model whose
    gradient is flat near the input (an L-inf-trained network thresholding its pixels), the wide
    phases reach the region where it is not, and walk back.
@@ -222,7 +223,8 @@ def _gradient_run(g: _Group, schedule: Schedule, code: int, labels: torch.Tensor
         ball = g.ball if final else type(g.ball)(radius)
         lo, hi = (g.lo[rows], g.hi[rows]) if final else feasible_box(x, radius, schedule.bounds)
         point = g.start(rows, ball, lo, hi) if point is None else ball.project(point, x, lo, hi)
-        broken, flat, point = apgd(g.forward, point, x, g.y[rows], labels[rows], lo, hi, objective, ball, steps)
+        judged = None if not final and g.ball.wide_to_end else g.y[rows]  # None: ascend to the phase's end
+        broken, flat, point = apgd(g.forward, point, x, judged, labels[rows], lo, hi, objective, ball, steps)
         g.flat[rows] &= flat
     g.mark(rows, broken, point, code)
 
