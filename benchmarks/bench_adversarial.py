@@ -26,9 +26,9 @@ Models, all evaluated on the 359 held-out test digits (``--quick``: the first 10
   class j, max over the box of (w_j - w_y) x' + b_j - b_y < 0, a maximum that separates per
   coordinate.
 
-Attacks: ``adversarial_accuracy`` at its defaults (APGD 50 steps; L-inf and L2: APGD-CE x 2
-restarts, APGD-T x 6 targets, Square 250 queries; L1: APGD-CE x 10 restarts, FAB-T 40 steps x 2
-targets, Square-L1 50 queries; budget 1,000,000); AutoAttack's ``version="standard"`` (APGD-CE,
+Attacks: ``adversarial_accuracy`` at its defaults (L-inf and L2: APGD 50 steps, APGD-CE x 2
+restarts, APGD-T x 6 targets, Square 250 queries; L1: APGD 20 steps, APGD-CE x 20 restarts, FAB-T
+40 steps x 2 targets, Square-L1 25 queries; budget 1,000,000); AutoAttack's ``version="standard"`` (APGD-CE,
 APGD-T, FAB-T with 9 targets, Square with 5000 queries; torchattacks' in L-inf and L2, the authors'
 in L1, whose APGD-CE restarts 5 times and APGD-T takes 5 targets), as shipped (its APGD, APGD-T
 and FAB run 10 steps: "AA-10") and with those three set to 100 steps as in Croce & Hein's original

@@ -11,7 +11,8 @@ those named) at the L1 radii 1 and 2 (``--radii``: those given), on the 359 test
 (``--quick``: the first 100):
 
 1. the check's gradient stage alone (``adversarial_accuracy(norm="l1", fab_targets=0,
-   square_queries=0)``: APGD-CE with 10 restarts, as by default) finds the inputs it leaves robust;
+   square_queries=0)``: APGD-CE at the defaults, 20 restarts of 20 steps) finds the inputs it leaves
+   robust;
 2. on exactly those inputs, each stage alone, every tool through one counting wrapper:
    - our FAB-T at the defaults (the 2 targets best by the first-order model, each after its
      first-order point, 40 steps) against AutoAttack's FAB-T as in its standard version (9 targets

@@ -115,21 +115,26 @@ def test_l1_is_exact_on_linear_models_with_the_box(classes):
 
 def test_l1_defaults_and_the_cost_of_every_stage():
     """In L1 APGD widens through 8, 4 and 2 eps before eps (one evaluation more per phase); by
-    default APGD-CE restarts 10 times, APGD-T is off, FAB-T runs on 2 ranked targets (each after
-    its first-order point) and Square-L1 on 50 queries; the worst case counts every part."""
+    default APGD runs 20 steps and APGD-CE restarts 20 times, APGD-T is off, FAB-T runs on 2 ranked
+    targets (each after its first-order point) and Square-L1 on 25 queries; the worst case counts
+    every part. L-inf keeps its 50 steps."""
     model, x, y = linear_problem(3, n=20)
-    r = adversarial_accuracy(model, (x, y), eps=0.5, norm="l1", steps=10)
+    r = adversarial_accuracy(model, (x, y), eps=0.5, norm="l1")
     a = r.details["attack"]
-    assert (a["restarts"], a["targets"], a["fab_targets"], a["fab_steps"], a["square_queries"]) == (10, 0, 2, 40, 50)
-    assert r.perturbation.endswith("FAB-T 40 steps x 2 target(s), Square 50 queries; each APGD run starts wide "
+    assert (a["steps"], a["restarts"], a["targets"], a["fab_targets"], a["fab_steps"], a["square_queries"]) == (
+        20, 20, 0, 2, 40, 25)
+    assert r.perturbation.endswith("FAB-T 40 steps x 2 target(s), Square 25 queries; each APGD run starts wide "
                                    "(8, 4, 2 x eps)")
-    run = 10 + len(L1Ball.widening)
-    assert a["worst_case_per_input"] == 1 + 10 * run + 2 + 2 * (40 + 1) + 50  # 2 ranking gradients (3 classes)
+    run = 20 + len(L1Ball.widening)
+    assert a["worst_case_per_input"] == 1 + 20 * run + 2 + 2 * (40 + 1) + 25  # 2 ranking gradients (3 classes)
     assert [s["name"] for s in r.details["stages"]] == ["apgd-ce", "apgd-t", "fab-t", "square"]
     once = adversarial_accuracy(model, (x, y), eps=0.5, norm="l1", steps=10, restarts=1, targets=1, fab_targets=0,
                                 square_queries=0)
+    run = 10 + len(L1Ball.widening)
     assert once.details["attack"]["worst_case_per_input"] == 1 + 2 * run + 2
     assert "FAB-T" not in once.perturbation and "Square" not in once.perturbation
+    linf = adversarial_accuracy(model, (x, y), eps=0.05, restarts=1, targets=0, square_queries=0)
+    assert linf.details["attack"]["steps"] == 50
 
 
 def test_fab_targets_outside_l1_is_a_setting_error():

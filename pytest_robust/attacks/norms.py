@@ -41,12 +41,12 @@ supplies what differs between the norms (all per row, in input units, float32 or
   AutoAttack's large-radius start does) rather than stopping each row at its first misclassified
   point (L2: measured stronger there at the same cost; in L1 the deeper start broke 43 more of
   the PGD-trained model's 346 digits in one run at 1.25);
-- ``restarts``, ``targets``, ``fab_targets`` and ``square_queries``: the check's defaults in this
-  norm. L-inf and L2: 2 APGD-CE restarts, 6 APGD-T targets, no FAB-T, 250 Square queries. L1: 10
-  restarts, no APGD-T, 2 FAB-T targets, 50 Square queries: a sparse step's coordinates depend on
-  where the run starts, so restarts buy more in L1 than targets do, and FAB-T breaks what loss
-  ascent leaves on models that threshold their pixels (measured against AutoAttack-L1 in
-  docs/adversarial.md).
+- ``steps``, ``restarts``, ``targets``, ``fab_targets`` and ``square_queries``: the check's defaults
+  in this norm. L-inf and L2: runs of 50 steps, 2 APGD-CE restarts, 6 APGD-T targets, no FAB-T,
+  250 Square queries. L1: runs of 20 steps, 20 restarts, no APGD-T, 2 FAB-T targets, 25 Square
+  queries: a sparse step's coordinates depend on where the run starts, so short runs from many
+  starts buy more in L1 than long runs or targets do, and FAB-T breaks what loss ascent leaves on
+  models that threshold their pixels (measured against AutoAttack-L1 in docs/adversarial.md).
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ from pytest_robust.engine.streams import per_row
 #: Hein's for L1 (ICML 2021; theirs: 30% each at 3 and 2 eps): 10% each at 8, 4 and 2 eps, then 70%
 #: at eps, each phase from the previous one's result, projected.
 WIDENING = ((8.0, 0.1), (4.0, 0.1), (2.0, 0.1), (1.0, 0.7))
+#: L1's defaults: APGD steps per run, APGD-CE restarts and Square-L1 queries (module docstring).
+L1_STEPS, L1_RESTARTS, L1_QUERIES = 20, 20, 25
 #: L1 steps move at most this share of the coordinates (AutoAttack's L1-APGD starts with it).
 SPARSITY = 0.2
 #: Halvings of the L1 projection's threshold bracket: more than float32's 24 bits of precision.
@@ -95,9 +97,9 @@ class Ball:
     #: Whether a wide phase runs to its end and hands on its best point (else each row stops at its
     #: first misclassified point, which the next phase starts from).
     wide_to_end = False
-    #: The check's defaults in this norm: APGD-CE restarts, APGD-T targets, FAB-T targets (0: FAB-T is
-    #: built for L1 only) and Square queries.
-    restarts, targets, fab_targets, square_queries = 2, 6, 0, 250
+    #: The check's defaults in this norm: APGD steps per run, APGD-CE restarts, APGD-T targets, FAB-T
+    #: targets (0: FAB-T is built for L1 only) and Square queries.
+    steps, restarts, targets, fab_targets, square_queries = 50, 2, 6, 0, 250
 
     def __init__(self, eps: float, per_feature: torch.Tensor | None = None):
         self.eps = eps  # the radius (per feature: the largest; APGD's step sizes are in its units)
@@ -149,7 +151,7 @@ class L1Ball(Ball):
 
     name, title = "l1", "L1"
     widening, step, wide_to_end = WIDENING, 1.0, True
-    restarts, targets, fab_targets, square_queries = 10, 0, 2, 50
+    steps, restarts, targets, fab_targets, square_queries = L1_STEPS, L1_RESTARTS, 0, 2, L1_QUERIES
 
     def ascent(self, g: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         flat, width = g.flatten(1), g[0].numel()

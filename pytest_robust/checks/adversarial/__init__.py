@@ -35,8 +35,8 @@ DECLARATION = Metric(
         Param("eps", _eps, EPS_SETTING, "the radius of the attack in the norm norm=, in input units; in L-inf also "
               "one radius per feature (a tensor broadcasting to one input's shape, 0 keeps a feature fixed)"),
         Param("norm", choice("linf", "l2", "l1"), "linf", "the ball's norm"),
-        Param("steps", positive_int, 50, "APGD steps"),
-        Param("restarts", positive_int, None, "APGD-CE restarts (default 2; 10 in L1, whose sparse steps "
+        Param("steps", positive_int, None, "APGD steps per run (default 50; 20 in L1)"),
+        Param("restarts", positive_int, None, "APGD-CE restarts (default 2; 20 in L1, whose sparse steps "
               "depend on the start)"),
         Param("targets", non_negative_int, None, "target classes of APGD-T (default 6; 0 in L1; 0 skips it; at "
               "most classes - 1)"),
@@ -46,7 +46,7 @@ DECLARATION = Metric(
         Param("fab_targets", non_negative_int, None, "target classes of FAB-T, the best of the same ranking (L1 "
               "only: default 2; 0 skips it)"),
         Param("fab_steps", positive_int, 40, "FAB-T steps per target (L1 only)"),
-        Param("square_queries", non_negative_int, None, "queries of the Square search (default 250; 50 in L1; 0 "
+        Param("square_queries", non_negative_int, None, "queries of the Square search (default 250; 25 in L1; 0 "
               "skips it)"),
         Param("inputs", positive_int, None, "attack at most this many inputs (a seeded random subset)"),
         BOX,

@@ -159,7 +159,7 @@ class Schedule:
         return ", ".join(parts) + (f"; each APGD run starts wide ({', '.join(wide)} x eps)" if wide else "")
 
 
-def schedule(norm: str, eps: float, steps: int, restarts, targets, ranking: str, fab_targets, fab_steps: int,
+def schedule(norm: str, eps: float, steps, restarts, targets, ranking: str, fab_targets, fab_steps: int,
              square_queries, bounds, per_feature=None) -> Schedule:
     """The check's ``Schedule`` from its settings, where None takes the norm's default
     (``norms.Ball``); FAB-T is built for L1 only, so fab_targets > 0 in another norm is refused."""
@@ -168,7 +168,7 @@ def schedule(norm: str, eps: float, steps: int, restarts, targets, ranking: str,
         raise SettingError("fab_targets", fab_targets, "0 or unset with norm='linf' or 'l2' (FAB-T is built for "
                            "norm='l1' only; APGD-T and Square cover the targeted and gradient-free search there)")
     pick = lambda value, default: default if value is None else value  # noqa: E731
-    return Schedule(eps=eps, steps=steps, restarts=pick(restarts, defaults.restarts),
+    return Schedule(eps=eps, steps=pick(steps, defaults.steps), restarts=pick(restarts, defaults.restarts),
                     targets=pick(targets, defaults.targets),
                     square_queries=pick(square_queries, defaults.square_queries), bounds=bounds, norm=norm,
                     ranking=ranking, per_feature=per_feature, fab_targets=pick(fab_targets, defaults.fab_targets),
