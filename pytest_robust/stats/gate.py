@@ -3,23 +3,27 @@
 
 A gate fed with ``update`` block by block defers the arithmetic of blocks that provably cannot
 decide. With the plug-in Kelly bets (no horizon), each side's log capital after a block is its
-log capital before it plus a sum of log1p(lambda_s (x_s - m)) terms, and log1p(y) <= y, so no
-point of a block raises it by more than
-
-    lambda_max * sum_s (x_s - m)^+        (pass side; the fail side mirrors it with m - x_s),
-
-where lambda_max bounds the bets over the block. Each bet is a clipped function of the running
-mean before it, mu = (1/2 + sum before) / (draws before + 1), and for C the block's sum and W its
-length, with T and t the sum and count before the block, every running mean in the block lies in
+log capital before it plus a sum of log1p(lambda_s (x_s - m)) terms, and log1p(y) <= y. Each bet
+is a clipped function of the running mean before it, mu = (1/2 + sum before) / (draws before + 1);
+for C a block's sum and W its length, with T and t the sum and count before the block (the waiting
+blocks before it included), every running mean in the block lies in
 
     [(1/2 + T) / (t + W - C + 1),  (1/2 + T + C) / (t + C + 1)]
 
-(x in [0, 1]: the sum after j of the block's draws lies in [max(0, C - (W - j)), min(j, C)]).
-While both sides' bounds stay below the level, the blocks wait; the first block whose bound
-reaches it is computed exactly with the blocks before it, so the decision (its draw included), the
-capitals and the p-values are those of updating block by block (up to the float rounding of
-summing the same terms in longer runs). On a stream near its threshold that is most blocks: a
-step then costs a few NumPy calls instead of about 25.
+(x in [0, 1]: the sum after j of the block's draws lies in [max(0, C - (W - j)), min(j, C)]), so
+its pass-side bets lie in [lo, hi], the clipped bets at those two means, and its terms sum to at
+most L = hi * sum_s (x_s - m)^+ - lo * sum_s (m - x_s)^+ (a term with x_s < m is largest at the
+smallest bet), the terms up to any draw inside it to at most hi * sum_s (x_s - m)^+. Over waiting
+blocks 1..k the pass side's log capital therefore rises by at most
+
+    max_j (L_1 + ... + L_(j-1) + hi_j * sum over block j of (x_s - m)^+),
+
+kept block by block in O(1) (the fail side mirrors it with m - x_s and its own bets). Per block,
+the range of the running mean shrinks like W / t, so on a long stream near its threshold blocks
+wait until the bound's linear growth reaches the level. While both sides' bounds stay below it,
+the blocks wait; the first block whose bound reaches it is computed exactly with the blocks before
+it, so the decision (its draw included), the capitals and the p-values are those of updating block
+by block (up to the float rounding of summing the same terms in longer runs).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pytest_robust.stats.betting import BET_CAP, _KellyPair, _Mixture
 
 #: The most draws a gate keeps waiting before it computes them (memory: 8 bytes a draw).
 MOST_WAITING = 1 << 20
+#: No waiting block: (draws, their sum, each side's summed bound L, each side's largest peak).
+_EMPTY = (0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -79,10 +85,10 @@ class SequentialGate:
         self.decision: Decision | None = None
         #: the largest log capital of each side so far (0: the initial capital 1), up to the decision
         self._best = {"pass": 0.0, "fail": 0.0}
-        #: blocks that cannot decide, not yet computed (``_waits``), with their count, sum, and the
-        #: sums of (x - m)^+ and (m - x)^+ over them
+        #: blocks that cannot decide, not yet computed (``_waits``), with their count and sum, and each
+        #: side's bound on its rise over them: the sum of the blocks' L and the largest peak (module docstring)
         self._waiting: list = []
-        self._tally = [0, 0.0, 0.0, 0.0]
+        self._tally = _EMPTY
 
     def update(self, x: np.ndarray) -> Decision | None:
         """Consume a block of observations; return the decision once one is reached."""
@@ -105,26 +111,31 @@ class SequentialGate:
             gaps = np.asarray(x, dtype=np.float64) - m
             shift, above = float(gaps.sum()), float(np.maximum(gaps, 0.0).sum())
             total, below = shift + m * len(x), above - shift
-        n0, c0, up0, down0 = self._tally
-        n, c, up, down = n0 + len(x), c0 + total, up0 + above, down0 + below
+        n, c, rise_pass, rise_fail, peak_pass, peak_fail = self._tally
         k = self._kelly
+        t, before = k.t + n, k.total + c  # draws and their sum before this block
         scale = m * (1.0 - m)
-        high = ((0.5 + k.total + c) / (k.t + c + 1.0) - m) / scale
-        low = ((0.5 + k.total) / (k.t + n - c + 1.0) - m) / scale
-        lift_pass, lift_fail = min(max(high, 0.0), BET_CAP / m) * up, min(max(-low, 0.0), BET_CAP / (1.0 - m)) * down
+        high = ((0.5 + before + total) / (t + total + 1.0) - m) / scale  # (mu - m) / (m (1 - m)) at the extremes
+        low = ((0.5 + before) / (t + len(x) - total + 1.0) - m) / scale
+        pass_cap, fail_cap = BET_CAP / m, BET_CAP / (1.0 - m)
+        pass_hi, pass_lo = min(max(high, 0.0), pass_cap), min(max(low, 0.0), pass_cap)
+        fail_hi, fail_lo = min(max(-low, 0.0), fail_cap), min(max(-high, 0.0), fail_cap)
+        peak_pass, peak_fail = max(peak_pass, rise_pass + pass_hi * above), max(peak_fail, rise_fail + fail_hi * below)
+        rise_pass, rise_fail = rise_pass + pass_hi * above - pass_lo * below, rise_fail + fail_hi * below - fail_lo * above
         level = self._log_level - 1e-9 * (1.0 + self._log_level)  # a margin far above either computation's rounding
         pass_capital, fail_capital = k.last
-        waits = n <= MOST_WAITING and pass_capital + lift_pass < level and fail_capital + lift_fail < level
+        n, c = n + len(x), c + total
+        waits = n <= MOST_WAITING and pass_capital + peak_pass < level and fail_capital + peak_fail < level
         if waits:
             self._waiting.append(x)
-            self._tally = [n, c, up, down]
+            self._tally = (n, c, rise_pass, rise_fail, peak_pass, peak_fail)
         return waits
 
     def _compute(self, x: np.ndarray | None = None) -> None:
         """Advance both sides over the waiting blocks and x (None: the waiting blocks alone), in
         one pass, and decide where a side first reaches the level."""
         blocks = self._waiting + ([] if x is None else [x])
-        self._waiting, self._tally = [], [0, 0.0, 0.0, 0.0]
+        self._waiting, self._tally = [], _EMPTY
         if not blocks:
             return
         x = np.concatenate(blocks, dtype=np.float64)
