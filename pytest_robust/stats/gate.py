@@ -121,7 +121,8 @@ class SequentialGate:
         pass_hi, pass_lo = min(max(high, 0.0), pass_cap), min(max(low, 0.0), pass_cap)
         fail_hi, fail_lo = min(max(-low, 0.0), fail_cap), min(max(-high, 0.0), fail_cap)
         peak_pass, peak_fail = max(peak_pass, rise_pass + pass_hi * above), max(peak_fail, rise_fail + fail_hi * below)
-        rise_pass, rise_fail = rise_pass + pass_hi * above - pass_lo * below, rise_fail + fail_hi * below - fail_lo * above
+        rise_pass += pass_hi * above - pass_lo * below
+        rise_fail += fail_hi * below - fail_lo * above
         level = self._log_level - 1e-9 * (1.0 + self._log_level)  # a margin far above either computation's rounding
         pass_capital, fail_capital = k.last
         n, c = n + len(x), c + total
