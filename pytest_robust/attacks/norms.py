@@ -59,8 +59,6 @@ from pytest_robust.engine.streams import per_row
 #: Hein's for L1 (ICML 2021; theirs: 30% each at 3 and 2 eps): 10% each at 8, 4 and 2 eps, then 70%
 #: at eps, each phase from the previous one's result, projected.
 WIDENING = ((8.0, 0.1), (4.0, 0.1), (2.0, 0.1), (1.0, 0.7))
-#: L1's defaults: APGD steps per run, APGD-CE restarts and Square-L1 queries (module docstring).
-L1_STEPS, L1_RESTARTS, L1_QUERIES = 20, 20, 25
 #: L1 steps move at most this share of the coordinates (AutoAttack's L1-APGD starts with it).
 SPARSITY = 0.2
 #: Halvings of the L1 projection's threshold bracket: more than float32's 24 bits of precision.
@@ -151,7 +149,7 @@ class L1Ball(Ball):
 
     name, title = "l1", "L1"
     widening, step, wide_to_end = WIDENING, 1.0, True
-    steps, restarts, targets, fab_targets, square_queries = L1_STEPS, L1_RESTARTS, 0, 2, L1_QUERIES
+    steps, restarts, targets, fab_targets, square_queries = 20, 20, 0, 2, 25  # module docstring
 
     def ascent(self, g: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         flat, width = g.flatten(1), g[0].numel()
