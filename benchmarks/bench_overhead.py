@@ -2,10 +2,12 @@
 
 Run from the repository root:
 
-    python benchmarks/bench_overhead.py [--threads 1] [--steps 64] [--runs 3] [--device cpu|cuda]
+    python benchmarks/bench_overhead.py [--threads 1] [--steps 64] [--runs 3] [--side 8] [--device cpu|cuda]
 
-The model costs almost nothing (one linear layer on 3x8x8 inputs, 10 classes), so what a step costs
-beyond the model is the host's work: Python, small kernels, host reads. Each row times the engine
+The model costs almost nothing (one linear layer on 3 x side x side inputs, side 8 by default, 10
+classes), so what a step costs beyond the model is the host's work: Python, small kernels, host
+reads; at ``--side 32`` (CIFAR's size) a step also moves 6 MiB of perturbed inputs, so the memory
+a step allocates and frees is measured too. Each row times the engine
 and a bare loop that does the same work per step of ``BATCH`` (512) model evaluations, alternating
 ``--runs`` times (``common.interleaved``), and reports microseconds per step (the median run):
 
@@ -74,11 +76,11 @@ ATTACK_STEPS = 50
 Q_INPUTS, Q, Q_PATH, Q_WARMUP, LEAPFROG = 128, 10.0, 20, 4, 5
 
 
-def setup(device: torch.device):
-    """(model, x, y): a linear model on 3x8x8 inputs in [0, 1] with 10 classes, seeded."""
+def setup(device: torch.device, side: int = 8):
+    """(model, x, y): a linear model on 3 x side x side inputs in [0, 1] with 10 classes, seeded."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 10)).eval().to(device)
-    x = torch.rand(INPUTS, 3, 8, 8, device=device)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * side * side, 10)).eval().to(device)
+    x = torch.rand(INPUTS, 3, side, side, device=device)
     with torch.no_grad():
         y = model(x).argmax(1)  # labels the model gets right, so no label warnings
     return model, x, y
@@ -239,12 +241,12 @@ def bare_hmc(model, x, y, q: float, path: int, warmup: int) -> float:
     return float(log_loss.mean())
 
 
-def learned_mixture() -> FrozenGMM:
+def learned_mixture(side: int = 8) -> FrozenGMM:
     """The NPPR check's learned distribution as its gate draws from it (``FrozenGMM``), with the
     check's defaults (7 components, a 128-d latent, diagonal covariances) depending on the label,
     eps ``EPS``, initialised and not fitted (fitting changes its parameters, not the work of a draw)."""
     cfg = GMMConfig(eps=EPS, norm="linf", components=7, latent_dim=128, covariance="diagonal", dependency="label",
-                    input_shape=(3, 8, 8), n_classes=10, feature_dim=None, grid_size=8)
+                    input_shape=(3, side, side), n_classes=10, feature_dim=None, grid_size=8)
     torch.manual_seed(0)
     return FrozenGMM(GMMPerturbation(cfg).eval(), None, (0.0, 1.0))
 
@@ -281,9 +283,10 @@ def main() -> None:
     args = parse_args(__doc__, extra={
         "--steps": dict(type=int, default=64, help="steps of 512 evaluations per run (default 64)"),
         "--runs": dict(type=int, default=3, help="interleaved runs of each (default 3)"),
+        "--side": dict(type=int, default=8, help="height and width of the 3-channel inputs (default 8)"),
     })
     warnings.simplefilter("ignore")  # the checks' advice is not what is measured here
-    model, x, y = setup(args.device)
+    model, x, y = setup(args.device, args.side)
     steps, runs, device = args.steps, args.runs, args.device
     budget = steps * BATCH
     noise = UniformLinf(eps=EPS)
@@ -296,7 +299,7 @@ def main() -> None:
                                     square_queries=0, batch_size=BATCH, device=device)
 
     attack_steps = max(1, round(attack().forward_passes / BATCH))  # the bare loop does as many evaluations
-    learned = learned_mixture()
+    learned = learned_mixture(args.side)
 
     def q_check():  # path sampling with HMC; its context (Monte Carlo draws, a one-step PGD) is included
         return intermediate_q(model, (x[:Q_INPUTS], y[:Q_INPUTS]), q=Q, estimator="hmc", perturbation=noise,
@@ -334,8 +337,8 @@ def main() -> None:
                 bare_steps=INPUTS // BATCH * (ATTACK_STEPS + 1)),
         ]
         sync(device)
-        facts = (f"linear model on 3x8x8 inputs, {BATCH} evaluations per step, {steps} steps per run, median of "
-                 f"{runs} interleaved runs")
+        facts = (f"linear model on 3x{args.side}x{args.side} inputs, {BATCH} evaluations per step, {steps} steps per "
+                 f"run, median of {runs} interleaved runs")
         return header(device, facts) + "\n\n" + markdown_table(
             ["hot loop", "engine µs/step", "bare µs/step", "host overhead µs", "overhead range", "bare / engine",
              "page faults/step (engine / bare)"], rows, "lrrrrrr") + "\n\n" + end_of_run(steps * BATCH, steps)

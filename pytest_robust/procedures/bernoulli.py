@@ -31,6 +31,7 @@ from pytest_robust.engine import collective
 from pytest_robust.engine.data import TensorData
 from pytest_robust.engine.run import Run
 from pytest_robust.perturbations.base import Perturbation
+from pytest_robust.procedures.columns import Column
 from pytest_robust.results import Result
 from pytest_robust.stats import SequentialGate, clopper_pearson_lower, clopper_pearson_upper, confidence_sequence
 
@@ -248,7 +249,7 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     blk = block_size(ds.x)
     at_least = -(-at_least // blk) * blk
     gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
-    outcomes, indices, drawn, block = [], [], 0, 0
+    outcomes, indices, drawn, block = Column(bool), Column(np.int64), 0, 0
 
     def going(drawn: int) -> bool:  # whether the stream takes another step after ``drawn`` draws
         return drawn < draws and (_undecided(gate) or drawn < at_least)
@@ -270,8 +271,8 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
         hits, idx, consumed = read(pending)
         hits = hits[0]
         block += consumed
-        outcomes.append(hits)
-        indices.append(idx)
+        outcomes.extend(hits)
+        indices.extend(idx)
         drawn += len(hits)
         if gate is not None and gate.decision is None:
             gate.update(hits)
@@ -284,7 +285,7 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
             pending = following
         else:
             pending = next_step(drawn, block)
-    return Stream(np.concatenate(outcomes), np.concatenate(indices),
+    return Stream(outcomes.values, indices.values,
                   gate.decision if gate is not None else None, gate.p_values() if gate is not None else None,
                   at_least)
 
@@ -294,11 +295,11 @@ def _undecided(gate: SequentialGate | None) -> bool:
     return gate is None or gate.decision is None
 
 
-def _progress(run: Run, label: str, outcomes: list, drawn: int, draws: int) -> None:
+def _progress(run: Run, label: str, outcomes: Column, drawn: int, draws: int) -> None:
     """After a step: the time limit's pace and the progress line (its bounds computed only when shown)."""
     run.clock.pace(label, drawn, draws, "draws")
     run.forward.report_progress(metric=label, draws=drawn, budget=draws, forward_passes=run.forward.passes,
-                                bounds=lambda: confidence_sequence(np.concatenate(outcomes), run.alpha))
+                                bounds=lambda: confidence_sequence(outcomes.values, run.alpha))
 
 
 def summary(stream: Stream, alpha: float, threshold: float | None) -> tuple[float, float, float, dict]:

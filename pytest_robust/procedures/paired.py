@@ -32,6 +32,7 @@ from dataclasses import replace
 import numpy as np
 
 from pytest_robust.procedures.bernoulli import step
+from pytest_robust.procedures.columns import Column
 from pytest_robust.results import Result, decide, is_good
 from pytest_robust.stats import t_quantile
 from pytest_robust.stats.paired import PairedGate, confidence_sequence, p_values
@@ -41,20 +42,20 @@ def bernoulli(run, ref, perturbation, margin: float) -> Result:
     """The paired Bernoulli check: draws until the paired gate decides "drop <= margin" or the
     budget (two model evaluations per draw) is spent."""
     gate, draws = PairedGate(margin, run.alpha), max(1, run.args.budget // 2)
-    cand, refs, drawn, block = [], [], 0, 0
+    cand, refs, drawn, block = Column(bool), Column(bool), 0, 0
     while drawn < draws and gate.decision is None:
         # steps grow by a quarter (at least one block): a decision overshoots by at most ~25%
         (c, r), _, consumed = step(run, run.ds, perturbation, run.streams, block, draws - drawn,
                                    max(1, block // 4), (ref,))
         block += consumed
-        cand.append(c)
-        refs.append(r)
+        cand.extend(c)
+        refs.extend(r)
         drawn += len(c)
         gate.update(r.astype(float) - c.astype(float))
         run.forward.report_progress(metric=f"{run.title} vs reference", draws=drawn, budget=draws,
                         forward_passes=run.forward.passes + ref.forward.passes)
     used = gate.used
-    c, r = np.concatenate(cand)[:used], np.concatenate(refs)[:used]
+    c, r = cand.values[:used], refs.values[:used]
     lower, upper = confidence_sequence(r.astype(float) - c.astype(float), run.alpha)
     if gate.decision is not None:  # the bounds agree with the gate's decision
         lower, upper = (lower, min(upper, margin)) if gate.decision[0] == "pass" else (max(lower, margin), upper)
