@@ -3,7 +3,7 @@ check runs, at batch_size=8.
 
 Run from the repository root:
 
-    python benchmarks/bench_memory.py [--sizes 32,128,512] [--checks tsrm,...] [--threads N]
+    python benchmarks/bench_memory.py [--sizes 32,128,512] [--checks tsrm,...] [--lengths 64,256,1024] [--threads N]
 
 Each (check, size) runs in a fresh Python process, so one case's allocations cannot hide
 another's. The process builds a small convolutional classifier (global average pooling, so it
@@ -17,6 +17,12 @@ k perturbed inputs at 512 px take 3k MiB.
 The budgets are small (300 draws for TSRM and corruption accuracy, as in issue 25; 100 draws per
 input for certified accuracy; a two-step fit for NPPR) because memory depends on the batch, not
 the budget. Linux only (``/proc``).
+
+A second table holds the batch and grows the run: TSRM with ``UniformLinf(eps=0.1)`` in batches of
+512 on 2,048 random 3 x 32 x 32 inputs (a linear model), for ``--lengths`` steps, each length in
+its own process, with the growth of the peak resident set and the minor page faults per step.
+Memory bounded by the batch means the same growth at every length: a loop that kept a host
+array per step once grew the heap by a batch of inputs per step (``procedures.columns``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from common import header, markdown_table, parse_args, report  # noqa: I001
 import pytest_robust as pr
 
 SIZES = (32, 128, 256, 512)
+#: Steps of the long runs (second table), and their batch.
+LENGTHS, LONG_BATCH = (64, 256, 1024), 512
 BATCH = 8
 CHECKS = {
     "tsrm": lambda m, d: pr.tsrm(m, d, perturbation=pr.UniformLinf(eps=0.03), budget=300, batch_size=BATCH),
@@ -80,14 +88,42 @@ def one_case(check: str, size: int) -> dict:
     return {"growth": peak - before, "draws": r.draws, "image_mib": 3 * size * size * 4 / 2**20}
 
 
+def long_case(steps: int) -> dict:
+    """Growth of the peak resident set (MiB) and minor page faults per step of a TSRM run of
+    ``steps`` steps of ``LONG_BATCH`` draws on 3 x 32 x 32 inputs (module docstring)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10)).eval()
+    x = torch.rand(2048, 3, 32, 32)
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    before, faults = resident_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    pr.tsrm(model, (x, y), perturbation=pr.UniformLinf(eps=0.1), budget=steps * LONG_BATCH, batch_size=LONG_BATCH)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"growth": usage.ru_maxrss / 1024 - before, "faults": (usage.ru_minflt - faults) / steps}
+
+
+def run_case(case: str, threads: int) -> dict:
+    """One case in a fresh process (``--case``), its JSON result."""
+    out = subprocess.run([sys.executable, __file__, "--case", case, "--threads", str(threads)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def long_table(lengths, threads) -> str:
+    rows = [[f"{n:,}", f"{r['growth']:,.0f}", f"{r['faults']:,.0f}"]
+            for n, r in ((n, run_case(f"long:{n}", threads)) for n in lengths)]
+    return (header(torch.device("cpu"), f"batch_size={LONG_BATCH}",
+                   "TSRM, UniformLinf(eps=0.1), 2,048 inputs of 3 x 32 x 32",
+                   title="Peak resident-set growth against the run's length")
+            + "\n" + markdown_table(["steps", "growth (MiB)", "page faults per step"], rows, "rrr"))
+
+
 def table(sizes, checks, threads) -> str:
     rows = []
     for check in checks:
         cells = [check]
         for size in sizes:  # one process per case, one at a time
-            out = subprocess.run([sys.executable, __file__, "--case", f"{check}:{size}", "--threads", str(threads)],
-                                 check=True, capture_output=True, text=True).stdout
-            cells.append(f"{json.loads(out.splitlines()[-1])['growth']:,.0f}")
+            cells.append(f"{run_case(f'{check}:{size}', threads)['growth']:,.0f}")
         rows.append(cells)
     images = ["one image (MiB)"] + [f"{3 * s * s * 4 / 2**20:.2f}" for s in sizes]
     return (header(torch.device("cpu"), f"batch_size={BATCH}", "16 images of 3 x size x size",
@@ -99,14 +135,16 @@ def main() -> None:
     args = parse_args(__doc__, extra={
         "--sizes": {"default": ",".join(map(str, SIZES)), "help": "image sides in pixels, comma-separated"},
         "--checks": {"default": ",".join(CHECKS), "help": "checks, comma-separated"},
-        "--case": {"default": None, "help": "internal: run one check:size in this process and print JSON"},
+        "--lengths": {"default": ",".join(map(str, LENGTHS)), "help": "steps of the long runs, comma-separated"},
+        "--case": {"default": None, "help": "internal: run one check:size (or long:steps) here and print JSON"},
     })
     if args.case:
         check, size = args.case.split(":")
-        print(json.dumps(one_case(check, int(size))))
+        print(json.dumps(long_case(int(size)) if check == "long" else one_case(check, int(size))))
         return
-    sizes = [int(s) for s in args.sizes.split(",")]
-    report("Memory", lambda: table(sizes, args.checks.split(","), torch.get_num_threads()))
+    sizes, lengths, threads = [int(s) for s in args.sizes.split(",")], [int(s) for s in args.lengths.split(",")], \
+        torch.get_num_threads()
+    report("Memory", lambda: table(sizes, args.checks.split(","), threads) + "\n\n" + long_table(lengths, threads))
 
 
 if __name__ == "__main__":

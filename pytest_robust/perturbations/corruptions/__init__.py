@@ -146,6 +146,8 @@ class Corruption(Perturbation):
         self.name = check_name(name)
         self.severity = check_severity(severity)
         self.preset = check_preset(preset)
+        if self.name == "jpeg_compression":
+            digital.libjpeg()  # torchvision's codec, imported now rather than at the first draw
 
     def preset_for(self, x: torch.Tensor) -> str:
         """The table used for images of x's size."""

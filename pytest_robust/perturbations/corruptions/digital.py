@@ -9,11 +9,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-try:  # at import, not mid-run: importing torchvision costs about a second and much garbage collection
-    from torchvision.io import decode_jpeg, encode_jpeg
-except ImportError:  # pragma: no cover - a torchvision without them (``libjpeg``)
-    decode_jpeg = encode_jpeg = None
-
 from pytest_robust.errors import ArgumentError
 from pytest_robust.perturbations.corruptions._ops import blur, box_rows, constant, uniform, warp, working_dtype
 from pytest_robust.perturbations.corruptions.jpeg import jpeg
@@ -60,8 +55,14 @@ def libjpeg():
     """(encode, decode): torchvision's bindings of libjpeg-turbo, ``torchvision.io.encode_jpeg``
     and ``decode_jpeg``, once a round trip of a small image works; None where they are missing (a
     torchvision without its image extension, or a release after their deprecation in 0.29), and
-    the tensor codec codes on the CPU too, with the same numbers."""
-    if encode_jpeg is None:  # pragma: no cover
+    the tensor codec codes on the CPU too, with the same numbers.
+
+    torchvision is imported here, when the first JPEG corruption is built (``Corruption``), not
+    with the package, nor mid-run: its import costs about a second and 200 MB of resident memory,
+    which checks without JPEG (tabular data, token ids, any other perturbation) never pay."""
+    try:
+        from torchvision.io import decode_jpeg, encode_jpeg
+    except ImportError:  # pragma: no cover - a torchvision without them
         return None
     try:
         with warnings.catch_warnings():
