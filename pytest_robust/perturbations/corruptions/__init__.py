@@ -9,10 +9,9 @@ generator, in a fixed order per call: the same generator state and the same batc
 output on the same device. (The evaluation engine draws perturbations in fixed blocks of inputs,
 each with its own generator, so a check's numbers do not depend on the batch size.)
 
-On a GPU the corruptions do not wait for the device: no value is read back to the host (JPEG
-too is coded on the device, ``jpeg``; on a CPU, by libjpeg-turbo, Pillow's codec, with the same numbers). The box
-check of ``Corruption.sample`` reads the batch's extremes; the engine's ``draw`` skips it, as the
-check's data were checked once.
+On a GPU the corruptions do not wait for the device: no value is read back to the host (JPEG too is coded on the
+device, ``jpeg``; on a CPU, by libjpeg-turbo, Pillow's codec, with the same numbers). The box check of
+``Corruption.sample`` reads the batch's extremes; the engine's ``draw`` skips it, as the data were checked once.
 
 Arguments and images a corruption cannot take raise ``ArgumentError`` (a ``ValueError``) naming
 the problem and the fix. A ``CorruptionGrid`` whose corruptions were not named (the default grid)
@@ -131,11 +130,10 @@ def check_layout(owner, x: torch.Tensor, generator: torch.Generator | None = Non
 class Corruption(Perturbation):
     """One corruption of the benchmark at one severity, e.g. ``Corruption("fog", severity=2)``.
 
-    ``name``: one of ``corruption_names()``; ``severity``: 1 (mild) to 5 (severe); ``preset``:
-    None picks the CIFAR-10-C table for images of at most 64 px per side and the ImageNet-C
-    table above, ``"cifar"`` or ``"imagenet"`` force one. ``bounds``: the pixel box of the
-    images (corruptions are defined on [0, 1] images: a box (lo, hi) is mapped to it linearly).
-    """
+    ``name``: one of ``corruption_names()``; ``severity``: 1 (mild) to 5 (severe); ``preset``: None picks the
+    CIFAR-10-C table for images of at most 64 px per side and the ImageNet-C table above, ``"cifar"`` or
+    ``"imagenet"`` force one. ``bounds``: the pixel box of the images (corruptions are defined on [0, 1] images:
+    a box (lo, hi) is mapped to it linearly). A JPEG corruption imports torchvision's codec when built."""
 
     images_only = "common corruptions of images (blur, weather, digital artefacts)"
 
@@ -147,7 +145,7 @@ class Corruption(Perturbation):
         self.severity = check_severity(severity)
         self.preset = check_preset(preset)
         if self.name == "jpeg_compression":
-            digital.libjpeg()  # torchvision's codec, imported now rather than at the first draw
+            digital.libjpeg()  # now rather than at the first draw
 
     def preset_for(self, x: torch.Tensor) -> str:
         """The table used for images of x's size."""
