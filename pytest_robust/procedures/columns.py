@@ -4,7 +4,7 @@ A loop that keeps each step's small host arrays in a list makes one long-lived a
 step. glibc's malloc places a small allocation in the smallest free chunk that holds it, which,
 right after a step has freed its perturbed inputs, is often a chunk of a few MiB; that chunk then
 no longer holds the next step's inputs, and the heap grows by their size instead: on a CPU, a TSRM
-run on 3 x 32 x 32 inputs in batches of 512 grew from 0.7 to 9.8 GB over 2,048 steps, and every
+run on 3 x 32 x 32 inputs in batches of 512 went from 0.7 to 9.8 GB resident over 2,048 steps, and every
 step touched fresh pages (about a thousand minor page faults, a millisecond). A column grows by
 doubling, so a run of n steps allocates about log2(n) times, and the step's own arrays are freed
 with the step.
