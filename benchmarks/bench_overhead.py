@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    python benchmarks/bench_overhead.py [--threads 1] [--steps 64] [--runs 3] [--side 8] [--device cpu|cuda]
+    python benchmarks/bench_overhead.py [--threads 1] [--steps 256] [--runs 5] [--side 8] [--device cpu|cuda]
 
 The model costs almost nothing (one linear layer on 3 x side x side inputs, side 8 by default, 10
 classes), so what a step costs beyond the model is the host's work: Python, small kernels, host
@@ -39,8 +39,12 @@ The host overhead is the engine's time per step less the bare loop's; the goal i
 microseconds per 512-draw step. The last column counts minor page faults per step: memory that the
 C allocator returned to the system after a step and the next step touches again (glibc trims its
 heap when a large free block sits at its top), a cost that depends on the pattern of allocations
-rather than on the work. A line under the table times the end-of-run confidence sequence, which
-every Bernoulli row computes once, on as many draws as a run makes, per step.
+rather than on the work. Two lines under the table time what a run does once, outside its steps,
+spread over the run's steps as every row's figure spreads it: a run of one step of the undecided
+gate (the data and perturbation checks before the first step, the bounds and the result after the
+last), and the end-of-run confidence sequence alone, on as many draws as a run makes. A run of
+about 5 ms outside its steps adds 80 µs to each step of a 64-step run and 20 µs at the default 256
+steps, so short runs overstate the work per step.
 """
 
 from __future__ import annotations
@@ -251,6 +255,14 @@ def learned_mixture(side: int = 8) -> FrozenGMM:
     return FrozenGMM(GMMPerturbation(cfg).eval(), None, (0.0, 1.0))
 
 
+def one_step(run_check, steps: int, device: torch.device) -> str:
+    """The time of a one-step run (``run_check(draws)``: the undecided gate), median of 5, and that
+    time per step of the table's runs."""
+    seconds = statistics.median(timed(lambda: run_check(BATCH), device)[1] for _ in range(5))
+    return (f"A run of one step of the undecided gate (checks before, bounds and result after): {seconds * 1e3:.1f} "
+            f"ms, {seconds / steps * 1e6:.0f} µs per step of these runs.")
+
+
 def end_of_run(draws: int, steps: int) -> str:
     """The share of each Bernoulli row's overhead that the end-of-run confidence sequence takes: its
     time on ``draws`` seeded Bernoulli(0.9) outcomes at confidence 0.999 (median of 3), per step."""
@@ -281,8 +293,8 @@ def row(name: str, runs: int, steps: int, engine, bare, device, bare_steps: int 
 
 def main() -> None:
     args = parse_args(__doc__, extra={
-        "--steps": dict(type=int, default=64, help="steps of 512 evaluations per run (default 64)"),
-        "--runs": dict(type=int, default=3, help="interleaved runs of each (default 3)"),
+        "--steps": dict(type=int, default=256, help="steps of 512 evaluations per run (default 256)"),
+        "--runs": dict(type=int, default=5, help="interleaved runs of each (default 5)"),
         "--side": dict(type=int, default=8, help="height and width of the 3-channel inputs (default 8)"),
     })
     warnings.simplefilter("ignore")  # the checks' advice is not what is measured here
@@ -290,9 +302,12 @@ def main() -> None:
     steps, runs, device = args.steps, args.runs, args.device
     budget = steps * BATCH
     noise = UniformLinf(eps=EPS)
-    # a threshold at the accuracy under the noise: the gate cannot decide within the budget
     accuracy = tsrm(model, (x, y), perturbation=noise, budget=budget, batch_size=BATCH, device=device).estimate
     corruption = Corruption("gaussian_noise", severity=3)
+
+    def gate(draws: int):  # a threshold at the accuracy under the noise: it cannot decide within the budget
+        return tsrm(model, (x, y), perturbation=noise, budget=draws, batch_size=BATCH, device=device,
+                    threshold=min(0.99, max(0.01, accuracy)), confidence=0.999)
 
     def attack():  # the APGD-CE stage alone, at a radius few inputs break at: its gradient steps
         return adversarial_accuracy(model, (x, y), eps=ATTACK_EPS, steps=ATTACK_STEPS, restarts=1, targets=0,
@@ -314,10 +329,8 @@ def main() -> None:
             row("TSRM, estimate", runs, steps,
                 lambda: tsrm(model, (x, y), perturbation=noise, budget=budget, batch_size=BATCH, device=device),
                 lambda: bare_tsrm(model, x, y, steps), device),
-            row("TSRM, undecided gate", runs, steps,
-                lambda: tsrm(model, (x, y), perturbation=noise, budget=budget, batch_size=BATCH, device=device,
-                             threshold=min(0.99, max(0.01, accuracy)), confidence=0.999),
-                lambda: bare_tsrm(model, x, y, steps), device),
+            row("TSRM, undecided gate", runs, steps, lambda: gate(budget), lambda: bare_tsrm(model, x, y, steps),
+                device),
             row("certified accuracy's draws", runs, steps,
                 lambda: certify(model, (x[: steps // SMOOTHING_STEPS], y[: steps // SMOOTHING_STEPS]), 0.25, n0=1,
                                 n=SMOOTHING_STEPS * BATCH - 1,
@@ -339,9 +352,11 @@ def main() -> None:
         sync(device)
         facts = (f"linear model on 3x{args.side}x{args.side} inputs, {BATCH} evaluations per step, {steps} steps per "
                  f"run, median of {runs} interleaved runs")
-        return header(device, facts) + "\n\n" + markdown_table(
+        table = markdown_table(
             ["hot loop", "engine µs/step", "bare µs/step", "host overhead µs", "overhead range", "bare / engine",
-             "page faults/step (engine / bare)"], rows, "lrrrrrr") + "\n\n" + end_of_run(steps * BATCH, steps)
+             "page faults/step (engine / bare)"], rows, "lrrrrrr")
+        once = one_step(gate, steps, device) + "\n" + end_of_run(steps * BATCH, steps)
+        return header(device, facts) + "\n\n" + table + "\n\n" + once
 
     report("Host work per step: engine vs a bare loop", section)
 
