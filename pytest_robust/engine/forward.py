@@ -167,8 +167,9 @@ class Forward:
         dtype = x.dtype if x.dtype.is_floating_point else torch.float32  # token ids: logits in float32
 
         def run(start: int, stop: int) -> torch.Tensor:
+            chunk = x[start:stop]
             with torch.no_grad():
-                return self.validated(self.called(x[start:stop]), stop - start, x[start:stop]).to(dtype)
+                return self.validated(self.called(chunk), stop - start, chunk).to(dtype)
 
         return _joined(self.chunked(len(x), run), lambda: self._empty(x).to(dtype))
 
@@ -177,9 +178,9 @@ class Forward:
         which serves the tie count too): what ``correct`` and a vote need."""
 
         def run(start: int, stop: int) -> tuple:
+            chunk = x[start:stop]
             with torch.no_grad():
-                z = self.validated(self.called(x[start:stop]), stop - start, x[start:stop], ties=False)
-                return self.top_class(z)
+                return self.top_class(self.validated(self.called(chunk), stop - start, chunk, ties=False))
 
         parts = self.chunked(len(x), run)
         if not parts:
@@ -305,9 +306,10 @@ class Forward:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
         if self.deferred:  # read later, with the caller's own host read (``finite``)
             # a float64 sum of narrower logits is finite exactly when every logit is (NaN and +-inf
-            # carry through; they cannot overflow it); float64 logits could, so they are tested each
+            # carry through; they cannot overflow it), and then times 0 it is 0 (NaN otherwise: two
+            # operations where isfinite takes four); float64 logits could overflow it, so they are tested each
             finite = (torch.isfinite(z.detach()).all() if z.dtype == torch.float64
-                      else torch.isfinite(z.detach().sum(dtype=torch.float64)))
+                      else z.detach().sum(dtype=torch.float64).mul_(0).eq(0))
             self.finite = finite if self.finite is True else finite & self.finite
         elif not torch.isfinite(z).all():
             self.raise_nonfinite(x, z)
