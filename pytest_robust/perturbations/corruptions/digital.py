@@ -58,7 +58,7 @@ def libjpeg():
     the tensor codec codes on the CPU too, with the same numbers.
 
     torchvision is imported here, when the first JPEG corruption is built (``Corruption``), not
-    with the package, nor mid-run: its import costs about a second and 200 MB of resident memory,
+    with the package, nor mid-run: its import costs about a second and 160 MB of resident memory,
     which checks without JPEG (tabular data, token ids, any other perturbation) never pay."""
     try:
         from torchvision.io import decode_jpeg, encode_jpeg
