@@ -34,11 +34,11 @@ import torch
 
 from pytest_robust.engine.device import upload
 from pytest_robust.engine.inspect.perturbation import BOX_SLACK, box_for
+from pytest_robust.engine.precision import at_least_float32
 from pytest_robust.engine.streams import stream_generator
 from pytest_robust.errors import ArgumentError, RobustWarning
 from pytest_robust.perturbations.base import Perturbation, bounds_repr, checked_box
 from pytest_robust.perturbations.corruptions import blur, digital, noise, weather
-from pytest_robust.perturbations.corruptions._ops import working_dtype
 from pytest_robust.perturbations.corruptions.tables import BENCHMARK, EXTRA, PRESETS, TABLES, default_preset
 
 ALL = BENCHMARK + EXTRA
@@ -227,10 +227,10 @@ class Corruption(Perturbation):
         return self.corrupt(x, generator)
 
     def corrupt(self, x: torch.Tensor, generator: torch.Generator | None, parameters=None) -> torch.Tensor:
-        """``sample`` without the checks: x mapped from the box to [0, 1], corrupted in ``working_dtype``
+        """``sample`` without the checks: x mapped from the box to [0, 1], corrupted in float32 or wider
         with ``parameters`` (default: this severity's table row, ``parameters(x)``), clamped to [0, 1]
         (unless it lies there already, ``IN_UNIT_BOX``), mapped back to the box, in x's dtype."""
-        work = working_dtype(x.dtype)
+        work = at_least_float32(x.dtype)
         unit_box = all(isinstance(b, numbers.Real) for b in self.bounds) and tuple(self.bounds) == (0, 1)
         if unit_box:
             unit = x.to(work)  # no copy for float32/float64; values within BOX_SLACK of the box

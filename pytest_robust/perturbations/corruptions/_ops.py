@@ -120,12 +120,6 @@ def filter2d(x: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
     return torch.fft.irfft2(spectrum, s=size)[..., r:r + h, r:r + w]
 
 
-def working_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype corruptions compute in: float32 and float64 as they are, any other float32 (where
-    255 x, a half-precision image's levels, is exact)."""
-    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
-
-
 def fast_length(n: int) -> int:
     """The smallest 2^a 3^b 5^c >= n: a length the FFT computes fast. One with a large prime
     factor is slow (244 = 4 x 61, defocus blur's at 224 px, took 2.4x as long as 250 on a CPU)."""

@@ -9,8 +9,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pytest_robust.engine.precision import at_least_float32
 from pytest_robust.errors import ArgumentError
-from pytest_robust.perturbations.corruptions._ops import blur, box_rows, constant, uniform, warp, working_dtype
+from pytest_robust.perturbations.corruptions._ops import blur, box_rows, constant, uniform, warp
 from pytest_robust.perturbations.corruptions.jpeg import jpeg
 
 
@@ -100,8 +101,8 @@ def jpeg_compression(x, c, g, preset):
     encode, decode = codec
     # each image quantised in its own (planar) layout, then its planes interleaved into the codec's
     # layout one at a time: a transposing copy of the whole float batch, or the codec's own, costs
-    # twice as much; half-precision images in float32 (``working_dtype``; NumPy has no bfloat16)
-    images = x.to(working_dtype(x.dtype)).numpy(force=True)
+    # twice as much; half-precision images in float32 (``at_least_float32``; NumPy has no bfloat16)
+    images = x.to(at_least_float32(x.dtype)).numpy(force=True)
     out = np.empty(x.shape, images.dtype)
     scale = images.dtype.type(255)
     levels, planes = np.empty(images.shape[1:], images.dtype), np.empty(images.shape[1:], np.uint8)

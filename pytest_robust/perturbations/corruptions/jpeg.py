@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from pytest_robust.engine.device import upload
-from pytest_robust.perturbations.corruptions._ops import constant, working_dtype
+from pytest_robust.engine.precision import at_least_float32
+from pytest_robust.perturbations.corruptions._ops import constant
 
 #: The IJG example tables (JPEG standard, Annex K), row-major.
 LUMA = (16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55,
@@ -151,7 +152,7 @@ def jpeg(x: torch.Tensor, qualities: list) -> torch.Tensor:
     """The batch x (n, 1 or 3, h, w) in [0, 1] coded and decoded at ``qualities[i]`` for image i
     (the module's steps) in float64; returns levels / 255 in x's dtype."""
     n, c, h, w = x.shape
-    levels = x.to(working_dtype(x.dtype)).mul(255).round_().double()  # as the CPU path rounds
+    levels = x.to(at_least_float32(x.dtype)).mul(255).round_().double()  # as the CPU path rounds
     luma = _tables(LUMA, qualities, x)
     if c == 1:
         return _code_blocks(_pad(levels, 8), luma)[..., :h, :w].div_(255).to(x.dtype)
