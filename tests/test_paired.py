@@ -5,6 +5,7 @@ saves over two separate gates, the per-input forms, and every route (library, ma
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -19,7 +20,8 @@ from pytest_robust import ArgumentError, UniformLinf, adversarial_accuracy, inte
 from pytest_robust.checks.tsrm import DECLARATION as TSRM
 from pytest_robust.procedures.bernoulli import bernoulli_stream
 from pytest_robust.stats import confidence_sequence as bernoulli_sequence
-from pytest_robust.stats.paired import PairedGate, confidence_sequence
+from pytest_robust.stats.betting import BET_CAP
+from pytest_robust.stats.paired import PairedGate, _capital, confidence_sequence
 
 DIGITS = Path(__file__).parents[1] / "examples" / "digits"
 sys.path.insert(0, str(DIGITS))
@@ -72,6 +74,47 @@ def test_the_confidence_sequence_covers_the_true_difference():
         covered += lower <= 0.03 <= upper
     assert covered / 200 >= 1 - 2 * ALPHA
 
+
+
+def _loop_log_capital(z, reach):
+    """aGRAPA's log capital draw by draw, written as the paper states it (stats.paired docstring)."""
+    total = squares = log = 0.0
+    out = []
+    for i, v in enumerate(z):
+        mean, second = total / (i + 1), (0.25 + squares) / (i + 1)
+        bet = min(max(mean / max(second, 1e-12), 0.0), BET_CAP / reach)
+        log += math.log1p(bet * v)
+        out.append(log)
+        total, squares = total + v, squares + v * v
+    return np.array(out)
+
+
+def test_the_capital_matches_a_draw_by_draw_loop():
+    """Each side's log capital is aGRAPA's, computed draw by draw (up to float rounding)."""
+    d = _pairs(np.random.default_rng(4), 400, 0.08, 0.03)
+    for claim, z, reach in (("below", 0.02 - d, 0.98), ("above", d - 0.02, 1.02)):
+        np.testing.assert_allclose(_capital(d, 0.02, claim), _loop_log_capital(z, reach), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("step", [1, 37, 512])
+def test_a_gate_fed_step_by_step_decides_at_the_whole_streams_first_crossing(step):
+    """The gate carries each side's running sums, so feeding it in steps of any size gives the
+    decision of computing the whole stream at once: the first draw where a side's capital reaches
+    1 / alpha; and a long undecided stream costs each step its own draws only (no history kept)."""
+    rng = np.random.default_rng(5)
+    for p_ref_only, p_cand_only, margin in ((0.04, 0.01, 0.01), (0.02, 0.02, 0.01), (0.03, 0.02, 0.01)):
+        d = _pairs(rng, 4000, p_ref_only, p_cand_only)
+        crossings = []
+        for verdict, claim in (("pass", "below"), ("fail", "above")):
+            hits = np.flatnonzero(_capital(d, margin, claim) >= math.log(1 / ALPHA))
+            crossings += [(int(hits[0]) + 1, verdict)] if len(hits) else []
+        gate = PairedGate(margin, ALPHA)
+        for start in range(0, len(d), step):
+            gate.update(d[start:start + step])
+        expected = min(crossings) if crossings else None
+        assert gate.decision == (None if expected is None else (expected[1], expected[0]))
+        assert gate.used == (expected[0] if expected else len(d))
+        assert not any(isinstance(v, np.ndarray) for v in vars(gate).values())
 
 # -- real models: the digits CNN -----------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 and the confidence sequence ``confidence_sequence`` on the mean of a stream of values in [0, 1].
 
 Pure Python and NumPy (and torch's ``cumsum`` for the long running sums of
-``confidence_sequence``, ``_Rejection``); nothing here knows about pytest or the checks.
+``confidence_sequence``, ``Rejection``); nothing here knows about pytest or the checks.
 
 Betting test of H0: E[X] <= m for X_i in [0, 1] (Waudby-Smith & Ramdas, JRSS-B 2024):
     K_t = prod_{i <= t} (1 + lambda_i (X_i - m)),   0 <= lambda_i <= c / m,
@@ -176,33 +176,33 @@ def rejects_at(x: np.ndarray, m: float, alpha: float) -> int | None:
     return int(hits[0]) if len(hits) else None
 
 
-#: Observations per piece of ``_Rejection`` (the first; each next one twice as many).
+#: Observations per piece of ``Rejection`` (the first; each next one twice as many).
 FIRST_PIECE = 4096
 
 
-class _Rejection:
-    """Whether the plug-in betting test of ``_advance`` on a fixed stream x rejects H0: E[X] <= m
-    by the end of x, for many m (the bisection of ``confidence_sequence``). The same numbers as
-    ``rejects_at``, with less work per m: the running means mu_{t-1}, which do not depend on m,
-    are computed once, and the log capital is summed piece by piece, stopping at the first
-    piece where it crosses the level (each piece's running sum starts from the previous one's
-    last value, so every partial sum is the one ``np.cumsum`` of the whole stream makes). The
-    running sums are torch's ``cumsum`` on the same memory: the same sequential float64 sums as
-    NumPy's, six times faster on long streams (the one use of torch in stats/)."""
+class Rejection:
+    """Whether a betting test on a fixed stream rejects its H0 at m by the end of the stream, for
+    many m (the bisections of ``confidence_sequence`` and ``stats.paired.confidence_sequence``). A subclass
+    writes each draw's log factor log(1 + lambda_i (x_i - m)) of a piece of the stream into ``out``
+    (``terms``) from what it computed once for every m; the log capital is summed piece by
+    piece, stopping at the first piece where it crosses the level (each piece's running sum
+    starts from the previous one's last value, so every partial sum is the one ``np.cumsum`` of
+    the whole stream makes). The running sums are torch's ``cumsum`` on the same memory: the same
+    sequential float64 sums as NumPy's, six times faster on long streams (the one use of torch in
+    stats/)."""
 
-    def __init__(self, x: np.ndarray, alpha: float):
+    def __init__(self, n: int, alpha: float):
         import torch  # here, not at import: the plugin loads without torch (``stats``)
 
-        self.torch, self.x, self.level = torch, x, math.log(1.0 / alpha)
-        sum_before = np.concatenate(([0.0], np.cumsum(x)[:-1]))
-        self.mu_before = (0.5 + sum_before) / (np.arange(len(x), dtype=np.float64) + 1.0)
-        self.work, self.gap = np.empty_like(x), np.empty_like(x)  # the work arrays of every m
+        self.torch, self.n, self.level = torch, n, math.log(1.0 / alpha)
+        self.work, self.gap = np.empty(n), np.empty(n)  # the work arrays of every m
+
+    def terms(self, piece: slice, m: float, out: np.ndarray, spare: np.ndarray) -> None:
+        """Write the log factors of the draws ``piece`` at m into ``out`` (``spare``: a second work
+        array of the same length)."""
+        raise NotImplementedError
 
     def __call__(self, m: float) -> bool:
-        if m <= 0.0:
-            return len(self.x) > 0
-        if m >= 1.0:
-            return False
         return self.capital(m, stop=self.level) >= self.level
 
     def distance(self, m: float) -> float:
@@ -212,22 +212,44 @@ class _Rejection:
         return math.sqrt(max(self.capital(m), 0.0)) - math.sqrt(self.level)
 
     def capital(self, m: float, stop: float = math.inf) -> float:
-        """The largest log capital of the test of E[X] <= m (0 < m < 1) over the stream, or the
-        first value of at least ``stop``."""
+        """The largest log capital of the test at m over the stream, or the first value of at least
+        ``stop``."""
         carried, best, start, size = 0.0, -math.inf, 0, FIRST_PIECE
-        while start < len(self.x) and best < stop:
+        while start < self.n and best < stop:
             piece = slice(start, start + size)
-            log_k, gap = self.work[piece], self.gap[piece]
-            np.subtract(self.mu_before[piece], m, out=log_k)
-            np.divide(log_k, m * (1.0 - m), out=log_k)
-            np.clip(log_k, 0.0, BET_CAP / m, out=log_k)
-            np.multiply(log_k, np.subtract(self.x[piece], m, out=gap), out=log_k)
-            np.log1p(log_k, out=log_k)
+            log_k = self.work[piece]
+            self.terms(piece, m, log_k, self.gap[piece])
             log_k[0] += carried  # the running sum goes on from the previous piece's
             running = self.torch.from_numpy(log_k)
             self.torch.cumsum(running, 0, out=running)
             best, carried, start, size = max(best, float(log_k.max())), log_k[-1], start + size, 2 * size
         return best
+
+
+class _KellyRejection(Rejection):
+    """``Rejection`` of the plug-in Kelly test of ``_advance`` (H0: E[X] <= m, X in [0, 1]) on x:
+    the numbers of ``rejects_at``, with the running means mu_{t-1}, which do not depend on m,
+    computed once."""
+
+    def __init__(self, x: np.ndarray, alpha: float):
+        super().__init__(len(x), alpha)
+        self.x = x
+        sum_before = np.concatenate(([0.0], np.cumsum(x)[:-1]))
+        self.mu_before = (0.5 + sum_before) / (np.arange(len(x), dtype=np.float64) + 1.0)
+
+    def __call__(self, m: float) -> bool:
+        if m <= 0.0:
+            return self.n > 0
+        if m >= 1.0:
+            return False
+        return super().__call__(m)
+
+    def terms(self, piece: slice, m: float, out: np.ndarray, spare: np.ndarray) -> None:
+        np.subtract(self.mu_before[piece], m, out=out)
+        np.divide(out, m * (1.0 - m), out=out)
+        np.clip(out, 0.0, BET_CAP / m, out=out)
+        np.multiply(out, np.subtract(self.x[piece], m, out=spare), out=out)
+        np.log1p(out, out=out)
 
 
 #: Most regula falsi steps (``_bracket``) that narrow the bracket before the bisection; they stop
@@ -238,7 +260,7 @@ FALSI_STEPS = 12
 EXTRAPOLATE = 1.25
 
 
-def _bracket(x: np.ndarray, alpha: float, rejects: _Rejection, tol: float) -> tuple[float, float]:
+def _bracket(x: np.ndarray, alpha: float, rejects: Rejection, tol: float) -> tuple[float, float]:
     """(below, above): the test rejects at ``below`` and not at ``above``, both confirmed by
     ``rejects``, close around the bound. It starts from the mean (above) and the mean less the
     Hoeffding half-width sqrt(log(1 / alpha) / 2n) (below), where the bound lies on most data
@@ -292,7 +314,7 @@ def confidence_sequence(
     rejection region is an interval [0, lower)); upper is the mirror image on 1 - x.
     ``lower_at_least`` / ``upper_at_most`` are values the same tests are known to have rejected
     (the gate's threshold after a pass / fail): the bisection starts there, so the reported bound
-    and the verdict agree exactly. Each test is ``_Rejection``'s (``rejects_at``'s numbers);
+    and the verdict agree exactly. Each test is ``_KellyRejection``'s (``rejects_at``'s numbers);
     midpoints outside a bracket the tests have confirmed (``_bracket``) are not tested again,
     which changes no step of the bisection.
     """
@@ -302,7 +324,7 @@ def confidence_sequence(
         lo = max(known, 0.0)
         if len(data) == 0:
             return lo
-        rejects = _Rejection(data, alpha)
+        rejects = _KellyRejection(data, alpha)
         if not rejects(max(lo, tol)):
             return lo
         below, above = _bracket(data, alpha, rejects, tol)

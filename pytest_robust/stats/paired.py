@@ -18,48 +18,75 @@ import math
 
 import numpy as np
 
-from pytest_robust.stats.betting import BET_CAP
+from pytest_robust.stats.betting import BET_CAP, Rejection
 
 
-def _log_capital(z: np.ndarray, reach: float) -> np.ndarray:
-    """Log capital after each element of ``z`` of the betting test of H0: E[Z] <= 0, for Z >= -reach.
+def _prefix(d: np.ndarray, before: tuple = (0, 0.0, 0.0)) -> tuple:
+    """(i, S, Q, after) of the draws ``d``, which follow ``before`` = (count, sum of D, sum of D^2)
+    of the draws before them: per draw the count of draws before it (i), the sum of D before it
+    (S) and of D^2 (Q), and the totals after the last. The sums continue ``before`` element by
+    element (a sequential cumsum), so a stream fed in steps gets the numbers of the whole stream;
+    for D in {-1, 0, 1} they are integers, exact in float64."""
+    count, total, squares = before
+    sums = np.cumsum(np.concatenate(([total], d)))
+    second = np.cumsum(np.concatenate(([squares], d * d)))
+    i = np.arange(count, count + len(d), dtype=np.float64)
+    return i, sums[:-1], second[:-1], (count + len(d), float(sums[-1]), float(second[-1]))
 
-    The bet lambda_i = clip(mu / (v + mu^2), 0, BET_CAP / reach) uses the running mean mu and the
-    running second moment v + mu^2 of z_1..z_{i-1} (with a prior of one observation at 0 and
-    variance 1/4), so it is predictable and the capital a supermartingale under H0.
-    """
-    if len(z) == 0:
-        return np.zeros(0)
-    count = np.arange(len(z), dtype=np.float64) + 1.0
-    sums = np.concatenate(([0.0], np.cumsum(z)[:-1]))
-    squares = np.concatenate(([0.0], np.cumsum(z * z)[:-1]))
-    mean = sums / count
-    second = (0.25 + squares) / count
-    lam = np.clip(mean / np.maximum(second, 1e-12), 0.0, BET_CAP / reach)
-    return np.cumsum(np.log1p(lam * z))
+
+def _terms(d: np.ndarray, m: float, claim: str, i: np.ndarray, sums: np.ndarray, squares: np.ndarray,
+           out: np.ndarray | None = None, spare: np.ndarray | None = None) -> np.ndarray:
+    """log(1 + lambda_i Z_i) per draw of the test that proves ``claim`` about m: "below" rejects
+    E[D] >= m (Z = m - D, which can lose at most b = 1 - m), "above" rejects E[D] <= m (Z = D - m,
+    at most b = 1 + m); ``i``, ``sums``, ``squares`` are the draws' ``_prefix``, ``out`` and
+    ``spare`` work arrays of their length (None: new ones); returns ``out``.
+
+    The bet lambda_i = clip(mu / (v + mu^2), 0, BET_CAP / b) uses the running mean mu and second
+    moment v + mu^2 of Z_1..Z_{i-1}, with a prior of one observation at 0 and variance 1/4:
+    mu = s / (i + 1) and v + mu^2 = (1/4 + q) / (i + 1) with s, q the sums of Z and Z^2 before the
+    draw, so lambda_i = s / (1/4 + q), where s = +-(m i - S) and q = (m i - 2 S) m + Q (the sums
+    of D before it, ``_prefix``, serve every m). It is predictable, so the capital is a
+    supermartingale under H0."""
+    sign, reach = (1.0, 1.0 - m) if claim == "below" else (-1.0, 1.0 + m)
+    out = np.multiply(i, m, out=out)
+    spare = np.subtract(out, np.multiply(sums, 2.0, out=spare), out=spare)
+    spare *= m
+    spare += squares
+    spare += 0.25  # 1/4 + q
+    np.subtract(out, sums, out=out)
+    out *= sign / spare  # s / (1/4 + q)
+    np.clip(out, 0.0, BET_CAP / max(reach, 1e-9), out=out)
+    out *= np.subtract(m, d, out=spare)
+    if sign < 0:
+        np.negative(out, out=out)
+    return np.log1p(out, out=out)
+
+
+class _Rejection(Rejection):
+    """Whether the test that proves ``claim`` about m (``_terms``) on the draws d rejects, for
+    many m (``confidence_sequence``); ``prefix`` is d's ``_prefix``, computed once for every m."""
+
+    def __init__(self, d: np.ndarray, alpha: float, claim: str, prefix: tuple):
+        super().__init__(len(d), alpha)
+        self.d, self.claim, self.prefix = d, claim, prefix
+
+    def terms(self, piece: slice, m: float, out: np.ndarray, spare: np.ndarray) -> None:
+        _terms(self.d[piece], m, self.claim, *(a[piece] for a in self.prefix), out, spare)
 
 
 def _capital(d: np.ndarray, m: float, claim: str) -> np.ndarray:
-    """Log capital over ``d`` of the test that proves ``claim`` about m: "below" rejects E[D] >= m
-    (Z = m - D, which can lose at most 1 - m), "above" rejects E[D] <= m (Z = D - m, at most 1 + m)."""
-    z, reach = (m - d, 1.0 - m) if claim == "below" else (d - m, 1.0 + m)
-    return _log_capital(z, max(reach, 1e-9))
-
-
-def _rejected(d: np.ndarray, margin: float, alpha: float) -> tuple[int | None, int | None]:
-    """(first draw at which "E[D] < margin" is proven, first at which "E[D] > margin" is), or None."""
-    level = math.log(1.0 / alpha)
-    out = []
-    for claim in ("below", "above"):
-        hits = np.flatnonzero(_capital(d, margin, claim) >= level)
-        out.append(int(hits[0]) + 1 if len(hits) else None)
-    return out[0], out[1]
+    """Log capital after each draw of ``d`` of the test that proves ``claim`` about m (``_terms``)."""
+    d = np.asarray(d, dtype=np.float64)
+    return np.cumsum(_terms(d, m, claim, *_prefix(d)[:3]))
 
 
 def p_values(d: np.ndarray, margin: float) -> dict:
     """{"pass": p, "fail": p}: the anytime-valid p-value of each claim, 1 / the largest capital its
     test reached over ``d`` (<= alpha exactly when the test rejected at level alpha)."""
-    return {verdict: float(min(1.0, math.exp(-max(0.0, _capital(d, margin, claim).max(initial=0.0)))))
+    d = np.asarray(d, dtype=np.float64)
+    prefix = _prefix(d)[:3]
+    # the level (alpha 0.5 here) plays no part in the capital
+    return {verdict: float(min(1.0, math.exp(-max(0.0, _Rejection(d, 0.5, claim, prefix).capital(margin)))))
             for verdict, claim in (("pass", "below"), ("fail", "above"))}
 
 
@@ -67,40 +94,59 @@ def confidence_sequence(d: np.ndarray, alpha: float, tol: float = 1e-4) -> tuple
     """(lower, upper) anytime-valid bounds on E[D] for D in [-1, 1] after the stream ``d``: lower
     is the largest m whose test of "E[D] <= m" has rejected (at level alpha, at any time so far),
     upper the smallest m whose test of "E[D] >= m" has; each found by bisection (the rejection
-    regions are the intervals below lower and above upper)."""
-    level = math.log(1.0 / alpha)
-
-    def rejects(m: float, claim: str) -> bool:
-        return len(d) > 0 and _capital(d, m, claim).max() >= level
+    regions are taken as the intervals below lower and above upper). Each test (``_Rejection``)
+    stops at the first piece of the stream where it rejects."""
+    d = np.asarray(d, dtype=np.float64)
+    prefix = _prefix(d)[:3]
 
     def edge(claim: str) -> float:
+        rejects = _Rejection(d, alpha, claim, prefix)
         inside, outside = (-1.0, 1.0) if claim == "above" else (1.0, -1.0)  # rejected end, kept end
-        if not rejects(inside, claim):
+        if not (len(d) and rejects(inside)):
             return inside
         while abs(outside - inside) > tol:
             mid = 0.5 * (inside + outside)
-            inside, outside = (mid, outside) if rejects(mid, claim) else (inside, mid)
+            inside, outside = (mid, outside) if rejects(mid) else (inside, mid)
         return inside
 
     return edge("above"), edge("below")
 
 
 class PairedGate:
-    """The anytime-valid gate "E[D] <= margin" over a growing stream of paired differences."""
+    """The anytime-valid gate "E[D] <= margin" over a growing stream of paired differences, fed
+    step by step with ``update``: it carries the running sums (``_prefix``) and each side's log
+    capital, so a step costs what its own draws cost however long the stream, and the capitals
+    are those of computing the whole stream at once. Once decided, updates are ignored."""
 
     def __init__(self, margin: float, alpha: float):
-        self.margin, self.alpha = margin, alpha
-        self.d = np.zeros(0)
+        self.margin, self.level = margin, math.log(1.0 / alpha)
+        self._sums = (0, 0.0, 0.0)
+        self._logs = {"pass": 0.0, "fail": 0.0}
         self.decision: tuple[str, int] | None = None  # ("pass" | "fail", draws it rests on)
 
+    @property
+    def drawn(self) -> int:
+        return self._sums[0]
+
     def update(self, d: np.ndarray) -> None:
-        self.d = np.concatenate([self.d, d])
-        passed, failed = _rejected(self.d, self.margin, self.alpha)
-        decided = [(t, verdict) for t, verdict in ((passed, "pass"), (failed, "fail")) if t is not None]
+        """Consume the next draws' differences; decide at the first draw where a side's capital
+        reaches 1 / alpha (the earlier side, "fail" when both reach it at the same draw)."""
+        if self.decision is not None:
+            return
+        d = np.asarray(d, dtype=np.float64)
+        drawn = self.drawn
+        *prefix, self._sums = _prefix(d, self._sums)
+        decided = []
+        for verdict, claim in (("pass", "below"), ("fail", "above")):
+            logs = np.cumsum(np.concatenate(([self._logs[verdict]], _terms(d, self.margin, claim, *prefix))))
+            self._logs[verdict] = float(logs[-1])
+            hits = np.flatnonzero(logs[1:] >= self.level)
+            if len(hits):
+                decided.append((drawn + int(hits[0]) + 1, verdict))
         if decided:
             t, verdict = min(decided)
             self.decision = (verdict, t)
 
     @property
     def used(self) -> int:
-        return self.decision[1] if self.decision else len(self.d)
+        return self.decision[1] if self.decision else self.drawn
