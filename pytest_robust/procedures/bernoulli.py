@@ -96,13 +96,15 @@ def noise_generator(run: Run, name: str, block: int) -> torch.Generator:
 
 @dataclass
 class Launched:
-    """A step in flight (``launch``): its table of outcomes and its input indices on their way to
-    the host (``host``, complete once ``event`` has passed: a CUDA event, or None when it is
-    already there), and what ``read`` needs to take them apart."""
+    """A step in flight (``launch``): its outcomes and input indices on their way to the host
+    (``host``, complete once ``event`` has passed: a CUDA event, or None when it is already
+    there), and what ``read`` needs to take them apart: in a single process ``host`` holds each
+    model's outcomes, then each model's finiteness flag (``shape`` None); across ranks the
+    gathered table of ``_table`` (``shape`` its shape); then the step's input indices."""
 
     host: torch.Tensor
     event: object
-    shape: tuple
+    shape: tuple | None
     models: tuple
     blk: int
     limit: int
@@ -118,7 +120,7 @@ def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first:
 
 def launch(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
            references: tuple = ()) -> Launched:
-    """Draw, perturb and evaluate the next step, and start its one copy to the host (``Launched``);
+    """Draw, perturb and evaluate the next step, and start its copy to the host (``Launched``);
     ``read`` waits for it. The outcomes have one row per model: the run's, then those of the runs
     ``references`` (the paired procedure's reference), each evaluated on the same perturbed draws
     (in its own working dtype).
@@ -142,39 +144,47 @@ def launch(run: Run, ds: TensorData, perturbation: Perturbation, name: str, firs
     models = tuple(r.forward for r in runs)
     per_rank, needed, idx, x, labels = _draw(run, ds, perturbation, name, (first, limit, most), models, blk,
                                              (rank, size))
-    local = _outcomes(runs, models, x, labels, needed, per_rank, blk)
+    correct, finite = _outcomes(runs, models, x, labels)
     if size == 1:
-        indices, gathered = idx, local
+        indices, payload, shape = idx, correct + finite, None
     else:  # other ranks' indices are regenerated, not sent
         indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
                              else idx[(b - first) // size * blk:][:blk] for b in range(first, first + per_rank * size)])
-        gathered = collective.gather_blocks(local)
-    flat = torch.cat([gathered.reshape(-1), indices])
+        gathered = collective.gather_blocks(_table(correct, finite, needed, per_rank, blk, models))
+        payload, shape = [gathered.reshape(-1)], tuple(gathered.shape)
+    flat = torch.cat([*payload, indices])  # one tensor, one copy (integers: the outcomes promote)
     event = None
     if flat.device.type == "cuda":  # the copy overlaps whatever the device does next
-        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True).copy_(flat, non_blocking=True)
+        flat = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True).copy_(flat, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
     else:
-        host = flat.cpu()
-    return Launched(host, event, tuple(gathered.shape), models, blk, limit, per_rank * size)
+        flat = flat.cpu()
+    return Launched(flat, event, shape, models, blk, limit, per_rank * size)
 
 
 def read(launched: Launched):
     """(outcomes, input indices, blocks consumed) of a launched step: its one host read (module
-    docstring of ``launch``); a non-finite logit raises here, and each model takes the ranks'
-    smallest batch size for its next step."""
+    docstring of ``launch``); a non-finite logit raises here, and across ranks each model takes
+    the ranks' smallest batch size for its next step."""
     if launched.event is not None:
         launched.event.synchronize()
-    host, (rows, width_all), models, blk = launched.host.numpy(), launched.shape, launched.models, launched.blk
-    table, indices = host[: rows * width_all].reshape(launched.shape), host[rows * width_all:]
-    width = len(models) * blk
-    *flags, batch = table[:, width:].min(axis=0).tolist()
+    host, models, limit = launched.host.numpy(), launched.models, launched.limit
+    drawn = launched.consumed * launched.blk  # the input indices: the step's whole blocks, at the end
+    host, indices = host[:-drawn], host[-drawn:][:limit]
+    if launched.shape is None:  # one process: each model's outcomes (within the limit), then the flags
+        outcomes, flags = host[:-len(models)].reshape(len(models), -1), host[-len(models):]
+    else:
+        (rows, width_all), blk = launched.shape, launched.blk
+        table, width = host.reshape(rows, width_all), len(models) * blk
+        *flags, batch = table[:, width:].min(axis=0).tolist()
+        for forward in models:
+            forward.batch_size = min(forward.batch_size, batch)  # a later launch may have halved it
+        outcomes = table[:, :width].reshape(-1, len(models), blk).transpose(1, 0, 2).reshape(len(models), -1)
+        outcomes = outcomes[:, :limit]
     for forward, flag in zip(models, flags):
         forward.check_flag(flag)
-        forward.batch_size = min(forward.batch_size, batch)  # a later launch may have halved it
-    outcomes = table[:, :width].reshape(-1, len(models), blk).transpose(1, 0, 2).reshape(len(models), -1)
-    return outcomes[:, :launched.limit].astype(bool), indices[:launched.limit], launched.consumed
+    return outcomes.astype(bool), indices, launched.consumed
 
 
 def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, span: tuple, models: tuple,
@@ -194,8 +204,8 @@ def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, span:
         needed = [min(max(limit - (b - first) * blk, 0), blk) for b in mine]  # rows of each block within the limit
         rows = torch.cat([_indices(len(ds), run, name, b, blk) for b in mine])
         try:  # index_select: the rows of ds[rows], a sixth of advanced indexing's time on a CPU
-            labels = ds.y.index_select(0, rows.to(ds.y.device)).to(run.device)
-            x = perturbation.draw_blocks(ds.x.index_select(0, rows.to(ds.x.device)).to(run.device),
+            labels = _on(ds.y.index_select(0, _on(rows, ds.y.device)), run.device)
+            x = perturbation.draw_blocks(_on(ds.x.index_select(0, _on(rows, ds.x.device)), run.device),
                                          [noise_generator(run, name, b) for b in mine], rows, labels)
             if any(k < blk for k in needed):
                 x, labels = (torch.cat([t[j * blk: j * blk + k] for j, k in enumerate(needed)]) for t in (x, labels))
@@ -209,23 +219,35 @@ def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, span:
                 forward.batch_size = run.forward.batch_size
 
 
-def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor, needed: list, per_rank: int,
-              blk: int) -> torch.Tensor:
-    """This rank's table of the step, one row per block: each model's outcomes on the perturbed
-    inputs ``x`` (in its own working dtype), then each model's finiteness flag and the batch size,
-    kept on the device until the step's one host read."""
-    dev = runs[0].device
-    width = len(models) * blk
-    local = torch.zeros((per_rank, width + len(models) + 1), dtype=torch.long, device=dev)
-    for m, (forward, each) in enumerate(zip(models, runs)):
-        inputs = x.to(each.dtype) if x.dtype.is_floating_point else x  # token ids stay integers
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` (itself when it is there: no dispatch, a microsecond less per call)."""
+    return t if t.device == device else t.to(device)
+
+
+def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor) -> tuple[list, list]:
+    """Each model's outcomes (boolean) on the perturbed inputs ``x`` (in its own working dtype)
+    and the finiteness flag of its logits (a one-element boolean tensor), kept on the device until
+    the step's one host read."""
+    correct, finite = [], []
+    for forward, each in zip(models, runs):
+        inputs = x if x.dtype == each.dtype or not x.dtype.is_floating_point else x.to(each.dtype)  # token ids stay
         with forward.deferring():
-            correct = forward.correct(inputs, y)
-            local[:, width + m] = forward.finite
+            correct.append(forward.correct(inputs, y))
+            finite.append(torch.as_tensor(forward.finite, device=x.device).reshape(1))
+    return correct, finite
+
+
+def _table(correct: list, finite: list, needed: list, per_rank: int, blk: int, models: tuple) -> torch.Tensor:
+    """This rank's table of the step for the gather across ranks, one row per block: each model's
+    outcomes, then each model's finiteness flag and the batch size."""
+    width = len(models) * blk
+    local = torch.zeros((per_rank, width + len(models) + 1), dtype=torch.long, device=finite[0].device)
+    for m, (hits, flag) in enumerate(zip(correct, finite)):
+        local[:, width + m] = flag
         if sum(needed) == per_rank * blk:  # whole blocks: one copy
-            local[:, m * blk: (m + 1) * blk] = correct.view(per_rank, blk)
+            local[:, m * blk: (m + 1) * blk] = hits.view(per_rank, blk)
         else:
-            for j, part in enumerate(correct.split(needed)):
+            for j, part in enumerate(hits.split(needed)):
                 local[j, m * blk: m * blk + len(part)] = part
     local[:, -1] = min(f.batch_size for f in models)
     return local
