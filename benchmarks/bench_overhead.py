@@ -16,6 +16,11 @@ and a bare loop that does the same work per step of ``BATCH`` (512) model evalua
   count back once per step.
 - TSRM, undecided gate: the same with a threshold at the accuracy the estimate found (the gate
   runs every step and never decides).
+- TSRM's paired gate against a reference model (``reference=``, ``max_drop``): the model under test
+  is the linear model with its weights moved by 0.001 x N(0, 1) (seeded), the reference the model
+  itself, and max_drop 1.3 times the drop both TSRM estimates find on the run's draws, so the gate
+  stays undecided; both models evaluate each 512-draw step. Bare: the TSRM step with both models
+  evaluated and scored, the summed difference read back once per step.
 - certified accuracy's draws: ``certify(..., n0=1, n=4095)``, 4096 draws of Gaussian noise per
   input, an eighth of an input per step, counting each input's top class (the draws behind
   certified accuracy, CERTIFY and the pA report); bare: 512 noisy copies of one input per step
@@ -49,6 +54,7 @@ steps, so short runs overstate the work per step.
 
 from __future__ import annotations
 
+import copy
 import math
 import resource
 import statistics
@@ -101,6 +107,20 @@ def bare_tsrm(model, x, y, steps: int) -> int:
             z = model((x.index_select(0, idx) + noise).clamp(0, 1))
             hits += int((z.argmax(1) == y.index_select(0, idx)).sum())
     return hits
+
+
+def bare_paired(model, reference, x, y, steps: int) -> int:
+    """The paired gate's step without the engine: the TSRM step's draws, both models evaluated on
+    them and scored, the paired differences D = R - C summed, one count read back per step."""
+    g = torch.Generator(device=x.device).manual_seed(0)
+    drop = 0
+    with torch.no_grad():
+        for _ in range(steps):
+            idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
+            noise = (torch.rand((BATCH, *x.shape[1:]), generator=g, device=x.device) * 2 - 1) * EPS
+            z, labels = (x.index_select(0, idx) + noise).clamp(0, 1), y.index_select(0, idx)
+            drop += int((reference(z).argmax(1) == labels).sum() - (model(z).argmax(1) == labels).sum())
+    return drop
 
 
 def bare_smoothing(model, x, y, steps: int) -> int:
@@ -245,6 +265,18 @@ def bare_hmc(model, x, y, q: float, path: int, warmup: int) -> float:
     return float(log_loss.mean())
 
 
+def paired_candidate(model, x, y, noise, budget: int, device) -> tuple:
+    """(candidate, max_drop) of the paired row: the model with its weights moved by 0.001 x N(0, 1)
+    (seeded), and 1.3 times the drop of the two TSRM estimates on the same draws (module docstring)."""
+    candidate = copy.deepcopy(model)
+    with torch.no_grad():
+        weight = candidate[1].weight
+        weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(1)).to(weight.device) * 1e-3)
+    accuracy = [tsrm(m, (x, y), perturbation=noise, budget=budget, batch_size=BATCH, device=device).estimate
+                for m in (model, candidate)]
+    return candidate, min(1.0, max(1e-3, 1.3 * (accuracy[0] - accuracy[1])))
+
+
 def learned_mixture(side: int = 8) -> FrozenGMM:
     """The NPPR check's learned distribution as its gate draws from it (``FrozenGMM``), with the
     check's defaults (7 components, a 128-d latent, diagonal covariances) depending on the label,
@@ -314,6 +346,12 @@ def main() -> None:
                                     square_queries=0, batch_size=BATCH, device=device)
 
     attack_steps = max(1, round(attack().forward_passes / BATCH))  # the bare loop does as many evaluations
+    candidate, max_drop = paired_candidate(model, x, y, noise, budget, device)
+
+    def paired():
+        return tsrm(candidate, (x, y), perturbation=noise, reference=model, max_drop=max_drop, budget=2 * budget,
+                    batch_size=BATCH, device=device)
+
     learned = learned_mixture(args.side)
 
     def q_check():  # path sampling with HMC; its context (Monte Carlo draws, a one-step PGD) is included
@@ -331,6 +369,8 @@ def main() -> None:
                 lambda: bare_tsrm(model, x, y, steps), device),
             row("TSRM, undecided gate", runs, steps, lambda: gate(budget), lambda: bare_tsrm(model, x, y, steps),
                 device),
+            row("TSRM's paired gate, undecided (two models per draw)", runs, steps, paired,
+                lambda: bare_paired(candidate, model, x, y, steps), device),
             row("certified accuracy's draws", runs, steps,
                 lambda: certify(model, (x[: steps // SMOOTHING_STEPS], y[: steps // SMOOTHING_STEPS]), 0.25, n0=1,
                                 n=SMOOTHING_STEPS * BATCH - 1,

@@ -53,7 +53,8 @@ class Forward:
     channels-last layout with ``channels_last``); logits come back in the working dtype. So
     perturbation iterates, gradients with respect to the input and every statistic stay in
     float32 or wider, whatever precision the model computes in. ``ties`` counts rows whose two
-    largest logits are equal (a device tensor, read once at the end).
+    largest logits are equal (a device tensor, read once at the end: the rows ranked less those
+    whose top logit stood alone, one reduction per batch).
 
     Progress: ``report_progress(**fields)`` tells the check's progress line (``progress``, from its
     ``context.RunContext``; None: no line) how the work goes.
@@ -76,7 +77,8 @@ class Forward:
     passes: int = 0
     backward_passes: int = 0
     halvings: int = 0
-    ties: torch.Tensor | int = 0
+    ranked_rows: int = 0  # rows whose top class was taken (``top_class``)
+    alone_rows: torch.Tensor | int = 0  # of those, rows whose largest logit was not tied (a device tensor)
     by_phase: dict = field(default_factory=dict)
     current: str = "gate"
     role: str = ""  # which model this is, when not the model under test (errors.of_model)
@@ -167,7 +169,7 @@ class Forward:
         dtype = x.dtype if x.dtype.is_floating_point else torch.float32  # token ids: logits in float32
 
         def run(start: int, stop: int) -> torch.Tensor:
-            chunk = x[start:stop]
+            chunk = _rows(x, start, stop)
             with torch.no_grad():
                 return self.validated(self.called(chunk), stop - start, chunk).to(dtype)
 
@@ -178,7 +180,7 @@ class Forward:
         which serves the tie count too): what ``correct`` and a vote need."""
 
         def run(start: int, stop: int) -> tuple:
-            chunk = x[start:stop]
+            chunk = _rows(x, start, stop)
             with torch.no_grad():
                 return self.top_class(self.validated(self.called(chunk), stop - start, chunk, ties=False))
 
@@ -196,9 +198,15 @@ class Forward:
     def top_class(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(top class, alone) of each row of z (``top_class``); counts the rows whose largest
         logit is tied in ``ties``."""
-        classes, alone = top_class(z.detach())
-        self.ties = alone.logical_not().sum().add_(self.ties)
+        classes, alone = top_class(z.detach() if z.requires_grad else z)
+        self.ranked_rows += len(z)
+        self.alone_rows = alone.sum().add_(self.alone_rows)
         return classes, alone
+
+    @property
+    def ties(self) -> torch.Tensor | int:
+        """Rows whose largest logit was tied (``top_class``), a device tensor once a row was ranked."""
+        return self.ranked_rows - self.alone_rows
 
     def grad(self, x: torch.Tensor, y: torch.Tensor, objective, truth: torch.Tensor | None = None):
         """(objective(logits, y) per row, its gradient with respect to x[, whether the model is
@@ -211,10 +219,10 @@ class Forward:
         """
 
         def run(start: int, stop: int):
-            chunk = x[start:stop].detach().requires_grad_(True)
+            chunk = _rows(x, start, stop).detach().requires_grad_(True)
             with torch.enable_grad():
                 z = self.validated(self.called(chunk), stop - start, chunk, ties=truth is None).to(x.dtype)
-                value = objective(z, y[start:stop])
+                value = objective(z, _rows(y, start, stop))
                 if not value.requires_grad:
                     raise NotDifferentiable(
                         "the objective is not differentiable in the input (it returned values without a "
@@ -222,7 +230,7 @@ class Forward:
                         "(for the q-loss check: estimator='mc' or 'mh')"
                     )
                 (g,) = torch.autograd.grad(value.sum(), chunk)
-            right = None if truth is None else correct_of(*self.top_class(z), truth[start:stop])
+            right = None if truth is None else correct_of(*self.top_class(z), _rows(truth, start, stop))
             return value.detach(), g, right
 
         parts = self.chunked(len(x), run)
@@ -308,8 +316,9 @@ class Forward:
             # a float64 sum of narrower logits is finite exactly when every logit is (NaN and +-inf
             # carry through; they cannot overflow it), and then times 0 it is 0 (NaN otherwise: two
             # operations where isfinite takes four); float64 logits could overflow it, so they are tested each
-            finite = (torch.isfinite(z.detach()).all() if z.dtype == torch.float64
-                      else z.detach().sum(dtype=torch.float64).mul_(0).eq(0))
+            plain = z.detach() if z.requires_grad else z
+            finite = (torch.isfinite(plain).all() if z.dtype == torch.float64
+                      else plain.sum(dtype=torch.float64).mul_(0).eq(0))
             self.finite = finite if self.finite is True else finite & self.finite
         elif not torch.isfinite(z).all():
             self.raise_nonfinite(x, z)
@@ -382,6 +391,11 @@ def top_class(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def correct_of(classes: torch.Tensor, alone: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``correct_predictions`` from each row's ``top_class`` (``Forward.ranked``)."""
     return classes.eq(y).logical_and_(alone)
+
+
+def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows start..stop of ``t``: ``t`` itself when that is all of it (one chunk: no slicing op)."""
+    return t if start == 0 and stop == len(t) else t[start:stop]
 
 
 def _joined(parts: list, empty) -> torch.Tensor:

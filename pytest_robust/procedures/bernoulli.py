@@ -233,7 +233,8 @@ def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor) -> t
         inputs = x if x.dtype == each.dtype or not x.dtype.is_floating_point else x.to(each.dtype)  # token ids stay
         with forward.deferring():
             correct.append(forward.correct(inputs, y))
-            finite.append(torch.as_tensor(forward.finite, device=x.device).reshape(1))
+            flag = forward.finite
+            finite.append(flag.reshape(1) if isinstance(flag, torch.Tensor) else torch.tensor([flag], device=x.device))
     return correct, finite
 
 
