@@ -21,7 +21,7 @@ from pytest_robust.checks.tsrm import DECLARATION as TSRM
 from pytest_robust.procedures.bernoulli import bernoulli_stream
 from pytest_robust.stats import confidence_sequence as bernoulli_sequence
 from pytest_robust.stats.betting import BET_CAP
-from pytest_robust.stats.paired import PairedGate, _capital, confidence_sequence
+from pytest_robust.stats.paired import PairedGate, _capital, confidence_sequence, p_values
 
 DIGITS = Path(__file__).parents[1] / "examples" / "digits"
 sys.path.insert(0, str(DIGITS))
@@ -100,7 +100,9 @@ def test_the_capital_matches_a_draw_by_draw_loop():
 def test_a_gate_fed_step_by_step_decides_at_the_whole_streams_first_crossing(step):
     """The gate carries each side's running sums, so feeding it in steps of any size gives the
     decision of computing the whole stream at once: the first draw where a side's capital reaches
-    1 / alpha; and a long undecided stream costs each step its own draws only (no history kept)."""
+    1 / alpha, and the p-values of the draws it used; its verdict at the margin, handed to the
+    confidence sequence, leaves the bounds unchanged; and a long undecided stream costs each step
+    its own draws only (no history kept)."""
     rng = np.random.default_rng(5)
     for p_ref_only, p_cand_only, margin in ((0.04, 0.01, 0.01), (0.02, 0.02, 0.01), (0.03, 0.02, 0.01)):
         d = _pairs(rng, 4000, p_ref_only, p_cand_only)
@@ -114,7 +116,10 @@ def test_a_gate_fed_step_by_step_decides_at_the_whole_streams_first_crossing(ste
         expected = min(crossings) if crossings else None
         assert gate.decision == (None if expected is None else (expected[1], expected[0]))
         assert gate.used == (expected[0] if expected else len(d))
-        assert not any(isinstance(v, np.ndarray) for v in vars(gate).values())
+        assert gate.p_values() == p_values(d[:gate.used], margin)
+        known = (margin, gate.decision[0] if gate.decision else None)  # the gate's margin settles some midpoints
+        assert confidence_sequence(d[:gate.used], ALPHA, known=known) == confidence_sequence(d[:gate.used], ALPHA)
+        assert all(v.size <= 2 for v in vars(gate).values() if isinstance(v, np.ndarray))
 
 # -- real models: the digits CNN -----------------------------------------------------------------
 

@@ -56,12 +56,13 @@ def bernoulli(run, ref, perturbation, margin: float) -> Result:
                         forward_passes=run.forward.passes + ref.forward.passes)
     used = gate.used
     c, r = cand.values[:used], refs.values[:used]
-    lower, upper = confidence_sequence(r.astype(float) - c.astype(float), run.alpha)
+    lower, upper = confidence_sequence(r.astype(float) - c.astype(float), run.alpha,
+                                       known=(margin, gate.decision[0] if gate.decision else None))
     if gate.decision is not None:  # the bounds agree with the gate's decision
         lower, upper = (lower, min(upper, margin)) if gate.decision[0] == "pass" else (max(lower, margin), upper)
     counts = {"draws": used, "candidate_correct": int(c.sum()), "reference_correct": int(r.sum()),
               "reference_only": int((r & ~c).sum()), "candidate_only": int((c & ~r).sum())}
-    counts["p_values"] = p_values(r.astype(float) - c.astype(float), margin)
+    counts["p_values"] = gate.p_values()
     return paired_result(run, ref, (float(r.mean() - c.mean()), lower, upper), margin, repr(perturbation), counts,
                          "anytime-valid betting tests on the paired differences (variance-adaptive bets)")
 
