@@ -53,8 +53,7 @@ class Forward:
     channels-last layout with ``channels_last``); logits come back in the working dtype. So
     perturbation iterates, gradients with respect to the input and every statistic stay in
     float32 or wider, whatever precision the model computes in. ``ties`` counts rows whose two
-    largest logits are equal (a device tensor, read once at the end: the rows ranked less those
-    whose top logit stood alone, one reduction per batch).
+    largest logits are equal (rows ranked less rows alone, a device tensor read once at the end).
 
     Progress: ``report_progress(**fields)`` tells the check's progress line (``progress``, from its
     ``context.RunContext``; None: no line) how the work goes.
@@ -77,8 +76,8 @@ class Forward:
     passes: int = 0
     backward_passes: int = 0
     halvings: int = 0
-    ranked_rows: int = 0  # rows whose top class was taken (``top_class``)
-    alone_rows: torch.Tensor | int = 0  # of those, rows whose largest logit was not tied (a device tensor)
+    ranked_rows: int = 0  # rows whose top class was taken (``top_class``), and those whose largest logit was alone:
+    alone_rows: torch.Tensor | int = 0
     by_phase: dict = field(default_factory=dict)
     current: str = "gate"
     role: str = ""  # which model this is, when not the model under test (errors.of_model)
@@ -186,8 +185,7 @@ class Forward:
 
         parts = self.chunked(len(x), run)
         if not parts:
-            return (torch.zeros(0, dtype=torch.long, device=x.device),
-                    torch.zeros(0, dtype=torch.bool, device=x.device))
+            return torch.zeros(0, dtype=torch.long, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device)
         classes, alone = zip(*parts)
         return _joined(list(classes), None), _joined(list(alone), None)
 
@@ -203,10 +201,7 @@ class Forward:
         self.alone_rows = alone.sum().add_(self.alone_rows)
         return classes, alone
 
-    @property
-    def ties(self) -> torch.Tensor | int:
-        """Rows whose largest logit was tied (``top_class``), a device tensor once a row was ranked."""
-        return self.ranked_rows - self.alone_rows
+    ties = property(lambda self: self.ranked_rows - self.alone_rows, doc="Rows whose largest logit was tied.")
 
     def grad(self, x: torch.Tensor, y: torch.Tensor, objective, truth: torch.Tensor | None = None):
         """(objective(logits, y) per row, its gradient with respect to x[, whether the model is
@@ -240,7 +235,7 @@ class Forward:
             return out if truth is None else out + (torch.zeros(0, dtype=torch.bool, device=x.device),)
         values, grads, right = zip(*parts)
         out = _joined(list(values), None), _joined(list(grads), None)  # one chunk: no copy
-        return out if truth is None else out + (_joined(list(right), None),)
+        return out if truth is None else (*out, _joined(list(right), None))
 
     def called(self, x: torch.Tensor, model=None):
         """The logits of ``model(x)`` (default: the check's model; another module, such as a
@@ -394,7 +389,7 @@ def correct_of(classes: torch.Tensor, alone: torch.Tensor, y: torch.Tensor) -> t
 
 
 def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """Rows start..stop of ``t``: ``t`` itself when that is all of it (one chunk: no slicing op)."""
+    """Rows start..stop of ``t`` (``t`` itself when that is all of it: no slicing op)."""
     return t if start == 0 and stop == len(t) else t[start:stop]
 
 
