@@ -121,6 +121,32 @@ def test_a_gate_fed_step_by_step_decides_at_the_whole_streams_first_crossing(ste
         assert confidence_sequence(d[:gate.used], ALPHA, known=known) == confidence_sequence(d[:gate.used], ALPHA)
         assert all(v.size <= 2 for v in vars(gate).values() if isinstance(v, np.ndarray))
 
+
+def test_the_paired_look_ahead_changes_no_number_and_spends_at_most_one_step_more(monkeypatch):
+    """With the look-ahead (on CUDA; forced here on the CPU) the paired loop launches its next step
+    before reading the last: the same numbers, draws and verdict, and the step in flight when the
+    gate decides is dropped, so each model spends at most one step (batch_size) more."""
+    import pytest_robust.procedures.paired as paired
+
+    torch.manual_seed(0)
+    model, worse = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)
+    with torch.no_grad():
+        worse.weight.copy_(model.weight + 0.05 * torch.randn(3, 6))
+        worse.bias.copy_(model.bias)
+    x = torch.rand(300, 6)
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    for margin in (0.03, 0.12, 0.08):  # fails after 945 draws, passes after 438, stays undecided (drop 0.07)
+        run = lambda: tsrm(worse, (x, y), perturbation=UniformLinf(eps=0.05), reference=model,  # noqa: E731
+                           max_drop=margin, budget=6_000, batch_size=512)
+        monkeypatch.setattr(paired, "looks_ahead", lambda _run: False)
+        plain = run()
+        monkeypatch.setattr(paired, "looks_ahead", lambda _run: True)
+        ahead = run()
+        assert (ahead.verdict, ahead.estimate, ahead.lower, ahead.upper, ahead.draws) == (
+            plain.verdict, plain.estimate, plain.lower, plain.upper, plain.draws)
+        assert plain.forward_passes <= ahead.forward_passes <= min(plain.forward_passes + 2 * 512, 6_000)
+
 # -- real models: the digits CNN -----------------------------------------------------------------
 
 

@@ -17,6 +17,8 @@ TINY = 1e-9  # seconds: past after the first step of any check
 #: Checks with budgets far beyond what one step spends, and thresholds they cannot decide at once.
 CHECKS = {
     "tsrm": lambda m, d, **k: pr.tsrm(m, d, perturbation=BOX, threshold=0.35, budget=1_000_000, **k),
+    "tsrm, paired": lambda m, d, **k: pr.tsrm(m, d, perturbation=BOX, reference=SmallNet().eval(), max_drop=0.01,
+                                              budget=1_000_000, **k),
     "corruption_accuracy": lambda m, d, **k: pr.corruption_accuracy(
         m, d, threshold=0.35, corruptions=["gaussian_noise"], severities=[3], budget=1_000_000, **k),
     "certified_accuracy": lambda m, d, **k: pr.certified_accuracy(

@@ -141,7 +141,7 @@ class Forward:
 
     def back_off(self, err: BaseException) -> None:
         """Halve the batch after the out-of-memory error ``err`` (of the model, or of generating
-        perturbed inputs: ``procedures.bernoulli.step``), so the caller retries the same rows;
+        perturbed inputs: ``procedures.bernoulli.launch``), so the caller retries the same rows;
         ``err`` itself when it is another error, RobustModelError when the batch is already 1."""
         if not is_oom(err):
             raise err

@@ -111,13 +111,6 @@ class Launched:
     consumed: int
 
 
-def step(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
-         references: tuple = ()):
-    """(outcomes, input indices, blocks consumed) of the next step, in block order, at most ``limit``:
-    ``read(launch(...))``."""
-    return read(launch(run, ds, perturbation, name, first, limit, most, references))
-
-
 def launch(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
            references: tuple = ()) -> Launched:
     """Draw, perturb and evaluate the next step, and start its copy to the host (``Launched``);
@@ -189,8 +182,8 @@ def read(launched: Launched):
 
 def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, span: tuple, models: tuple,
           blk: int, world: tuple) -> tuple:
-    """This rank's part of the step (``step``) of blocks of ``blk`` draws from block ``first`` on,
-    ``span`` = (first, limit, most) as ``step`` takes them, ``world`` = (rank, ranks): (blocks per
+    """This rank's part of the step (``launch``) of blocks of ``blk`` draws from block ``first`` on,
+    ``span`` = (first, limit, most) as ``launch`` takes them, ``world`` = (rank, ranks): (blocks per
     rank, the rows of each of its blocks
     within the limit, the input indices of its blocks (whole), the perturbed inputs and their
     labels (within the limit)). An out-of-memory error while

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from pytest_robust.procedures.bernoulli import step
+from pytest_robust.procedures.bernoulli import launch, looks_ahead, read
 from pytest_robust.procedures.columns import Column
 from pytest_robust.results import Result, decide, is_good
 from pytest_robust.stats import t_quantile
@@ -39,21 +39,34 @@ from pytest_robust.stats.paired import PairedGate, confidence_sequence, p_values
 
 
 def bernoulli(run, ref, perturbation, margin: float) -> Result:
-    """The paired Bernoulli check: draws until the paired gate decides "drop <= margin" or the
-    budget (two model evaluations per draw) is spent."""
+    """The paired Bernoulli check: draws until the paired gate decides "drop <= margin", the
+    budget (two model evaluations per draw) is spent or the time limit passes. On CUDA each step
+    is launched before the last one is read, as in ``bernoulli.bernoulli_stream``: the same draws,
+    and a step in flight when the gate decides is dropped (its evaluations spent, its draws unused)."""
     gate, draws = PairedGate(margin, run.alpha), max(1, run.args.budget // 2)
     cand, refs, drawn, block = Column(bool), Column(bool), 0, 0
-    while drawn < draws and gate.decision is None:
-        # steps grow by a quarter (at least one block): a decision overshoots by at most ~25%
-        (c, r), _, consumed = step(run, run.ds, perturbation, run.streams, block, draws - drawn,
-                                   max(1, block // 4), (ref,))
+
+    def launched(drawn: int, block: int):  # steps grow by a quarter (at least one block): ~25% overshoot at most
+        return launch(run, run.ds, perturbation, run.streams, block, draws - drawn, max(1, block // 4), (ref,))
+
+    pending = launched(0, 0)
+    while pending is not None:
+        size = min(pending.limit, pending.consumed * pending.blk)
+        following = launched(drawn + size, block + pending.consumed) if looks_ahead(run) and drawn + size < draws \
+            else None
+        (c, r), _, consumed = read(pending)
         block += consumed
         cand.extend(c)
         refs.extend(r)
         drawn += len(c)
         gate.update(r.astype(float) - c.astype(float))
+        run.clock.pace(f"{run.title} vs reference", drawn, draws, "draws")
         run.forward.report_progress(metric=f"{run.title} vs reference", draws=drawn, budget=draws,
-                        forward_passes=run.forward.passes + ref.forward.passes)
+                                    forward_passes=run.forward.passes + ref.forward.passes)
+        if drawn >= draws or gate.decision is not None or run.clock.expired():
+            pending = None
+        else:
+            pending = following or launched(drawn, block)
     used = gate.used
     c, r = cand.values[:used], refs.values[:used]
     lower, upper = confidence_sequence(r.astype(float) - c.astype(float), run.alpha,
@@ -123,7 +136,8 @@ def paired_result(run, ref, numbers: tuple, margin: float, perturbation: str, co
                      verdict=decide(margin, lower, upper, "<=", True),
                      forward_passes=sum(sum(s.values()) for s in spent.values()))
     result.details.update(title=f"{run.title} {noun} vs reference", evaluations=spent)
-    result.note = _note(result.details["paired"], noun)
+    stopped = run.clock.annotate(result.verdict, result.details)  # the time limit, for the paired verdict
+    result.note = "; ".join(filter(None, (_note(result.details["paired"], noun), stopped)))
     return result
 
 
