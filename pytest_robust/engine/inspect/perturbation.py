@@ -195,13 +195,14 @@ def _std(x: torch.Tensor) -> torch.Tensor:
     two passes: the mean, then the squared deviations), leaving out NaN (padded positions,
     ``padding.real_values``); NaN with fewer than two values, exactly 0 for a constant coordinate
     (the mean's rounding would give it a tiny spread)."""
-    padded = bool(x.isnan().any())
+    low, high = x.amin(dim=0), x.amax(dim=0)
+    padded = bool(low.isnan().any())  # NaN carries through the extremes
     count = (~x.isnan()).sum(dim=0) if padded else torch.full_like(x[0], len(x))
     deviation = x - (x.nanmean(dim=0) if padded else x.mean(dim=0))
     squares = deviation.pow_(2)
     std = ((squares.nansum(dim=0) if padded else squares.sum(dim=0)) / (count - 1).clamp(min=1)).sqrt_()
-    low, high = (x.nan_to_num(nan=math.inf).amin(dim=0), x.nan_to_num(nan=-math.inf).amax(dim=0)) if padded else (
-        x.amin(dim=0), x.amax(dim=0))
+    if padded:
+        low, high = x.nan_to_num(nan=math.inf).amin(dim=0), x.nan_to_num(nan=-math.inf).amax(dim=0)
     return std.where(low != high, 0.0).where(count > 1, float("nan"))
 
 
@@ -352,8 +353,12 @@ def check_in_box(x: torch.Tensor, bounds, name: str = "data", normalized: bool =
     width = (hi - lo).abs()
     finite = width[torch.isfinite(width)]
     slack = BOX_SLACK * (float(finite.max()) if finite.numel() else 1.0)  # a one-sided box: of its scale 1
-    low, high = float(x.min()), float(x.max())
-    if not bool((x < lo - slack).any() or (x > hi + slack).any()):
+    low, high = (float(v) for v in torch.aminmax(x))
+    if lo.numel() == 1 and hi.numel() == 1:  # one box for every coordinate: the extremes tell
+        outside = low < float(lo) - slack or high > float(hi) + slack
+    else:
+        outside = bool((x < lo - slack).any() or (x > hi + slack).any())
+    if not outside:
         return
     shown = f"bounds=({float(lo.min()):g}, {float(hi.max()):g})" if lo.numel() * hi.numel() > 1 else (
         f"bounds=({float(lo):g}, {float(hi):g})"
