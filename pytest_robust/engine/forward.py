@@ -172,7 +172,7 @@ class Forward:
             with torch.no_grad():
                 return self.validated(self.called(chunk), stop - start, chunk).to(dtype)
 
-        return _joined(self.chunked(len(x), run), lambda: self._empty(x).to(dtype))
+        return _joined(self.chunked(x.shape[0], run), lambda: self._empty(x).to(dtype))
 
     def ranked(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(top class, alone) of every row of x, as ``logits`` computes its logits (``top_class``,
@@ -183,7 +183,7 @@ class Forward:
             with torch.no_grad():
                 return self.top_class(self.validated(self.called(chunk), stop - start, chunk, ties=False))
 
-        parts = self.chunked(len(x), run)
+        parts = self.chunked(x.shape[0], run)
         if not parts:
             return torch.zeros(0, dtype=torch.long, device=x.device), torch.zeros(0, dtype=torch.bool, device=x.device)
         classes, alone = zip(*parts)
@@ -197,7 +197,7 @@ class Forward:
         """(top class, alone) of each row of z (``top_class``); counts the rows whose largest
         logit is tied in ``ties``."""
         classes, alone = top_class(z.detach() if z.requires_grad else z)
-        self.ranked_rows += len(z)
+        self.ranked_rows += z.shape[0]
         self.alone_rows = alone.sum().add_(self.alone_rows)
         return classes, alone
 
@@ -228,8 +228,8 @@ class Forward:
             right = None if truth is None else correct_of(*self.top_class(z), _rows(truth, start, stop))
             return value.detach(), g, right
 
-        parts = self.chunked(len(x), run)
-        self.backward_passes += len(x)
+        parts = self.chunked(x.shape[0], run)
+        self.backward_passes += x.shape[0]
         if not parts:
             out = x.new_empty((0,)), x.new_empty(x.shape)
             return out if truth is None else out + (torch.zeros(0, dtype=torch.bool, device=x.device),)
@@ -277,9 +277,9 @@ class Forward:
             raise
         if not own:
             return out
-        chosen = selected_logits(out, self.selector, len(x))
+        chosen = selected_logits(out, self.selector, x.shape[0])
         self.one_logit = isinstance(chosen, torch.Tensor) and (chosen.ndim == 1 or chosen.shape[1:] == (1,))
-        return two_classes(chosen, len(x))
+        return two_classes(chosen, x.shape[0])
 
     def validated(self, z, n: int, x: torch.Tensor | None = None, ties: bool = True) -> torch.Tensor:
         """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches
@@ -390,7 +390,7 @@ def correct_of(classes: torch.Tensor, alone: torch.Tensor, y: torch.Tensor) -> t
 
 def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Rows start..stop of ``t`` (``t`` itself when that is all of it: no slicing op)."""
-    return t if start == 0 and stop == len(t) else t[start:stop]
+    return t if start == 0 and stop == t.shape[0] else t[start:stop]
 
 
 def _joined(parts: list, empty) -> torch.Tensor:

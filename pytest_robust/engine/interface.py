@@ -118,7 +118,7 @@ def two_classes(z, rows: int):
     first batch."""
     import torch
 
-    if not isinstance(z, torch.Tensor) or not z.is_floating_point() or z.ndim not in (1, 2) or len(z) != rows:
+    if not isinstance(z, torch.Tensor) or not z.is_floating_point() or z.ndim not in (1, 2) or z.shape[0] != rows:
         return z
     if z.ndim == 2 and z.shape[1] != 1:
         return z

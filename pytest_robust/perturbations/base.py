@@ -238,7 +238,7 @@ class Perturbation(ABC):
         """``draw`` of consecutive blocks of the rows x, block j (len(x) / len(generators) rows)
         with ``generators[j]``: the numbers of drawing each block alone. An ``elementwise``
         perturbation draws them in one call (``streams.RowStreams``), any other block by block."""
-        size = len(x) // len(generators)
+        size = x.shape[0] // len(generators)
         if self.elementwise and not self.conditional:
             return self(x, RowStreams(generators, [size] * len(generators), x.device, x.dtype))
         return torch.cat([self.draw(x[j * size:(j + 1) * size], g, index[j * size:(j + 1) * size],

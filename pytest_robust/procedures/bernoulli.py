@@ -49,7 +49,7 @@ def block_size(x: torch.Tensor) -> int:
     temporaries of the same size), so host and device memory stay bounded by the batch size and a
     few MiB whatever the image size: 3 x 512 x 512 float32 inputs (3 MiB each) get blocks of 4.
     The size depends on the inputs' shape and dtype only, never on the batch size or the device."""
-    row = max(1, math.prod(x.shape[1:]) * x.element_size()) if len(x) else 1
+    row = max(1, math.prod(x.shape[1:]) * x.element_size()) if x.shape[0] else 1
     return min(BLOCK, 1 << (max(1, BLOCK_BYTES // row).bit_length() - 1))
 
 
