@@ -219,7 +219,8 @@ class Perturbation(ABC):
         if self.bounds is None:
             return x
         lo, hi = self.bounds
-        if isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
+        # floats first: numbers.Real is an ABC, whose isinstance costs a microsecond in a hot loop
+        if type(lo) is float is type(hi) or isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
             return x.clamp_(float(lo), float(hi)) if inplace else x.clamp(float(lo), float(hi))
         lo, hi = box_for(self.bounds, x)
         return torch.clamp(x, lo, hi, out=x) if inplace else torch.maximum(torch.minimum(x, hi), lo)
