@@ -239,3 +239,35 @@ def test_apgd_returns_each_broken_row_at_a_misclassified_feasible_point(norm):
     d = (found - x).flatten(1)
     size = d.abs().amax(1) if norm == "linf" else d.norm(dim=1)
     assert (size <= eps * (1 + 1e-5)).all() and (found >= lo - 1e-6).all() and (found <= hi + 1e-6).all()
+
+
+class HalfQuantised(torch.nn.Module):
+    """``Quantised`` on the first 10 inputs (zero gradients), a linear model on the others."""
+
+    def __init__(self):
+        super().__init__()
+        self.quantised, self.linear = Quantised(), torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        flat = torch.arange(len(x), device=x.device) < 10
+        return torch.where(flat[:, None], self.quantised(x), self.linear(x.flatten(1)))
+
+
+@pytest.mark.parametrize("model", [SmallNet, Quantised, HalfQuantised])
+def test_flat_gradients_are_watched_only_while_a_row_still_has_them(monkeypatch, model):
+    """APGD tests whether each gradient is exactly zero only while some row's every gradient was
+    (the flag only turns off): the same per-input outcomes, stages and zero-gradient counts as
+    testing at every step, on a model without flat gradients, one with only flat ones and a mix."""
+    import pytest_robust.attacks.apgd as apgd
+
+    torch.manual_seed(0)
+    net = model().eval()
+    x, y = (torch.rand(20, 1, 4, 4), torch.randint(0, 2, (20,))) if model is not SmallNet else image_data(n=20)
+    run = lambda: adversarial_accuracy(net, (x, y), eps=0.1, steps=10, targets=1, square_queries=0)  # noqa: E731
+    lazy = run()
+    evaluate = apgd._evaluate
+    monkeypatch.setattr(apgd, "_evaluate", lambda *a: evaluate(*a[:5], True))  # every step, as before
+    eager = run()
+    assert lazy.details["per_input"] == eager.details["per_input"]
+    assert lazy.details["gradient_masking"] == eager.details["gradient_masking"]
+    assert (lazy.estimate, lazy.forward_passes) == (eager.estimate, eager.forward_passes)

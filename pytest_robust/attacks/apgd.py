@@ -101,15 +101,17 @@ class _Rows:
 
 
 def _evaluate(forward: Forward, x: torch.Tensor, y: torch.Tensor | None, labels: torch.Tensor,
-              objective: Objective):
+              objective: Objective, watch_flat: bool = True):
     """(loss, gradient, misclassified, gradient exactly zero) at x, one evaluation per row (no row
-    misclassified when ``y`` is None)."""
+    misclassified when ``y`` is None; the last None unless ``watch_flat``)."""
     if y is None:
         loss, grad = forward.grad(x, labels, objective)
         wrong = torch.zeros(len(x), dtype=torch.bool, device=x.device)
     else:
         loss, grad, right = forward.grad(x, labels, objective, truth=y)
         wrong = ~right
+    if not watch_flat:
+        return loss, grad, wrong, None
     flat = grad.flatten(1)  # two reductions, no |g| copy (aminmax along a row measured 15x slower); NaN is not 0
     return loss, grad, wrong, (flat.amax(dim=1) == 0) & (flat.amin(dim=1) == 0)
 
@@ -124,23 +126,26 @@ def _start(forward, x0, center, y, labels, lo, hi, objective, ball) -> _Rows:
                  torch.zeros(n, dtype=torch.bool, device=x0.device), wrong, flat)
 
 
-def _step(forward: Forward, s: _Rows, objective: Objective, ball: Ball, first: bool) -> _Rows:
+def _step(forward: Forward, s: _Rows, objective: Objective, ball: Ball, first: bool, watch_flat: bool) -> _Rows:
     """One APGD iteration: the momentum step (a plain projected step for the first), then the new
     point's loss and gradient; the best point so far is kept per row. A fooled row stays where it
     is (its step size and momentum weight are 0 and its point is feasible, so the projection keeps
-    it exactly): its point is its first misclassified iterate, with no copy of it per step."""
+    it exactly): its point is its first misclassified iterate, with no copy of it per step. Whether
+    each gradient is flat is computed only while some row's every gradient was (``watch_flat``):
+    the flag only ever turns off, so once none is on, the two reductions a step would change nothing."""
     moving = (~s.fooled).to(s.eta.dtype)
     z = ball.project(s.x + per_row(s.eta * moving, s.x) * ball.ascent(s.grad, s.x, s.center), s.center, s.lo, s.hi)
     if not first:  # x + ALPHA (z - x) + (1 - ALPHA) (x - x_prev), in place on fresh temporaries
         step = (z - s.x).mul_(ALPHA).add_(s.x)
         z = ball.project(step.add_((s.x - s.x_prev).mul_(per_row((1 - ALPHA) * moving, s.x))), s.center, s.lo, s.hi)
-    loss, grad, wrong, flat = _evaluate(forward, z, s.y, s.labels, objective)
+    loss, grad, wrong, flat = _evaluate(forward, z, s.y, s.labels, objective, watch_flat)
     better = loss > s.best_loss
     wide = per_row(better, z)
     # the state advanced in place (no caller keeps the old one): dataclasses.replace cost more than the arithmetic
     s.rises = s.rises + (loss > s.loss)
     s.best_x, s.best_grad = torch.where(wide, z, s.best_x), torch.where(wide, grad, s.best_grad)
-    s.best_loss, s.fooled, s.flat = torch.where(better, loss, s.best_loss), s.fooled | wrong, s.flat & flat
+    s.best_loss, s.fooled = torch.where(better, loss, s.best_loss), s.fooled | wrong
+    s.flat = s.flat if flat is None else s.flat & flat
     s.x_prev, s.x, s.grad, s.loss = s.x, z, grad, loss
     return s
 
@@ -165,21 +170,25 @@ def _record(s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Ten
     found[s.index] = torch.where(per_row(s.fooled, s.x), s.x, s.best_x)
 
 
-def _retire(forward: Forward, s: _Rows, fooled: torch.Tensor, flat: torch.Tensor, found: torch.Tensor) -> _Rows:
+def _retire(forward: Forward, s: _Rows, fooled: torch.Tensor, flat: torch.Tensor,
+            found: torch.Tensor) -> tuple[_Rows, bool]:
     """Record the current rows' outcomes and keep only the rows not yet broken (the one host read
-    of a checkpoint; the state is copied only when some row leaves). The finiteness of the logits
-    since the last exit is read here too (``Forward.deferring``): the device already waited."""
+    of a checkpoint; the state is copied only when some row leaves), and whether some row's
+    gradients are all still flat (``_step``'s ``watch_flat``). The finiteness of the logits since
+    the last exit is read here too (``Forward.deferring``), in one read with that: the device
+    already waited."""
     _record(s, fooled, flat, found)
     keep = (~s.fooled).nonzero().squeeze(1)
-    forward.check_flag(int(forward.finite))
-    return s if len(keep) == len(s.index) else s.take(keep)
+    finite, watch = torch.stack([torch.as_tensor(forward.finite, device=s.flat.device), s.flat.any()]).tolist()
+    forward.check_flag(finite)
+    return (s if len(keep) == len(s.index) else s.take(keep)), watch
 
 
 def _advance(forward: Forward, s: _Rows, objective: Objective, ball: Ball, done: int,
-             until: int) -> tuple[_Rows, int]:
+             until: int, watch_flat: bool) -> tuple[_Rows, int]:
     """Iterate the rows still in the run from step ``done`` to step ``until`` (none left: stop)."""
     while done < until and len(s.index):
-        s, done = _step(forward, s, objective, ball, first=done == 0), done + 1
+        s, done = _step(forward, s, objective, ball, done == 0, watch_flat), done + 1
     return s, done
 
 
@@ -199,17 +208,17 @@ def apgd(forward: Forward, x0: torch.Tensor, center: torch.Tensor, y: torch.Tens
     fooled = torch.zeros(len(x0), dtype=torch.bool, device=x0.device)
     flat, found = torch.zeros_like(fooled), x0.clone()
     with forward.deferring():  # the logits' finiteness is read at the exits, not at every step
-        s, done, last = _start(forward, x0, center, y, labels, lo, hi, objective, ball), 0, 0
+        s, done, last, watch = _start(forward, x0, center, y, labels, lo, hi, objective, ball), 0, 0, True
         marks = checkpoints(steps)
         for e in EARLY:  # capped at the first checkpoint: the same number of reads whatever the steps
-            s, done = _advance(forward, s, objective, ball, done, min(e, marks[0]))
-            s = _retire(forward, s, fooled, flat, found)
+            s, done = _advance(forward, s, objective, ball, done, min(e, marks[0]), watch)
+            s, watch = _retire(forward, s, fooled, flat, found)
         for w in marks:
-            s, done = _advance(forward, s, objective, ball, done, w)
+            s, done = _advance(forward, s, objective, ball, done, w, watch)
             if w > last:
                 s = _revise(s, w - last)
-            s, last = _retire(forward, s, fooled, flat, found), w
-        s, _ = _advance(forward, s, objective, ball, done, steps)
+            (s, watch), last = _retire(forward, s, fooled, flat, found), w
+        s, _ = _advance(forward, s, objective, ball, done, steps, watch)
         _record(s, fooled, flat, found)
         forward.check_flag(int(forward.finite))
     return fooled, flat, found
