@@ -59,7 +59,7 @@ def bernoulli(run, ref, perturbation, margin: float) -> Result:
         cand.extend(c)
         refs.extend(r)
         drawn += len(c)
-        gate.update(r.astype(float) - c.astype(float))
+        gate.update(np.subtract(r, c, dtype=np.float64))  # D = R - C, one operation
         run.clock.pace(f"{run.title} vs reference", drawn, draws, "draws")
         run.forward.report_progress(metric=f"{run.title} vs reference", draws=drawn, budget=draws,
                                     forward_passes=run.forward.passes + ref.forward.passes)

@@ -247,7 +247,7 @@ class _KellyRejection(Rejection):
     def terms(self, piece: slice, m: float, out: np.ndarray, spare: np.ndarray) -> None:
         np.subtract(self.mu_before[piece], m, out=out)
         np.divide(out, m * (1.0 - m), out=out)
-        np.clip(out, 0.0, BET_CAP / m, out=out)
+        np.minimum(np.maximum(out, 0.0, out=out), BET_CAP / m, out=out)  # np.clip's numbers, without its Python layer
         np.multiply(out, np.subtract(self.x[piece], m, out=spare), out=out)
         np.log1p(out, out=out)
 

@@ -32,7 +32,7 @@ def _prefix(d: np.ndarray, before: tuple = (0, 0.0, 0.0)) -> tuple:
     sums[:, 0] = total, squares
     sums[0, 1:] = d
     np.multiply(d, d, out=sums[1, 1:])
-    np.cumsum(sums, axis=1, out=sums)
+    sums.cumsum(axis=1, out=sums)  # the array's own method: no Python wrapper, a microsecond less a call
     i = np.arange(count, count + len(d), dtype=np.float64)
     return i, sums[0, :-1], sums[1, :-1], (count + len(d), float(sums[0, -1]), float(sums[1, -1]))
 
@@ -74,7 +74,7 @@ def _terms(d: np.ndarray, m: float, claim: str, i: np.ndarray, sums: np.ndarray,
     above = claim == "above"
     if above:
         np.negative(out, out=out)
-    np.clip(out, 0.0, _cap(m, claim), out=out)
+    np.minimum(np.maximum(out, 0.0, out=out), _cap(m, claim), out=out)  # np.clip's numbers, without its Python layer
     out *= np.subtract(m, d, out=spare)
     if above:
         np.negative(out, out=out)
@@ -176,13 +176,14 @@ class PairedGate:
         d, m, drawn = np.asarray(d, dtype=np.float64), self.margin, self.drawn
         *prefix, self._sums = _prefix(d, self._sums)
         bets, spare = _bets(m, *prefix)
-        np.clip(bets, -_cap(m, "above"), _cap(m, "below"), out=bets)  # > 0: the pass side's bet, < 0: the fail side's
+        # > 0: the pass side's bet, < 0: the fail side's (np.clip's numbers, without its Python layer)
+        np.minimum(np.maximum(bets, -_cap(m, "above"), out=bets), _cap(m, "below"), out=bets)
         terms = np.log1p(np.multiply(bets, np.subtract(m, d, out=spare), out=spare), out=spare)
         logs = np.zeros((2, len(d) + 1))
         logs[:, :1] = self._logs
         np.copyto(logs[0, 1:], terms, where=bets > 0.0)
         np.copyto(logs[1, 1:], terms, where=bets < 0.0)
-        np.cumsum(logs, axis=1, out=logs)
+        logs.cumsum(axis=1, out=logs)
         self._logs = logs[:, -1:].copy()
         best = logs[:, 1:].max(axis=1)
         if best.max() >= self.level:  # decided within the step: at its first crossing, the largest up to it
