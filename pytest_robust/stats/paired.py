@@ -29,8 +29,7 @@ def _prefix(d: np.ndarray, before: tuple = (0, 0.0, 0.0)) -> tuple:
     for D in {-1, 0, 1} they are integers, exact in float64."""
     count, total, squares = before
     sums = np.empty((2, len(d) + 1))  # the running sums of D and of D^2, side by side
-    sums[:, 0] = total, squares
-    sums[0, 1:] = d
+    sums[0, 0], sums[1, 0], sums[0, 1:] = total, squares, d
     np.multiply(d, d, out=sums[1, 1:])
     sums.cumsum(axis=1, out=sums)  # the array's own method: no Python wrapper, a microsecond less a call
     i = np.arange(count, count + len(d), dtype=np.float64)
@@ -179,10 +178,10 @@ class PairedGate:
         # > 0: the pass side's bet, < 0: the fail side's (np.clip's numbers, without its Python layer)
         np.minimum(np.maximum(bets, -_cap(m, "above"), out=bets), _cap(m, "below"), out=bets)
         terms = np.log1p(np.multiply(bets, np.subtract(m, d, out=spare), out=spare), out=spare)
-        logs = np.zeros((2, len(d) + 1))
+        logs = np.empty((2, len(d) + 1))
         logs[:, :1] = self._logs
-        np.copyto(logs[0, 1:], terms, where=bets > 0.0)
-        np.copyto(logs[1, 1:], terms, where=bets < 0.0)
+        np.multiply(terms, bets > 0.0, out=logs[0, 1:])  # each side's terms, 0 where it does not bet
+        np.multiply(terms, bets < 0.0, out=logs[1, 1:])
         logs.cumsum(axis=1, out=logs)
         self._logs = logs[:, -1:].copy()
         best = logs[:, 1:].max(axis=1)
