@@ -21,7 +21,7 @@ from pytest_robust.checks.tsrm import DECLARATION as TSRM
 from pytest_robust.procedures.bernoulli import bernoulli_stream
 from pytest_robust.stats import confidence_sequence as bernoulli_sequence
 from pytest_robust.stats.betting import BET_CAP
-from pytest_robust.stats.paired import PairedGate, _capital, confidence_sequence, p_values
+from pytest_robust.stats.paired import MOST_WAITING, PairedGate, _capital, confidence_sequence, p_values
 
 DIGITS = Path(__file__).parents[1] / "examples" / "digits"
 sys.path.insert(0, str(DIGITS))
@@ -120,7 +120,34 @@ def test_a_gate_fed_step_by_step_decides_at_the_whole_streams_first_crossing(ste
         known = (margin, gate.decision[0] if gate.decision else None)  # the gate's margin settles some midpoints
         assert confidence_sequence(d[:gate.used], ALPHA, known=known) == confidence_sequence(d[:gate.used], ALPHA)
         assert all(v.size <= 2 for v in vars(gate).values() if isinstance(v, np.ndarray))
+        assert sum(map(len, gate._waiting)) <= MOST_WAITING  # draws that cannot decide wait, boundedly
 
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_steps_left_waiting_decide_as_steps_computed_at_once(seed):
+    """Draws that provably cannot decide wait (``PairedGate``'s bound on every bet and on the rise
+    of the log capital): the same decision at the same draw and the same p-values, exactly, as
+    computing every step, on streams that sit at the margin for thousands of draws and then turn,
+    where steps wait longest; and on long undecided streams steps do wait."""
+    rng = np.random.default_rng(seed)
+    margin = float(rng.choice([0.0, 0.005, 0.02, 0.1]))
+    n, turn = int(rng.integers(5_000, 60_000)), None
+    turn = int(rng.integers(n // 4, n))
+    p_cand = float(rng.choice([0.01, 0.03, 0.1]))
+    later = margin + float(rng.choice([-0.02, 0.0, 0.02, 0.05]))
+    d = np.concatenate([_pairs(rng, turn, p_cand + margin, p_cand), _pairs(rng, n - turn, p_cand + max(later, 0.0),
+                                                                           p_cand + max(-later, 0.0))])
+    lazy, eager = PairedGate(margin, ALPHA), PairedGate(margin, ALPHA)
+    eager._might_decide = lambda tally: True
+    waited = 0
+    for piece in np.split(d, np.cumsum(rng.integers(1, 700, n // 50))[:-1]):
+        lazy.update(piece)
+        eager.update(piece)
+        waited += bool(lazy._waiting)
+    assert (lazy.decision, lazy.used, lazy.p_values()) == (eager.decision, eager.used, eager.p_values())
+    if lazy.decision is None and n > 20_000:
+        assert waited > 0  # steps of a long undecided stream wait
 
 def test_the_paired_look_ahead_changes_no_number_and_spends_at_most_one_step_more(monkeypatch):
     """With the look-ahead (on CUDA; forced here on the CPU) the paired loop launches its next step

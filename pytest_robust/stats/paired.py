@@ -148,31 +148,82 @@ def confidence_sequence(d: np.ndarray, alpha: float, tol: float = 1e-4,
     return edge("above"), edge("below")
 
 
+#: The most draws a gate keeps waiting before it computes them (memory: 8 bytes a draw).
+MOST_WAITING = 1 << 20
+#: Slack of the waiting test against the level, far above float rounding of the log capital.
+SLACK = 1e-9
+
+
 class PairedGate:
     """The anytime-valid gate "E[D] <= margin" over a growing stream of paired differences, fed
     step by step with ``update``: it carries the running sums (``_prefix``), each side's log
     capital and the largest it reached, so a step costs what its own draws cost however long the
     stream, and the capitals are those of computing the whole stream at once (``_terms``'s
     numbers). Both sides advance in one pass: at most one of them bets on a draw (``_bets``), so
-    one log1p per draw serves both, as in ``betting._KellyPair``. Once decided, updates are ignored."""
+    one log1p per draw serves both, as in ``betting._KellyPair``. Once decided, updates are ignored.
+
+    Draws that provably cannot decide wait, as in ``stats.gate``. For a side with Z = m - D (pass)
+    or D - m (fail), s and q the sums of Z and Z^2 over the draws computed so far and L its log
+    capital there, every bet on a waiting draw is at most
+        Lambda = min(cap, max(0, s + P) / (1/4 + q)),   P = the sum of Z^+ over the waiting draws:
+    a bet's numerator is s plus the Z of the waiting draws before it, at most s + P, and its
+    denominator 1/4 plus the sum of Z^2 before it, at least 1/4 + q. As log1p(y) <= y, the log
+    capital at any waiting draw is at most L + Lambda P. While that stays below the level on both
+    sides the draws wait; the first step where it might not is computed with the waiting draws
+    before it, so the decision (its draw included), the capitals and the p-values are those of
+    computing every step (the same numbers: the sums continue element by element)."""
 
     def __init__(self, margin: float, alpha: float):
         self.margin, self.level = margin, math.log(1.0 / alpha)
-        self._sums = (0, 0.0, 0.0)
+        self._sums = (0, 0.0, 0.0)  # of the draws computed (count, sum of D, sum of D^2)
         self._logs = np.zeros((2, 1))  # each side's log capital ("pass", "fail")
         self._best = np.zeros(2)  # each side's largest log capital, up to the decision (0: the initial 1)
+        self._waiting: list = []  # draws not yet computed, and their count and each side's sum of Z^+
+        self._tally = (0, 0.0, 0.0)
         self.decision: tuple[str, int] | None = None  # ("pass" | "fail", draws it rests on)
 
     @property
     def drawn(self) -> int:
-        return self._sums[0]
+        return self._sums[0] + self._tally[0]
 
     def update(self, d: np.ndarray) -> None:
         """Consume the next draws' differences; decide at the first draw where a side's capital
         reaches 1 / alpha (the earlier side, "fail" when both reach it at the same draw)."""
         if self.decision is not None or len(d) == 0:
             return
-        d, m, drawn = np.asarray(d, dtype=np.float64), self.margin, self.drawn
+        d = np.asarray(d, dtype=np.float64)
+        m = self.margin
+        count, positive_pass, positive_fail = self._tally  # each side's sum of Z^+ (pass: Z = m - D; fail: D - m)
+        tally = (count + len(d), positive_pass + float(np.maximum(m - d, 0.0).sum()),
+                 positive_fail + float(np.maximum(d - m, 0.0).sum()))
+        if tally[0] <= MOST_WAITING and not self._might_decide(tally):
+            self._waiting.append(d)
+            self._tally = tally
+            return
+        self._compute(np.concatenate([*self._waiting, d]) if self._waiting else d)
+
+    def _might_decide(self, tally: tuple) -> bool:
+        """Whether a side's log capital might reach the level within the waiting draws and those of
+        ``tally`` (class docstring)."""
+        n, total, squares = self._sums
+        m, (_, positive_pass, positive_fail) = self.margin, tally
+        s = m * n - total  # the sum of the pass side's Z so far (the fail side's is -s)
+        q = 0.25 + (m * n - 2.0 * total) * m + squares
+        for side, (sum_z, positive) in enumerate(((s, positive_pass), (-s, positive_fail))):
+            bet = min(_cap(m, "below" if side == 0 else "above"), max(0.0, sum_z + positive) / q)
+            if float(self._logs[side, 0]) + bet * positive * (1.0 + 1e-12) >= self.level - SLACK:
+                return True
+        return False
+
+    def flush(self) -> None:
+        """Compute the waiting draws (for the p-values, which need every capital)."""
+        if self._waiting and self.decision is None:
+            self._compute(np.concatenate(self._waiting))
+
+    def _compute(self, d: np.ndarray) -> None:
+        """Advance both sides over the draws ``d`` (the waiting ones, then the step's)."""
+        self._waiting, self._tally = [], (0, 0.0, 0.0)
+        m, drawn = self.margin, self._sums[0]
         *prefix, self._sums = _prefix(d, self._sums)
         bets, spare = _bets(m, *prefix)
         # > 0: the pass side's bet, < 0: the fail side's (np.clip's numbers, without its Python layer)
@@ -198,5 +249,6 @@ class PairedGate:
     def p_values(self) -> dict:
         """``p_values`` of the draws the gate used: 1 / the largest capital each side reached up to
         the decision (or over every draw, undecided)."""
+        self.flush()
         return {verdict: float(min(1.0, math.exp(-max(0.0, best))))
                 for verdict, best in zip(("pass", "fail"), self._best)}
