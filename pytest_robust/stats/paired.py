@@ -194,8 +194,8 @@ class PairedGate:
         d = np.asarray(d, dtype=np.float64)
         m = self.margin
         count, positive_pass, positive_fail = self._tally  # each side's sum of Z^+ (pass: Z = m - D; fail: D - m)
-        tally = (count + len(d), positive_pass + float(np.maximum(m - d, 0.0).sum()),
-                 positive_fail + float(np.maximum(d - m, 0.0).sum()))
+        gain = float(np.maximum(m - d, 0.0).sum())  # sum (m - D)^+; sum (D - m)^+ is that less sum (m - D)
+        tally = (count + len(d), positive_pass + gain, positive_fail + max(0.0, gain - (m * len(d) - float(d.sum()))))
         if tally[0] <= MOST_WAITING and not self._might_decide(tally):
             self._waiting.append(d)
             self._tally = tally
