@@ -96,16 +96,22 @@ def setup(device: torch.device, side: int = 8):
     return model, x, y
 
 
+def drawn(x, y, g) -> tuple:
+    """One bare TSRM draw of ``BATCH`` rows: the inputs perturbed by uniform noise of radius
+    ``EPS`` and clamped to [0, 1], and their labels."""
+    idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
+    noise = (torch.rand((BATCH, *x.shape[1:]), generator=g, device=x.device) * 2 - 1) * EPS
+    return (x.index_select(0, idx) + noise).clamp(0, 1), y.index_select(0, idx)
+
+
 def bare_tsrm(model, x, y, steps: int) -> int:
     """The TSRM step without the engine (module docstring)."""
     g = torch.Generator(device=x.device).manual_seed(0)
     hits = 0
     with torch.no_grad():
         for _ in range(steps):
-            idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
-            noise = (torch.rand((BATCH, *x.shape[1:]), generator=g, device=x.device) * 2 - 1) * EPS
-            z = model((x.index_select(0, idx) + noise).clamp(0, 1))
-            hits += int((z.argmax(1) == y.index_select(0, idx)).sum())
+            z, labels = drawn(x, y, g)
+            hits += int((model(z).argmax(1) == labels).sum())
     return hits
 
 
@@ -116,9 +122,7 @@ def bare_paired(model, reference, x, y, steps: int) -> int:
     drop = 0
     with torch.no_grad():
         for _ in range(steps):
-            idx = torch.randint(0, len(x), (BATCH,), generator=g, device=x.device)
-            noise = (torch.rand((BATCH, *x.shape[1:]), generator=g, device=x.device) * 2 - 1) * EPS
-            z, labels = (x.index_select(0, idx) + noise).clamp(0, 1), y.index_select(0, idx)
+            z, labels = drawn(x, y, g)
             drop += int((reference(z).argmax(1) == labels).sum() - (model(z).argmax(1) == labels).sum())
     return drop
 

@@ -32,6 +32,7 @@ for their gap.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -180,7 +181,7 @@ def rejects_at(x: np.ndarray, m: float, alpha: float) -> int | None:
 FIRST_PIECE = 4096
 
 
-class Rejection:
+class Rejection(ABC):
     """Whether a betting test on a fixed stream rejects its H0 at m by the end of the stream, for
     many m (the bisections of ``confidence_sequence`` and ``stats.paired.confidence_sequence``). A subclass
     writes each draw's log factor log(1 + lambda_i (x_i - m)) of a piece of the stream into ``out``
@@ -197,10 +198,10 @@ class Rejection:
         self.torch, self.n, self.level = torch, n, math.log(1.0 / alpha)
         self.work, self.gap = np.empty(n), np.empty(n)  # the work arrays of every m
 
+    @abstractmethod
     def terms(self, piece: slice, m: float, out: np.ndarray, spare: np.ndarray) -> None:
         """Write the log factors of the draws ``piece`` at m into ``out`` (``spare``: a second work
         array of the same length)."""
-        raise NotImplementedError
 
     def __call__(self, m: float) -> bool:
         return self.capital(m, stop=self.level) >= self.level
