@@ -44,7 +44,7 @@ def bernoulli(run, ref, perturbation, margin: float) -> Result:
     is launched before the last one is read, as in ``bernoulli.bernoulli_stream``: the same draws,
     and a step in flight when the gate decides is dropped (its evaluations spent, its draws unused)."""
     gate, draws = PairedGate(margin, run.alpha), max(1, run.args.budget // 2)
-    cand, refs, drawn, block = Column(bool), Column(bool), 0, 0
+    cand, refs, drawn, block, title = Column(bool), Column(bool), 0, 0, f"{run.title} vs reference"
 
     def launched(drawn: int, block: int):  # steps grow by a quarter (at least one block): ~25% overshoot at most
         return launch(run, run.ds, perturbation, run.streams, block, draws - drawn, max(1, block // 4), (ref,))
@@ -60,8 +60,8 @@ def bernoulli(run, ref, perturbation, margin: float) -> Result:
         refs.extend(r)
         drawn += len(c)
         gate.update(np.subtract(r, c, dtype=np.float64))  # D = R - C, one operation
-        run.clock.pace(f"{run.title} vs reference", drawn, draws, "draws")
-        run.forward.report_progress(metric=f"{run.title} vs reference", draws=drawn, budget=draws,
+        run.clock.pace(title, drawn, draws, "draws")
+        run.forward.report_progress(metric=title, draws=drawn, budget=draws,
                                     forward_passes=run.forward.passes + ref.forward.passes)
         if drawn >= draws or gate.decision is not None or run.clock.expired():
             pending = None
@@ -69,7 +69,7 @@ def bernoulli(run, ref, perturbation, margin: float) -> Result:
             pending = following or launched(drawn, block)
     used = gate.used
     c, r = cand.values[:used], refs.values[:used]
-    lower, upper = confidence_sequence(r.astype(float) - c.astype(float), run.alpha,
+    lower, upper = confidence_sequence(np.subtract(r, c, dtype=np.float64), run.alpha,
                                        known=(margin, gate.decision[0] if gate.decision else None))
     if gate.decision is not None:  # the bounds agree with the gate's decision
         lower, upper = (lower, min(upper, margin)) if gate.decision[0] == "pass" else (max(lower, margin), upper)
@@ -89,10 +89,11 @@ def outcomes(run, ref, candidate: Result, reference: Result, margin: float) -> R
     order = np.random.default_rng(run.seed).permutation(len(index))
     cv = np.array([c[i] for i in index], dtype=bool)[order]
     rv = np.array([r[i] for i in index], dtype=bool)[order]
-    lower, upper = confidence_sequence(rv.astype(float) - cv.astype(float), run.alpha)
+    d = np.subtract(rv, cv, dtype=np.float64)  # D = R - C per input
+    lower, upper = confidence_sequence(d, run.alpha)
     counts = {"inputs": len(index), "candidate_correct": int(cv.sum()), "reference_correct": int(rv.sum()),
               "reference_only": int((rv & ~cv).sum()), "candidate_only": int((cv & ~rv).sum()),
-              "p_values": p_values(rv.astype(float) - cv.astype(float), margin)}
+              "p_values": p_values(d, margin)}
     return paired_result(run, ref, (float(rv.mean() - cv.mean()), lower, upper), margin, candidate.perturbation,
                          counts, "betting confidence sequence over the inputs (McNemar-style: discordant inputs)",
                          (candidate, reference))

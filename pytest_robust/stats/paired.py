@@ -101,11 +101,13 @@ def _capital(d: np.ndarray, m: float, claim: str) -> np.ndarray:
 def p_values(d: np.ndarray, margin: float) -> dict:
     """{"pass": p, "fail": p}: the anytime-valid p-value of each claim, 1 / the largest capital its
     test reached over ``d`` (<= alpha exactly when the test rejected at level alpha)."""
-    d = np.asarray(d, dtype=np.float64)
-    prefix = _prefix(d)[:3]
-    # the level (alpha 0.5 here) plays no part in the capital
-    return {verdict: float(min(1.0, math.exp(-max(0.0, _Rejection(d, 0.5, claim, prefix).capital(margin)))))
+    return {verdict: _p_value(_capital(d, margin, claim).max(initial=0.0))
             for verdict, claim in (("pass", "below"), ("fail", "above"))}
+
+
+def _p_value(log_capital: float) -> float:
+    """1 / the largest capital, from its log (at least the initial capital 1)."""
+    return float(min(1.0, math.exp(-max(0.0, log_capital))))
 
 
 def confidence_sequence(d: np.ndarray, alpha: float, tol: float = 1e-4,
@@ -250,5 +252,4 @@ class PairedGate:
         """``p_values`` of the draws the gate used: 1 / the largest capital each side reached up to
         the decision (or over every draw, undecided)."""
         self.flush()
-        return {verdict: float(min(1.0, math.exp(-max(0.0, best))))
-                for verdict, best in zip(("pass", "fail"), self._best)}
+        return {verdict: _p_value(best) for verdict, best in zip(("pass", "fail"), self._best)}
