@@ -27,25 +27,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, out: str) -> None:
+#: The paired form: a model with a lower threshold against the 0.875 one (a drop of about 0.075) at a
+#: margin of 0.05, which the gate fails after 950 draws: several steps of 300 draws in 256-draw
+#: blocks, split unevenly between the ranks.
+PAIRED = dict(seed=4, batch_size=300, budget=20_000, max_drop=0.05)
+
+
+def _check(paired: bool):
+    if paired:
+        return tsrm(ThresholdModel(0.8), threshold_data(), perturbation=UniformLinf(eps=0.5),
+                    reference=ThresholdModel(0.875), **PAIRED)
+    return tsrm(ThresholdModel(0.875), threshold_data(), perturbation=UniformLinf(eps=0.5), **SPEC)
+
+
+def _rank(rank: int, world: int, port: int, out: str, paired: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        r = tsrm(ThresholdModel(0.875), threshold_data(), perturbation=UniformLinf(eps=0.5), **SPEC)
         with open(f"{out}/rank{rank}.json", "w") as f:
-            json.dump(r.to_dict(), f)
+            json.dump(_check(paired).to_dict(), f)
     finally:
         dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_reach_the_single_process_verdict(tmp_path):
-    single = tsrm(ThresholdModel(0.875), threshold_data(), perturbation=UniformLinf(eps=0.5), **SPEC)
-    mp.spawn(_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+@pytest.mark.parametrize("paired", [False, True])
+def test_two_gloo_ranks_reach_the_single_process_verdict(tmp_path, paired):
+    """Two ranks, each evaluating its share of every step's blocks (uneven when a step's blocks do
+    not divide evenly), give the single process's numbers; the paired form gathers both models'
+    outcomes in the same table."""
+    single = _check(paired)
+    mp.spawn(_rank, args=(2, _free_port(), str(tmp_path), paired), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in ranks:
         for key in ("verdict", "draws", "estimate", "lower", "upper"):
             assert r[key] == getattr(single, key), key
-        assert r["details"]["correct"] == single.details["correct"]
+        counts = "paired" if paired else "correct"
+        assert r["details"][counts] == single.details[counts]
     assert ranks[0]["forward_passes"] == ranks[1]["forward_passes"] >= single.draws
 
 
