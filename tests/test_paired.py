@@ -139,7 +139,7 @@ def test_steps_left_waiting_decide_as_steps_computed_at_once(seed):
     d = np.concatenate([_pairs(rng, turn, p_cand + margin, p_cand), _pairs(rng, n - turn, p_cand + max(later, 0.0),
                                                                            p_cand + max(-later, 0.0))])
     lazy, eager = PairedGate(margin, ALPHA), PairedGate(margin, ALPHA)
-    eager._might_decide = lambda tally: True
+    eager._waited = lambda step: (MOST_WAITING + 1,) + (0.0,) * 6  # never waits: computes every step
     waited = 0
     for piece in np.split(d, np.cumsum(rng.integers(1, 700, n // 50))[:-1]):
         lazy.update(piece)
@@ -148,6 +148,34 @@ def test_steps_left_waiting_decide_as_steps_computed_at_once(seed):
     assert (lazy.decision, lazy.used, lazy.p_values()) == (eager.decision, eager.used, eager.p_values())
     if lazy.decision is None and n > 20_000:
         assert waited > 0  # steps of a long undecided stream wait
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_waiting_bound_holds_at_every_waiting_draw(seed):
+    """Whenever draws wait, each side's log capital at every waiting draw (computed draw by draw
+    over the whole stream) is at most its log capital where computing stopped plus its peak
+    (``PairedGate``'s bound), and the rise bounds the capital at the last waiting draw."""
+    rng = np.random.default_rng(100 + seed)
+    margin = float(rng.choice([0.0, 0.01, 0.05]))
+    d = _pairs(rng, 6000, 0.03 + margin, 0.03)  # at the margin: steps wait, and some decide
+    gate, seen, checked = PairedGate(margin, ALPHA), 0, 0
+    for piece in np.split(d, np.cumsum(rng.integers(1, 400, 60))[:-1]):
+        gate.update(piece)
+        seen += len(piece)
+        if gate.decision is not None:
+            break
+        waiting = sum(map(len, gate._waiting))
+        if not waiting:
+            continue
+        start = seen - waiting
+        for side, claim in enumerate(("below", "above")):
+            path = _capital(d[:seen], margin, claim)
+            base = path[start - 1] if start else 0.0
+            assert base == pytest.approx(gate._last[side], abs=1e-9)
+            assert path[start:].max() <= base + gate._tally[5 + side] + 1e-9
+            assert path[-1] <= base + gate._tally[3 + side] + 1e-9
+            checked += 1
+    assert checked > 0
 
 def test_the_paired_look_ahead_changes_no_number_and_spends_at_most_one_step_more(monkeypatch):
     """With the look-ahead (on CUDA; forced here on the CPU) the paired loop launches its next step

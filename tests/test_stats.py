@@ -495,3 +495,22 @@ def test_anytime_lower_bound_coverage_over_the_whole_path(p, alpha):
         covered += rejects_at(x, p, alpha) is None
     se = math.sqrt(alpha * (1 - alpha) / reps)
     assert covered / reps >= 1 - alpha - 3 * se
+
+
+def test_running_sum_is_numpys_cumsum_exactly():
+    """``running_sum`` (torch's cumsum on NumPy memory) gives np.cumsum's sequential float64 sums
+    bit for bit along the last axis: 1-D and 2-D, in place, on strided and read-only input, and
+    on no elements; so the betting tests' numbers do not depend on which library summed them."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 50_001)) * 10.0 ** rng.integers(-8, 8, (3, 50_001))
+    running_sum = betting.running_sum
+    assert np.array_equal(running_sum(x[0]), np.cumsum(x[0]))
+    assert np.array_equal(running_sum(x), np.cumsum(x, axis=-1))
+    assert np.array_equal(running_sum(x[:, ::3]), np.cumsum(x[:, ::3], axis=-1))
+    frozen = x[1].copy()
+    frozen.flags.writeable = False
+    assert np.array_equal(running_sum(frozen), np.cumsum(frozen))
+    same = x.copy()
+    assert running_sum(same, out=same) is same and np.array_equal(same, np.cumsum(x, axis=-1))
+    assert running_sum(np.array([True, False, True])).tolist() == [1.0, 1.0, 2.0]
+    assert running_sum(np.empty((2, 0))).shape == (2, 0)

@@ -1,5 +1,5 @@
 """Statistics for robustness gates, pure Python and NumPy (nothing here knows about pytest, models or
-data; torch serves one long running sum, ``betting.Rejection``):
+data; torch serves the running sums, ``betting.running_sum``):
 
 - ``binomial``: the regularized incomplete beta function, exact binomial tails, Clopper–Pearson
   bounds and Student-t quantiles;

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from pytest_robust.stats.betting import BET_CAP, Rejection
+from pytest_robust.stats.betting import BET_CAP, Rejection, running_sum
 
 
 def _prefix(d: np.ndarray, before: tuple = (0, 0.0, 0.0)) -> tuple:
@@ -31,7 +31,7 @@ def _prefix(d: np.ndarray, before: tuple = (0, 0.0, 0.0)) -> tuple:
     sums = np.empty((2, len(d) + 1))  # the running sums of D and of D^2, side by side
     sums[0, 0], sums[1, 0], sums[0, 1:] = total, squares, d
     np.multiply(d, d, out=sums[1, 1:])
-    sums.cumsum(axis=1, out=sums)  # the array's own method: no Python wrapper, a microsecond less a call
+    running_sum(sums, out=sums)
     i = np.arange(count, count + len(d), dtype=np.float64)
     return i, sums[0, :-1], sums[1, :-1], (count + len(d), float(sums[0, -1]), float(sums[1, -1]))
 
@@ -73,7 +73,7 @@ def _terms(d: np.ndarray, m: float, claim: str, i: np.ndarray, sums: np.ndarray,
     above = claim == "above"
     if above:
         np.negative(out, out=out)
-    np.minimum(np.maximum(out, 0.0, out=out), _cap(m, claim), out=out)  # np.clip's numbers, without its Python layer
+    np.clip(out, 0.0, _cap(m, claim), out=out)
     out *= np.subtract(m, d, out=spare)
     if above:
         np.negative(out, out=out)
@@ -95,7 +95,7 @@ class _Rejection(Rejection):
 def _capital(d: np.ndarray, m: float, claim: str) -> np.ndarray:
     """Log capital after each draw of ``d`` of the test that proves ``claim`` about m (``_terms``)."""
     d = np.asarray(d, dtype=np.float64)
-    return np.cumsum(_terms(d, m, claim, *_prefix(d)[:3]))
+    return running_sum(_terms(d, m, claim, *_prefix(d)[:3]))
 
 
 def p_values(d: np.ndarray, margin: float) -> dict:
@@ -154,6 +154,8 @@ def confidence_sequence(d: np.ndarray, alpha: float, tol: float = 1e-4,
 MOST_WAITING = 1 << 20
 #: Slack of the waiting test against the level, far above float rounding of the log capital.
 SLACK = 1e-9
+#: The tally of no waiting draws (``PairedGate._waited``).
+_NO_TALLY = (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 class PairedGate:
@@ -165,23 +167,28 @@ class PairedGate:
     one log1p per draw serves both, as in ``betting._KellyPair``. Once decided, updates are ignored.
 
     Draws that provably cannot decide wait, as in ``stats.gate``. For a side with Z = m - D (pass)
-    or D - m (fail), s and q the sums of Z and Z^2 over the draws computed so far and L its log
-    capital there, every bet on a waiting draw is at most
-        Lambda = min(cap, max(0, s + P) / (1/4 + q)),   P = the sum of Z^+ over the waiting draws:
-    a bet's numerator is s plus the Z of the waiting draws before it, at most s + P, and its
-    denominator 1/4 plus the sum of Z^2 before it, at least 1/4 + q. As log1p(y) <= y, the log
-    capital at any waiting draw is at most L + Lambda P. While that stays below the level on both
-    sides the draws wait; the first step where it might not is computed with the waiting draws
-    before it, so the decision (its draw included), the capitals and the p-values are those of
-    computing every step (the same numbers: the sums continue element by element)."""
+    or D - m (fail), take a step of waiting draws, s and q the sums of Z and Z^2 over every draw
+    before it (computed or waiting: known exactly), P and N the sums of Z^+ and Z^- over its draws
+    and R their sum of Z^2. A bet on one of its draws has numerator s plus the Z of the step's draws
+    before it, within [s - N, s + P], and denominator 1/4 plus the sum of Z^2 before it, within
+    [1/4 + q, 1/4 + q + R], so it lies within
+        lo = min(cap, max(0, s - N) / (1/4 + q + R)),   hi = min(cap, max(0, s + P) / (1/4 + q)).
+    As log1p(y) <= y, each draw adds at most hi Z where Z > 0 and lo Z where Z < 0 to the log
+    capital: over the step at most hi P - lo N (its *rise*), and at any draw within it at most the
+    rise of the steps before plus hi P (its *peak*). While the log capital L where computing
+    stopped plus the largest peak stays below the level on both sides the draws wait; the first
+    step where it might not is computed with the waiting draws before it, so the decision (its
+    draw included), the capitals and the p-values are those of computing every step (the same
+    numbers: the sums continue element by element)."""
 
     def __init__(self, margin: float, alpha: float):
         self.margin, self.level = margin, math.log(1.0 / alpha)
         self._sums = (0, 0.0, 0.0)  # of the draws computed (count, sum of D, sum of D^2)
         self._logs = np.zeros((2, 1))  # each side's log capital ("pass", "fail")
+        self._last = (0.0, 0.0)  # the same as Python floats (the waiting test)
         self._best = np.zeros(2)  # each side's largest log capital, up to the decision (0: the initial 1)
-        self._waiting: list = []  # draws not yet computed, and their count and each side's sum of Z^+
-        self._tally = (0, 0.0, 0.0)
+        self._waiting: list = []  # draws not yet computed, and their ``_waited`` tally
+        self._tally = _NO_TALLY
         self.decision: tuple[str, int] | None = None  # ("pass" | "fail", draws it rests on)
 
     @property
@@ -194,28 +201,34 @@ class PairedGate:
         if self.decision is not None or len(d) == 0:
             return
         d = np.asarray(d, dtype=np.float64)
-        m = self.margin
-        count, positive_pass, positive_fail = self._tally  # each side's sum of Z^+ (pass: Z = m - D; fail: D - m)
-        gain = float(np.maximum(m - d, 0.0).sum())  # sum (m - D)^+; sum (D - m)^+ is that less sum (m - D)
-        tally = (count + len(d), positive_pass + gain, positive_fail + max(0.0, gain - (m * len(d) - float(d.sum()))))
-        if tally[0] <= MOST_WAITING and not self._might_decide(tally):
+        tally = self._waited(d)
+        reach = self.level - SLACK
+        if (tally[0] <= MOST_WAITING and self._last[0] + tally[5] * (1.0 + 1e-12) < reach
+                and self._last[1] + tally[6] * (1.0 + 1e-12) < reach):
             self._waiting.append(d)
             self._tally = tally
             return
         self._compute(np.concatenate([*self._waiting, d]) if self._waiting else d)
 
-    def _might_decide(self, tally: tuple) -> bool:
-        """Whether a side's log capital might reach the level within the waiting draws and those of
-        ``tally`` (class docstring)."""
+    def _waited(self, d: np.ndarray) -> tuple:
+        """The waiting tally with the step d added: (draws, sum of the pass side's Z, sum of Z^2,
+        each side's rise, each side's peak) over the waiting draws (class docstring)."""
         n, total, squares = self._sums
-        m, (_, positive_pass, positive_fail) = self.margin, tally
-        s = m * n - total  # the sum of the pass side's Z so far (the fail side's is -s)
-        q = 0.25 + (m * n - 2.0 * total) * m + squares
-        for side, (sum_z, positive) in enumerate(((s, positive_pass), (-s, positive_fail))):
-            bet = min(_cap(m, "below" if side == 0 else "above"), max(0.0, sum_z + positive) / q)
-            if float(self._logs[side, 0]) + bet * positive * (1.0 + 1e-12) >= self.level - SLACK:
-                return True
-        return False
+        count, sum_z, sum_z2, rise_pass, rise_fail, peak_pass, peak_fail = self._tally
+        m, k = self.margin, len(d)
+        d_sum = float(d.sum())
+        shift = m * k - d_sum  # the sum of the pass side's Z = m - D over the step (the fail side's is -shift)
+        gains = float(np.clip(m - d, 0.0, None).sum())  # P of the pass side; its N (the fail side's P) is P - shift
+        losses = gains - shift
+        s = m * n - total + sum_z  # the pass side's s before the step (the fail side's is -s)
+        q = 0.25 + (m * n - 2.0 * total) * m + squares + sum_z2
+        r = (m * k - 2.0 * d_sum) * m + float(np.dot(d, d))
+        cap_pass, cap_fail = _cap(m, "below"), _cap(m, "above")
+        hi, lo = min(cap_pass, max(0.0, s + gains) / q), min(cap_pass, max(0.0, s - losses) / (q + r))
+        peak_pass, rise_pass = max(peak_pass, rise_pass + hi * gains), rise_pass + hi * gains - lo * losses
+        hi, lo = min(cap_fail, max(0.0, losses - s) / q), min(cap_fail, max(0.0, -s - gains) / (q + r))
+        peak_fail, rise_fail = max(peak_fail, rise_fail + hi * losses), rise_fail + hi * losses - lo * gains
+        return count + k, sum_z + shift, sum_z2 + r, rise_pass, rise_fail, peak_pass, peak_fail
 
     def flush(self) -> None:
         """Compute the waiting draws (for the p-values, which need every capital)."""
@@ -224,19 +237,19 @@ class PairedGate:
 
     def _compute(self, d: np.ndarray) -> None:
         """Advance both sides over the draws ``d`` (the waiting ones, then the step's)."""
-        self._waiting, self._tally = [], (0, 0.0, 0.0)
+        self._waiting, self._tally = [], _NO_TALLY
         m, drawn = self.margin, self._sums[0]
         *prefix, self._sums = _prefix(d, self._sums)
         bets, spare = _bets(m, *prefix)
-        # > 0: the pass side's bet, < 0: the fail side's (np.clip's numbers, without its Python layer)
-        np.minimum(np.maximum(bets, -_cap(m, "above"), out=bets), _cap(m, "below"), out=bets)
+        np.clip(bets, -_cap(m, "above"), _cap(m, "below"), out=bets)  # > 0: the pass side's bet, < 0: the fail side's
         terms = np.log1p(np.multiply(bets, np.subtract(m, d, out=spare), out=spare), out=spare)
         logs = np.empty((2, len(d) + 1))
         logs[:, :1] = self._logs
         np.multiply(terms, bets > 0.0, out=logs[0, 1:])  # each side's terms, 0 where it does not bet
         np.multiply(terms, bets < 0.0, out=logs[1, 1:])
-        logs.cumsum(axis=1, out=logs)
+        running_sum(logs, out=logs)
         self._logs = logs[:, -1:].copy()
+        self._last = (float(logs[0, -1]), float(logs[1, -1]))
         best = logs[:, 1:].max(axis=1)
         if best.max() >= self.level:  # decided within the step: at its first crossing, the largest up to it
             seen = int(np.flatnonzero((logs[:, 1:] >= self.level).any(axis=0))[0]) + 1
