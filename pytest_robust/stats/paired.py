@@ -47,7 +47,7 @@ def _bets(m: float, i: np.ndarray, sums: np.ndarray, squares: np.ndarray, out: n
     spare += squares
     spare += 0.25  # 1/4 + q
     np.subtract(out, sums, out=out)
-    out *= np.reciprocal(spare, out=spare)
+    out *= np.divide(1.0, spare, out=spare)  # 1 / (1/4 + q): np.reciprocal's numbers, twice as fast
     return out, spare
 
 
@@ -159,12 +159,14 @@ _NO_TALLY = (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 class PairedGate:
-    """The anytime-valid gate "E[D] <= margin" over a growing stream of paired differences, fed
-    step by step with ``update``: it carries the running sums (``_prefix``), each side's log
-    capital and the largest it reached, so a step costs what its own draws cost however long the
-    stream, and the capitals are those of computing the whole stream at once (``_terms``'s
-    numbers). Both sides advance in one pass: at most one of them bets on a draw (``_bets``), so
-    one log1p per draw serves both, as in ``betting._KellyPair``. Once decided, updates are ignored.
+    """The anytime-valid gate "E[D] <= margin" over a growing stream of paired differences of two
+    outcomes, D = R - C in {-1, 0, 1} (the tests hold for D in [-1, 1]; the waiting test below
+    counts the step's draws of each value), fed step by step with ``update``: it carries the
+    running sums (``_prefix``), each side's log capital and the largest it reached, so a step
+    costs what its own draws cost however long the stream, and the capitals are those of
+    computing the whole stream at once (``_terms``'s numbers). Both sides advance in one pass: at
+    most one of them bets on a draw (``_bets``), so one log1p per draw serves both, as in
+    ``betting._KellyPair``. Once decided, updates are ignored.
 
     Draws that provably cannot decide wait, as in ``stats.gate``. For a side with Z = m - D (pass)
     or D - m (fail), take a step of waiting draws, s and q the sums of Z and Z^2 over every draw
@@ -216,13 +218,15 @@ class PairedGate:
         n, total, squares = self._sums
         count, sum_z, sum_z2, rise_pass, rise_fail, peak_pass, peak_fail = self._tally
         m, k = self.margin, len(d)
-        d_sum = float(d.sum())
+        d_sum, d_squares = float(d.sum()), float(np.dot(d, d))
+        up, down = 0.5 * (d_squares + d_sum), 0.5 * (d_squares - d_sum)  # draws with D = 1 and D = -1
         shift = m * k - d_sum  # the sum of the pass side's Z = m - D over the step (the fail side's is -shift)
-        gains = float(np.clip(m - d, 0.0, None).sum())  # P of the pass side; its N (the fail side's P) is P - shift
+        # P of the pass side, the sum of (m - D)^+ over D = -1, 0, 1; its N (the fail side's P) is P - shift
+        gains = down * max(m + 1.0, 0.0) + (k - up - down) * max(m, 0.0) + up * max(m - 1.0, 0.0)
         losses = gains - shift
         s = m * n - total + sum_z  # the pass side's s before the step (the fail side's is -s)
         q = 0.25 + (m * n - 2.0 * total) * m + squares + sum_z2
-        r = (m * k - 2.0 * d_sum) * m + float(np.dot(d, d))
+        r = (m * k - 2.0 * d_sum) * m + d_squares
         cap_pass, cap_fail = _cap(m, "below"), _cap(m, "above")
         hi, lo = min(cap_pass, max(0.0, s + gains) / q), min(cap_pass, max(0.0, s - losses) / (q + r))
         peak_pass, rise_pass = max(peak_pass, rise_pass + hi * gains), rise_pass + hi * gains - lo * losses
