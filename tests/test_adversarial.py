@@ -223,7 +223,8 @@ def test_apgd_returns_each_broken_row_at_a_misclassified_feasible_point(norm):
     its best point, also feasible."""
     from pytest_robust.attacks.apgd import apgd
     from pytest_robust.attacks.norms import Ball, L2Ball
-    from pytest_robust.engine.forward import Forward, correct_predictions
+    from pytest_robust.engine.forward import Forward
+    from pytest_robust.engine.ranking import correct_predictions
     from pytest_robust.perturbations.base import feasible_box
 
     model, x, y = linear_problem(4, n=120)

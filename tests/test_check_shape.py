@@ -261,7 +261,7 @@ CONFTEST_METRIC = textwrap.dedent('''
     import pytest
     import torch
     from pytest_robust import Metric
-    from pytest_robust.engine.forward import correct_predictions
+    from pytest_robust.engine.ranking import correct_predictions
     from pytest_robust.procedures import per_input
 
 

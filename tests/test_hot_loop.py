@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import pytest_robust as pr
-from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.forward import Forward
+from pytest_robust.engine.ranking import correct_predictions
 from pytest_robust.stats import confidence_sequence, rejects_at
 
 PER_FEATURE = torch.tensor([0.0, 0.05, 0.2])
@@ -124,9 +125,9 @@ def _plain_betaincinv(a: float, b: float, y: float) -> float:
 
 @pytest.mark.parametrize("k, n, y", [(1, 1, 0.05), (3, 10, 0.001), (127, 128, 1e-6), (5000, 10_000, 0.5),
                                      (99_990, 100_000, 0.05), (2, 5, 0.999)])
-def test_the_bracketed_beta_inverse_is_the_plain_bisections(k, n, y):
-    """The same bisection to the last bit; where I_x itself is noisy (about 1e-12 near the root)
-    the two may settle on neighbouring points of that noise, hence rel 1e-12."""
+def test_the_newton_beta_inverse_is_the_plain_bisections(k, n, y):
+    """Newton's root is the bisection's to the last bits; where I_x itself is noisy (about 1e-12
+    near the root) the two may settle on neighbouring points of that noise, hence rel 1e-12."""
     from pytest_robust.stats.binomial import betaincinv
 
     assert betaincinv(k, n - k + 1, y) == pytest.approx(_plain_betaincinv(k, n - k + 1, y), rel=1e-12)

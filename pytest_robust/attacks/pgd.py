@@ -22,8 +22,9 @@ from typing import Callable
 import torch
 
 from pytest_robust.attacks.losses import cross_entropy
-from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.forward import Forward
 from pytest_robust.engine.precision import at_least_float32
+from pytest_robust.engine.ranking import correct_predictions
 from pytest_robust.engine.streams import RowStreams, per_row
 from pytest_robust.errors import ArgumentError
 from pytest_robust.perturbations.base import feasible_box

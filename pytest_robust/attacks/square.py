@@ -51,7 +51,8 @@ import torch
 
 from pytest_robust.attacks.losses import margin
 from pytest_robust.attacks.norms import Ball
-from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.forward import Forward
+from pytest_robust.engine.ranking import correct_predictions
 from pytest_robust.engine.streams import RowStreams
 
 #: Share of the pixels the first windows cover (Andriushchenko et al.'s p_init for L-inf).

@@ -1,8 +1,7 @@
 """The guarded forward pass (``Forward``): batching, the evaluation count against the budget,
 out-of-memory back-off (a CUDA out-of-memory error halves the batch and retries the same samples,
 none lost, none repeated), malformed logits (wrong shape, NaN/inf) and labels out of range as
-descriptive errors, and the correctness of predictions (``correct_predictions``; ties count as
-errors)."""
+descriptive errors, and the correctness of predictions (``ranking``; ties count as errors)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from typing import Callable
 import torch
 
 from pytest_robust.engine.interface import selected_logits, two_classes
+from pytest_robust.engine.ranking import correct_of, top_class
 from pytest_robust.errors import (
     BudgetError,
     NotDifferentiable,
@@ -158,9 +158,10 @@ class Forward:
         """The logits of no rows: a rank whose share is empty still returns a (0, classes) tensor."""
         return x.new_empty((0, self.n_classes or 0))
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor, ties: bool = True) -> torch.Tensor:
         """Logits for every row of x (no gradients), computed in chunks of at most ``batch_size``,
-        in x's dtype (float32 for integer inputs: token ids).
+        in x's dtype (float32 for integer inputs: token ids); their tied rows are counted unless
+        ``ties`` is False (the caller ranks them: ``ranking.ranked_together``).
 
         ``no_grad`` rather than ``inference_mode``: a model that builds a cache on its first call
         would otherwise hold inference tensors that a later gradient pass cannot use."""
@@ -170,7 +171,7 @@ class Forward:
         def run(start: int, stop: int) -> torch.Tensor:
             chunk = _rows(x, start, stop)
             with torch.no_grad():
-                return self.validated(self.called(chunk), stop - start, chunk).to(dtype)
+                return self.validated(self.called(chunk), stop - start, chunk, ties).to(dtype)
 
         return _joined(self.chunked(x.shape[0], run), lambda: self._empty(x).to(dtype))
 
@@ -364,28 +365,6 @@ class Forward:
         finally:
             self.budget = budget
         self.raise_nonfinite()
-
-
-def correct_predictions(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Boolean per row: the true class has the strictly largest logit (a tie is an error).
-
-    No host read: labels are checked against the class count once per check (``Forward``)."""
-    if len(y) == 0:
-        return torch.zeros(0, dtype=torch.bool, device=logits.device)
-    return correct_of(*top_class(logits), y)
-
-
-def top_class(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(class, alone) per row: a class with the largest logit, and whether no other class has
-    it (a row whose largest logit is NaN is never alone). A max and one comparison with it: on a
-    CPU about 10 µs less per 512 rows than ``topk(2)``, a twentieth of a step's host work."""
-    largest, classes = logits.max(dim=1)
-    return classes, logits.ge(largest.unsqueeze(1)).sum(dim=1).eq(1)
-
-
-def correct_of(classes: torch.Tensor, alone: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``correct_predictions`` from each row's ``top_class`` (``Forward.ranked``)."""
-    return classes.eq(y).logical_and_(alone)
 
 
 def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:

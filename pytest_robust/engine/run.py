@@ -95,7 +95,7 @@ class Run:
     """One check's evaluation context (see the module docstring). Use as a context manager.
 
     ``role`` names the model in its errors when it is not the model under test (the paired form's
-    reference, ``errors.of_model``)."""
+    reference, ``errors.of_model``; that model's run has inspected their data and perturbation)."""
 
     def __init__(self, metric: str, model, data, *, declaration, context: RunContext, threshold=None,
                  confidence=0.95, budget=100_000, seed=0, batch_size="auto", device=None, perturbation=None,
@@ -115,7 +115,7 @@ class Run:
         self.interface, self.execution, self.details = context.interface, context.execution, {}
         self._read(model, data, perturbation, declared.discrete, role)
         self.perturbation = perturbation
-        if perturbation is not None and self.ds.x.dtype.is_floating_point:
+        if perturbation is not None and self.ds.x.dtype.is_floating_point and not role:
             inspect_inputs(self.ds, perturbation, self.interface.normalize is not None)
         autocast = autocast_dtype(self.execution.precision, self.device)
         self.precision = describe_precision(self.model_dtype, autocast)

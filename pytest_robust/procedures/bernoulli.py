@@ -29,6 +29,7 @@ import torch
 
 from pytest_robust.engine import collective
 from pytest_robust.engine.data import TensorData
+from pytest_robust.engine.ranking import correct_of, ranked_together
 from pytest_robust.engine.run import Run
 from pytest_robust.perturbations.base import Perturbation
 from pytest_robust.procedures.columns import Column
@@ -139,7 +140,7 @@ def launch(run: Run, ds: TensorData, perturbation: Perturbation, name: str, firs
                                              (rank, size))
     correct, finite = _outcomes(runs, models, x, labels)
     if size == 1:
-        indices, payload, shape = idx, correct + finite, None
+        indices, payload, shape = idx, [correct.reshape(-1), *finite], None
     else:  # other ranks' indices are regenerated, not sent
         indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
                              else idx[(b - first) // size * blk:][:blk] for b in range(first, first + per_rank * size)])
@@ -217,21 +218,22 @@ def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
 
 
-def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor) -> tuple[list, list]:
-    """Each model's outcomes (boolean) on the perturbed inputs ``x`` (in its own working dtype)
-    and the finiteness flag of its logits (a one-element boolean tensor), kept on the device until
-    the step's one host read."""
-    correct, finite = [], []
+def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """Each model's outcomes on the perturbed inputs ``x`` (in its own working dtype), a boolean
+    tensor of shape (models, rows) ranked together (``ranking.ranked_together``), and the
+    finiteness flag of each model's logits (a one-element boolean tensor), kept on the device
+    until the step's one host read."""
+    logits, finite = [], []
     for forward, each in zip(models, runs):
         inputs = x if x.dtype == each.dtype or not x.dtype.is_floating_point else x.to(each.dtype)  # token ids stay
         with forward.deferring():
-            correct.append(forward.correct(inputs, y))
+            logits.append(forward.logits(inputs, ties=False))
             flag = forward.finite
             finite.append(flag.reshape(1) if isinstance(flag, torch.Tensor) else torch.tensor([flag], device=x.device))
-    return correct, finite
+    return correct_of(*ranked_together(models, logits), y), finite
 
 
-def _table(correct: list, finite: list, needed: list, per_rank: int, blk: int, models: tuple) -> torch.Tensor:
+def _table(correct: torch.Tensor, finite: list, needed: list, per_rank: int, blk: int, models: tuple) -> torch.Tensor:
     """This rank's table of the step for the gather across ranks, one row per block: each model's
     outcomes, then each model's finiteness flag and the batch size."""
     width = len(models) * blk

@@ -66,7 +66,8 @@ from pytest_robust.attacks.fab import fab
 from pytest_robust.attacks.losses import cross_entropy, dlr_targeted, other_classes, target_gap
 from pytest_robust.attacks.norms import Ball, ball
 from pytest_robust.attacks.square import square
-from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.forward import Forward
+from pytest_robust.engine.ranking import correct_predictions
 from pytest_robust.engine.streams import RowStreams
 from pytest_robust.errors import SettingError
 from pytest_robust.perturbations.base import feasible_box

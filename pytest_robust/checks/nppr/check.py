@@ -53,9 +53,9 @@ from pytest_robust.checks.nppr import data as gmm_data
 from pytest_robust.checks.nppr import fit as gmm_fit
 from pytest_robust.checks.nppr.fit import FitSettings, FrozenGMM
 from pytest_robust.engine.data import TensorData
-from pytest_robust.engine.forward import correct_predictions
 from pytest_robust.engine.gallery import gallery
 from pytest_robust.engine.inspect.perturbation import check_scale
+from pytest_robust.engine.ranking import correct_predictions
 from pytest_robust.engine.run import Run
 from pytest_robust.errors import SettingError
 from pytest_robust.perturbations.noise import UniformLinf

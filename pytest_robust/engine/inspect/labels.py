@@ -47,7 +47,7 @@ def probe_labels(forward, x: torch.Tensor, y: torch.Tensor) -> dict:
     class predicted for every one of them when their labels vary (None otherwise); {} when the
     model's output has no (batch, classes) logits (the check itself said what is wrong) or the
     probe ran out of memory."""
-    from pytest_robust.engine.forward import correct_predictions
+    from pytest_robust.engine.ranking import correct_predictions
 
     step = max(1, min(len(x), forward.batch_size))
     try:

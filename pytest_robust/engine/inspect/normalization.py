@@ -82,8 +82,8 @@ def probe_normalization(forward, model: torch.nn.Module, x: torch.Tensor, y: tor
     ``normalize`` (module docstring); ``forward`` is the check's ``Forward`` (its normalizer, dtype
     and logits selector), ``x``, ``y`` the check's inputs on its device. Returns the probe's facts
     for ``details["normalization_probe"]``."""
-    from pytest_robust.engine.forward import correct_predictions
     from pytest_robust.engine.interface import logits_of
+    from pytest_robust.engine.ranking import correct_predictions
 
     x, y = x[:PROBE_INPUTS], y[:PROBE_INPUTS]
     first = _FirstModule(model)
