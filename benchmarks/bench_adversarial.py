@@ -56,7 +56,7 @@ from common import digits, header, load, load_average, markdown_table, parse_arg
 from torch import nn
 
 from pytest_robust import adversarial_accuracy
-from pytest_robust.engine.forward import correct_predictions
+from pytest_robust.engine.ranking import correct_predictions
 
 SEED = 0
 #: Per norm, (model, radii) of the digits CNNs; "wide" is trained by this script. The L2 radii were

@@ -67,7 +67,7 @@ from pytest_robust.checks.smoothing import certificates
 from pytest_robust.checks.smoothing.check import certified_accuracy
 from pytest_robust.checks.smoothing.cohen import certify, predict
 from pytest_robust.checks.smoothing.draws import draw_noisy
-from pytest_robust.engine.forward import correct_predictions
+from pytest_robust.engine.ranking import correct_predictions
 
 SIGMA = 0.25
 RADIUS = 0.5

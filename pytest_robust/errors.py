@@ -45,8 +45,9 @@ class RobustModelError(RobustError, RuntimeError):
 
 def of_model(err: RobustDataError | RobustModelError, role: str) -> RobustError:
     """``err`` with its message headed by the model's ``role`` ("the reference model (reference=)" in a
-    paired check), so that a failing reference is not reported as the model under test."""
-    return type(err)(f"{role}: {err}")
+    paired check), so that a failing reference is not reported as the model under test (once: an
+    error already headed by it is returned as it is)."""
+    return err if str(err).startswith(f"{role}: ") else type(err)(f"{role}: {err}")
 
 
 class RobustWarning(UserWarning):

@@ -27,8 +27,9 @@ from toy_models import (
 from pytest_robust.checks.tsrm.check import tsrm
 from pytest_robust.engine.data import TensorData, load_data
 from pytest_robust.engine.device import resolve_device
-from pytest_robust.engine.forward import Forward, correct_predictions
+from pytest_robust.engine.forward import Forward
 from pytest_robust.engine.guard import guarded
+from pytest_robust.engine.ranking import correct_predictions
 from pytest_robust.engine.streams import stream_generator
 from pytest_robust.errors import RobustDataError, RobustModelError, RobustWarning, SettingError
 from pytest_robust.perturbations import UniformLinf

@@ -8,13 +8,15 @@ against block by block, and uniform noise without its clipping pass against the 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 import pytest_robust as pr
 from pytest_robust.engine.forward import Forward
-from pytest_robust.engine.ranking import correct_predictions
+from pytest_robust.engine.ranking import correct_predictions, score
 from pytest_robust.stats import confidence_sequence, rejects_at
 
 PER_FEATURE = torch.tensor([0.0, 0.05, 0.2])
@@ -94,6 +96,33 @@ def test_the_top_class_gives_the_correct_predictions_and_ties_of_the_logits(dtyp
     assert alone.dtype == torch.bool and classes.dtype == torch.long  # a vote's torch.where needs a mask
     assert int(ranked.ties) == int(plain.ties) + len(range(0, 300, 7)) == 2 * len(range(0, 300, 7))
     assert ranked.passes == plain.passes + 300 == 600
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_models_scored_together_get_each_models_outcomes_ties_and_finiteness(dtype):
+    """``ranking.score`` (a stream's step): two models' logits of one shape stacked, one model's,
+    and logits of different class counts give each model the oracle's outcomes, its own tie
+    count (as its ``Forward.top_class`` would) and its own finiteness flag (a NaN, a +inf and a
+    -inf each found, and only in its model's flag)."""
+    gen = torch.Generator().manual_seed(2)
+    y = torch.randint(0, 4, (200,), generator=gen)
+    first, second = torch.randn(200, 4, generator=gen, dtype=dtype), torch.randn(200, 4, generator=gen, dtype=dtype)
+    first[::9, 1] = first[::9, 2] = 6.0  # ties at the top of the first model only
+    wider = torch.randn(200, 5, generator=gen, dtype=dtype)
+    for logits in ([first, second], [first], [second, wider]):
+        forwards = [Forward(torch.nn.Identity(), batch_size=64) for _ in logits]
+        correct, finite = score(forwards, logits, y)
+        assert correct.shape == (len(logits), 200) and finite.tolist() == [True] * len(logits)
+        for k, (forward, z) in enumerate(zip(forwards, logits)):
+            assert torch.equal(correct[k], _strictly_largest(z, y))
+            alone = Forward(torch.nn.Identity(), batch_size=64)
+            alone.top_class(z)
+            assert (forward.ranked_rows, int(forward.ties)) == (alone.ranked_rows, int(alone.ties))
+    for bad in (math.nan, math.inf, -math.inf):
+        broken = second.clone()
+        broken[17, 3] = bad
+        assert score([Forward(torch.nn.Identity(), batch_size=64) for _ in "ab"], [first, broken], y)[1].tolist() == \
+            [True, False]
 
 
 def test_smoothing_noise_written_in_pieces_is_the_streams():

@@ -115,3 +115,18 @@ def test_a_replayed_run_names_the_failing_batch_and_is_not_charged():
     with pytest.raises(RobustModelError, match="NaN or infinite logits on perturbed inputs"):
         forward.replayable(lambda: forward.logits(x))
     assert forward.replayable(lambda: forward.logits(x)[:, 0].sum()) == 0.0  # a finite run returns its result
+
+
+@pytest.mark.parametrize("side", ["reference", "candidate"])
+def test_nan_logits_in_the_paired_stream_name_the_model_that_gave_them(side):
+    """The paired stream scores both models' logits in one pass (``ranking.score``) and keeps one
+    finiteness flag per model, so NaN logits on perturbed inputs name the model that gave them:
+    the reference, or the model under test."""
+    broken, sound = NanWhere(above=0.85), NanWhere(above=2.0)
+    candidate, reference = (sound, broken) if side == "reference" else (broken, sound)
+    with pytest.raises(RobustModelError) as info:
+        pr.tsrm(candidate, data(value=0.84), perturbation=pr.UniformLinf(eps=0.1), reference=reference, max_drop=0.1,
+                budget=4000)
+    text = str(info.value)
+    assert "NaN or infinite logits on perturbed inputs" in text
+    assert ("the reference model" in text) is (side == "reference")

@@ -3,7 +3,7 @@ per-input statistic, bounded over inputs by the per-input procedure)."""
 
 
 from pytest_robust import Metric, Param
-from pytest_robust.engine.forward import correct_predictions
+from pytest_robust.engine.ranking import correct_predictions
 from pytest_robust.procedures import per_input
 from pytest_robust.settings.validation import positive_float, positive_int
 

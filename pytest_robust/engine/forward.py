@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from pytest_robust.engine.interface import selected_logits, two_classes
-from pytest_robust.engine.ranking import correct_of, top_class
+from pytest_robust.engine.ranking import all_finite, correct_of, top_class
 from pytest_robust.errors import (
     BudgetError,
     NotDifferentiable,
@@ -129,9 +129,10 @@ class Forward:
             try:
                 out.append(run(start, stop))
             except (RobustModelError, RobustDataError) as err:
-                if not self.role:
+                headed = of_model(err, self.role) if self.role else err
+                if headed is err:  # the model under test's, or headed already (``raise_nonfinite``)
                     raise
-                raise of_model(err, self.role) from err
+                raise headed from err
             except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
                 self.back_off(err)
                 continue
@@ -158,10 +159,11 @@ class Forward:
         """The logits of no rows: a rank whose share is empty still returns a (0, classes) tensor."""
         return x.new_empty((0, self.n_classes or 0))
 
-    def logits(self, x: torch.Tensor, ties: bool = True) -> torch.Tensor:
+    def logits(self, x: torch.Tensor, raw: bool = False) -> torch.Tensor:
         """Logits for every row of x (no gradients), computed in chunks of at most ``batch_size``,
-        in x's dtype (float32 for integer inputs: token ids); their tied rows are counted unless
-        ``ties`` is False (the caller ranks them: ``ranking.ranked_together``).
+        in x's dtype (float32 for integer inputs: token ids), their shape validated; their
+        finiteness is checked and their tied rows counted unless ``raw`` (the caller ranks and
+        checks them: ``ranking.score``).
 
         ``no_grad`` rather than ``inference_mode``: a model that builds a cache on its first call
         would otherwise hold inference tensors that a later gradient pass cannot use."""
@@ -171,7 +173,7 @@ class Forward:
         def run(start: int, stop: int) -> torch.Tensor:
             chunk = _rows(x, start, stop)
             with torch.no_grad():
-                return self.validated(self.called(chunk), stop - start, chunk, ties).to(dtype)
+                return self.validated(self.called(chunk), stop - start, chunk, not raw, not raw).to(dtype)
 
         return _joined(self.chunked(x.shape[0], run), lambda: self._empty(x).to(dtype))
 
@@ -282,11 +284,13 @@ class Forward:
         self.one_logit = isinstance(chosen, torch.Tensor) and (chosen.ndim == 1 or chosen.shape[1:] == (1,))
         return two_classes(chosen, x.shape[0])
 
-    def validated(self, z, n: int, x: torch.Tensor | None = None, ties: bool = True) -> torch.Tensor:
+    def validated(self, z, n: int, x: torch.Tensor | None = None, ties: bool = True, finite: bool = True
+                  ) -> torch.Tensor:
         """``z`` if it is a finite (n, classes) logits tensor consistent with earlier batches
-        (one host read per batch: the finiteness check); counts its tied rows in ``ties`` (unless
-        the caller does, ``top_class``). When the logits are not finite because the inputs ``x``
-        were not, the check is blamed, not the model."""
+        (one host read per batch: the finiteness check, unless ``finite`` is False: the caller's,
+        ``ranking.score``); counts its tied rows in ``ties`` (unless the caller does,
+        ``top_class``). When the logits are not finite because the inputs ``x`` were not, the check
+        is blamed, not the model."""
         if z.ndim != 2 or z.shape[0] != n or z.shape[1] < 2:
             raise RobustModelError(
                 f"the model must return logits of shape (batch, classes) with at least 2 classes, or one logit "
@@ -308,15 +312,10 @@ class Forward:
                 )
         elif z.shape[1] != self.n_classes:
             raise RobustModelError(f"the model returned {z.shape[1]} classes, earlier {self.n_classes}")
-        if self.deferred:  # read later, with the caller's own host read (``finite``)
-            # a float64 sum of narrower logits is finite exactly when every logit is (NaN and +-inf
-            # carry through; they cannot overflow it), and then times 0 it is 0 (NaN otherwise: two
-            # operations where isfinite takes four); float64 logits could overflow it, so they are tested each
-            plain = z.detach() if z.requires_grad else z
-            finite = (torch.isfinite(plain).all() if z.dtype == torch.float64
-                      else plain.sum(dtype=torch.float64).mul_(0).eq(0))
-            self.finite = finite if self.finite is True else finite & self.finite
-        elif not torch.isfinite(z).all():
+        if finite and self.deferred:  # read later, with the caller's own host read (``finite``)
+            flag = all_finite(z.detach() if z.requires_grad else z)
+            self.finite = flag if self.finite is True else flag & self.finite
+        elif finite and not torch.isfinite(z).all():
             self.raise_nonfinite(x, z)
         if ties:
             self.top_class(z)
@@ -325,10 +324,13 @@ class Forward:
     def raise_nonfinite(self, x: torch.Tensor | None = None, z: torch.Tensor | None = None):
         """The error for non-finite logits ``z`` of inputs ``x`` (``inspect.nonfinite``): the
         check's fault when ``x`` was not finite; the model's or the data's, with the count and
-        indices, when the clean inputs (``clean``) give them too; else the model's on perturbed inputs."""
+        indices, when the clean inputs (``clean``) give them too; else the model's on perturbed inputs;
+        headed by the model's ``role`` when it is not the model under test (also when a stream's
+        flag tells, outside ``chunked``)."""
         from pytest_robust.engine.inspect.nonfinite import nonfinite_error
 
-        raise nonfinite_error(self, x, z)
+        err = nonfinite_error(self, x, z)
+        raise of_model(err, self.role) if self.role and isinstance(err, (RobustModelError, RobustDataError)) else err
 
     @contextlib.contextmanager
     def deferring(self):

@@ -1,7 +1,8 @@
-"""Ranking logits: each row's top class and whether it is alone at the top (``top_class``), the
-correctness of predictions from them (``correct_of``, ``correct_predictions``: the true class has
-the strictly largest logit, a tie is an error), and the logits of several models on the same rows
-ranked together (``ranked_together``: the paired procedure's two models in one pass)."""
+"""Ranking and checking logits: each row's top class and whether it is alone at the top
+(``top_class``), the correctness of predictions from them (``correct_of``, ``correct_predictions``:
+the true class has the strictly largest logit, a tie is an error), their finiteness on the device
+(``all_finite``), and the logits of several models on the same rows scored together (``score``:
+a stream's step, the paired procedure's two models in one pass)."""
 
 from __future__ import annotations
 
@@ -31,23 +32,46 @@ def correct_of(classes: torch.Tensor, alone: torch.Tensor, y: torch.Tensor) -> t
     return classes.eq(y).logical_and_(alone)
 
 
-def ranked_together(forwards: tuple, logits: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(top class, alone) of each model's logits of the same rows, each of shape (models, rows),
-    ``logits[k]`` those of ``forwards[k]`` (uncounted: ``Forward.logits(ties=False)``). Logits of
-    one shape are stacked and ranked in one ``top_class``: its few operations serve every model, a
-    saving of about 35 µs a step per extra model on a CPU; others are ranked model by model. Either
-    way each ``Forward`` counts its rows and ties as its own ``Forward.top_class`` would."""
-    rows = logits[0].shape[0]
+def all_finite(z: torch.Tensor, dims: tuple = ()) -> torch.Tensor:
+    """Whether every value of z is finite (per index of the leading dimensions, over ``dims``;
+    over all of z when empty), on z's device, no host read: a float64 sum of narrower values is
+    finite exactly when every value is (NaN and +-inf carry through; they cannot overflow it), and
+    then times 0 it is 0 (NaN otherwise: two operations where isfinite takes four); float64
+    values could overflow it, so they are tested each."""
+    if z.dtype == torch.float64:
+        finite = torch.isfinite(z)
+        return finite.flatten(len(z.shape) - len(dims)).all(dim=-1) if dims else finite.all()
+    return (z.sum(dim=dims, dtype=torch.float64) if dims else z.sum(dtype=torch.float64)).mul_(0).eq(0)
+
+
+def score(forwards: tuple, logits: list[torch.Tensor], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct, finite) of several models' logits of the same rows with labels y, ``logits[k]``
+    those of ``forwards[k]`` (raw: ``Forward.logits(raw=True)``): each model's ``correct_of``,
+    shape (models, rows), and whether its logits are all finite (``all_finite``), shape (models,),
+    both on the device until the caller's host read. Logits of one shape are stacked and checked
+    in one reduction, and several models' ranked in one ``top_class``: its operations serve every
+    model (on a CPU, where they cost by the element, about 7 µs a step less per extra model; on a
+    GPU, where each launch costs the same whatever its size, half the launches for two models);
+    one model's, and logits of different shapes, are ranked model by model. Each ``Forward``
+    counts its rows and ties as its own ``Forward.top_class`` would."""
+    rows, models = logits[0].shape[0], len(logits)
+    same = all(z.shape == logits[0].shape for z in logits[1:])
+    stacked = logits[0].unsqueeze(0) if models == 1 else torch.stack(logits) if same else None
+    finite = (all_finite(stacked, tuple(range(1, stacked.ndim))) if stacked is not None
+              else torch.stack([all_finite(z) for z in logits]))
     if rows == 0:  # a rank whose share of the step is empty (its logits may not know the classes yet)
-        none = torch.zeros((len(logits), 0), dtype=torch.long, device=logits[0].device)
-        return none, none.bool()
-    if len({z.shape for z in logits}) > 1:
+        return torch.zeros((models, 0), dtype=torch.bool, device=logits[0].device), finite
+    if stacked is None or models == 1:
         classes, alone = zip(*(f.top_class(z) for f, z in zip(forwards, logits)))
-        return torch.stack(classes), torch.stack(alone)
-    stacked = logits[0].unsqueeze(0) if len(logits) == 1 else torch.stack(logits)
+        return correct_of(_stacked(classes), _stacked(alone), y), finite
     classes, alone = top_class(stacked)
     counts = alone.sum(dim=-1)
     for k, forward in enumerate(forwards):
         forward.ranked_rows += rows
         forward.alone_rows = counts[k].add_(forward.alone_rows)
-    return classes, alone
+    return correct_of(classes, alone, y), finite
+
+
+def _stacked(parts: tuple) -> torch.Tensor:
+    """The tensors ``parts`` as the rows of one (a view of the one, for one)."""
+    return parts[0].unsqueeze(0) if len(parts) == 1 else torch.stack(parts)

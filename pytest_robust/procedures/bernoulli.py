@@ -29,7 +29,7 @@ import torch
 
 from pytest_robust.engine import collective
 from pytest_robust.engine.data import TensorData
-from pytest_robust.engine.ranking import correct_of, ranked_together
+from pytest_robust.engine.ranking import score
 from pytest_robust.engine.run import Run
 from pytest_robust.perturbations.base import Perturbation
 from pytest_robust.procedures.columns import Column
@@ -76,10 +76,13 @@ class Stream:
         return min(len(self.outcomes), max(self.decision.at, self.at_least))
 
 
-def _indices(n_inputs: int, run: Run, name: str, index: int, block: int) -> torch.Tensor:
+def _indices(n_inputs: int, run: Run, name: str, index: int, block: int, out: torch.Tensor | None = None
+             ) -> torch.Tensor:
     """Input indices of block ``index`` (of ``block`` draws) of the draw stream (uniform, with
-    replacement), drawn on the run's device (on the CPU they are the same numbers on any host)."""
-    return torch.randint(n_inputs, (block,), generator=run.stream("index", index, namespace=name), device=run.device)
+    replacement), drawn on the run's device (on the CPU they are the same numbers on any host),
+    into ``out`` when given."""
+    return torch.randint(n_inputs, (block,), generator=run.stream("index", index, namespace=name), device=run.device,
+                         out=out)
 
 
 def looks_ahead(run: Run) -> bool:
@@ -129,7 +132,7 @@ def launch(run: Run, ds: TensorData, perturbation: Perturbation, name: str, firs
     outcomes, so an out-of-memory error on one rank shrinks every rank's next step alike; in a
     single process an out-of-memory error while perturbing halves the batch too and draws fewer
     blocks (``Forward.back_off``). One collective and one host read per step: the outcomes, the
-    finiteness of the logits (``Forward.deferring``), the batch sizes and the input indices come
+    finiteness of the logits (``ranking.score``), the batch sizes and the input indices come
     back together, on CUDA as a non-blocking copy into pinned memory.
     """
     rank, size = collective.world()
@@ -140,7 +143,7 @@ def launch(run: Run, ds: TensorData, perturbation: Perturbation, name: str, firs
                                              (rank, size))
     correct, finite = _outcomes(runs, models, x, labels)
     if size == 1:
-        indices, payload, shape = idx, [correct.reshape(-1), *finite], None
+        indices, payload, shape = idx, [correct.reshape(-1), finite], None
     else:  # other ranks' indices are regenerated, not sent
         indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
                              else idx[(b - first) // size * blk:][:blk] for b in range(first, first + per_rank * size)])
@@ -196,7 +199,9 @@ def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, span:
         per_rank = max(1, min(-(-batch // blk), -(-limit // (blk * size)), -(-most // size)))
         mine = range(first + rank, first + per_rank * size, size)
         needed = [min(max(limit - (b - first) * blk, 0), blk) for b in mine]  # rows of each block within the limit
-        rows = torch.cat([_indices(len(ds), run, name, b, blk) for b in mine])
+        rows = torch.empty(len(mine) * blk, dtype=torch.long, device=run.device)
+        for j, b in enumerate(mine):  # each block's indices written in place: no concatenation
+            _indices(len(ds), run, name, b, blk, out=rows[j * blk:(j + 1) * blk])
         try:  # index_select: the rows of ds[rows], a sixth of advanced indexing's time on a CPU
             labels = _on(ds.y.index_select(0, _on(rows, ds.y.device)), run.device)
             x = perturbation.draw_blocks(_on(ds.x.index_select(0, _on(rows, ds.x.device)), run.device),
@@ -218,26 +223,22 @@ def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
 
 
-def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list]:
+def _outcomes(runs: tuple, models: tuple, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each model's outcomes on the perturbed inputs ``x`` (in its own working dtype), a boolean
-    tensor of shape (models, rows) ranked together (``ranking.ranked_together``), and the
-    finiteness flag of each model's logits (a one-element boolean tensor), kept on the device
-    until the step's one host read."""
-    logits, finite = [], []
-    for forward, each in zip(models, runs):
-        inputs = x if x.dtype == each.dtype or not x.dtype.is_floating_point else x.to(each.dtype)  # token ids stay
-        with forward.deferring():
-            logits.append(forward.logits(inputs, ties=False))
-            flag = forward.finite
-            finite.append(flag.reshape(1) if isinstance(flag, torch.Tensor) else torch.tensor([flag], device=x.device))
-    return correct_of(*ranked_together(models, logits), y), finite
+    tensor of shape (models, rows), and whether each model's logits were all finite, shape
+    (models,), scored together (``ranking.score``) and kept on the device until the step's one
+    host read."""
+    logits = [forward.logits(x if x.dtype == each.dtype or not x.dtype.is_floating_point else x.to(each.dtype),
+                             raw=True) for forward, each in zip(models, runs)]  # token ids stay as they are
+    return score(models, logits, y)
 
 
-def _table(correct: torch.Tensor, finite: list, needed: list, per_rank: int, blk: int, models: tuple) -> torch.Tensor:
+def _table(correct: torch.Tensor, finite: torch.Tensor, needed: list, per_rank: int, blk: int,
+           models: tuple) -> torch.Tensor:
     """This rank's table of the step for the gather across ranks, one row per block: each model's
     outcomes, then each model's finiteness flag and the batch size."""
     width = len(models) * blk
-    local = torch.zeros((per_rank, width + len(models) + 1), dtype=torch.long, device=finite[0].device)
+    local = torch.zeros((per_rank, width + len(models) + 1), dtype=torch.long, device=finite.device)
     for m, (hits, flag) in enumerate(zip(correct, finite)):
         local[:, width + m] = flag
         if sum(needed) == per_rank * blk:  # whole blocks: one copy
