@@ -106,12 +106,15 @@ def checked_box(bounds):
 
 def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, torch.Tensor]:
     """Coordinate-wise [max(x - eps, lo), min(x + eps, hi)] for a batch x (bounds None: no box;
-    per-channel bounds as ``inspect.perturbation.box_for``)."""
+    per-channel bounds as ``inspect.perturbation.box_for``; a box of two numbers clamps in place,
+    the same numbers without building the box's tensors)."""
     lo, hi = x - eps, x + eps
-    if bounds is not None:
-        box_lo, box_hi = box_for(bounds, x)
-        lo, hi = torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)
-    return lo, hi
+    if bounds is None:
+        return lo, hi
+    if type(bounds[0]) is float is type(bounds[1]) or all(isinstance(b, (int, float)) for b in bounds):
+        return lo.clamp_(min=float(bounds[0])), hi.clamp_(max=float(bounds[1]))
+    box_lo, box_hi = box_for(bounds, x)
+    return torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)
 
 
 def bounds_repr(bounds) -> str:

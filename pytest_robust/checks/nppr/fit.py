@@ -292,6 +292,7 @@ class FrozenGMM(Perturbation):
         self.gmm = gmm
         self.box = bounds
         self.features = features
+        self._parameter = next(gmm.parameters())  # its device is the mixture's (``Module.to`` moves it in place)
 
     def sample(self, x, generator):
         raise ArgumentError("the learned NPPR distribution needs each row's index and label: call draw()")
@@ -304,7 +305,7 @@ class FrozenGMM(Perturbation):
         drawing each block alone): the mixture, its decoding and the box once for all rows."""
         with torch.no_grad():
             features = None if self.features is None else self.features[index.to(self.features.device)]
-            mix = self.gmm.mixture(features, y.to(next(self.gmm.parameters()).device))
+            mix = self.gmm.mixture(features, y.to(self._parameter.device))
             z, _ = self.gmm.hard_latent_blocks(mix, 1, generators)
             return self.gmm.apply(x, z, self.box)[:, 0]
 
