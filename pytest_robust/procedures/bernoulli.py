@@ -98,6 +98,19 @@ def noise_generator(run: Run, name: str, block: int) -> torch.Generator:
     return run.stream("noise", block, namespace=name)
 
 
+class Steps:
+    """What every step of one stream shares, worked out once (``launch``): the runs whose models
+    it evaluates (``runs``: the stream's run, then the paired procedure's reference) and their
+    ``Forward``s, the data ``ds``, the perturbation, the stream namespace ``name``, the block size
+    ``blk`` (``block_size``) and this process's (rank, ranks)."""
+
+    def __init__(self, run: Run, ds: TensorData, perturbation: Perturbation, name: str, references: tuple = ()):
+        self.run, self.ds, self.perturbation, self.name = run, ds, perturbation, name
+        self.runs = (run, *references)
+        self.models = tuple(r.forward for r in self.runs)
+        self.blk, self.world = block_size(ds.x), collective.world()
+
+
 @dataclass
 class Launched:
     """A step in flight (``launch``): its outcomes and input indices on their way to the host
@@ -115,12 +128,11 @@ class Launched:
     consumed: int
 
 
-def launch(run: Run, ds: TensorData, perturbation: Perturbation, name: str, first: int, limit: int, most: int,
-           references: tuple = ()) -> Launched:
-    """Draw, perturb and evaluate the next step, and start its copy to the host (``Launched``);
-    ``read`` waits for it. The outcomes have one row per model: the run's, then those of the runs
-    ``references`` (the paired procedure's reference), each evaluated on the same perturbed draws
-    (in its own working dtype).
+def launch(steps: Steps, first: int, limit: int, most: int) -> Launched:
+    """Draw, perturb and evaluate the next step of the stream ``steps``, and start its copy to the
+    host (``Launched``); ``read`` waits for it. The outcomes have one row per model: the run's,
+    then those of its references (the paired procedure's reference), each evaluated on the same
+    perturbed draws (in its own working dtype).
 
     A step is ``ceil(batch_size / b)`` blocks of b = ``block_size(ds.x)`` draws per process, fewer
     when the remaining draws (``limit``) need fewer or when ``most`` (blocks in all) is smaller;
@@ -135,17 +147,14 @@ def launch(run: Run, ds: TensorData, perturbation: Perturbation, name: str, firs
     finiteness of the logits (``ranking.score``), the batch sizes and the input indices come
     back together, on CUDA as a non-blocking copy into pinned memory.
     """
-    rank, size = collective.world()
-    blk = block_size(ds.x)
-    runs = (run, *references)
-    models = tuple(r.forward for r in runs)
-    per_rank, needed, idx, x, labels = _draw(run, ds, perturbation, name, (first, limit, most), models, blk,
-                                             (rank, size))
-    correct, finite = _outcomes(runs, models, x, labels)
+    (rank, size), blk, models = steps.world, steps.blk, steps.models
+    per_rank, needed, idx, x, labels = _draw(steps, first, limit, most)
+    correct, finite = _outcomes(steps.runs, models, x, labels)
     if size == 1:
         indices, payload, shape = idx, [correct.reshape(-1), finite], None
     else:  # other ranks' indices are regenerated, not sent
-        indices = torch.cat([_indices(len(ds), run, name, b, blk) if (b - first) % size != rank
+        run, n = steps.run, len(steps.ds)
+        indices = torch.cat([_indices(n, run, steps.name, b, blk) if (b - first) % size != rank
                              else idx[(b - first) // size * blk:][:blk] for b in range(first, first + per_rank * size)])
         gathered = collective.gather_blocks(_table(correct, finite, needed, per_rank, blk, models))
         payload, shape = [gathered.reshape(-1)], tuple(gathered.shape)
@@ -184,16 +193,13 @@ def read(launched: Launched):
     return outcomes.astype(bool), indices, launched.consumed
 
 
-def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, span: tuple, models: tuple,
-          blk: int, world: tuple) -> tuple:
-    """This rank's part of the step (``launch``) of blocks of ``blk`` draws from block ``first`` on,
-    ``span`` = (first, limit, most) as ``launch`` takes them, ``world`` = (rank, ranks): (blocks per
-    rank, the rows of each of its blocks
-    within the limit, the input indices of its blocks (whole), the perturbed inputs and their
-    labels (within the limit)). An out-of-memory error while
+def _draw(steps: Steps, first: int, limit: int, most: int) -> tuple:
+    """This rank's part of the step (``launch``, whose arguments these are): (blocks per rank, the
+    rows of each of its blocks within the limit, the input indices of its blocks (whole), the
+    perturbed inputs and their labels (within the limit)). An out-of-memory error while
     perturbing halves the batch, as in the model call, and the step draws fewer blocks (a single
     process only: ranks must draw the same blocks, or the gather would break)."""
-    (first, limit, most), (rank, size) = span, world
+    run, ds, name, blk, (rank, size), models = steps.run, steps.ds, steps.name, steps.blk, steps.world, steps.models
     while True:
         batch = min(f.batch_size for f in models)
         per_rank = max(1, min(-(-batch // blk), -(-limit // (blk * size)), -(-most // size)))
@@ -204,8 +210,8 @@ def _draw(run: Run, ds: TensorData, perturbation: Perturbation, name: str, span:
             _indices(len(ds), run, name, b, blk, out=rows[j * blk:(j + 1) * blk])
         try:  # index_select: the rows of ds[rows], a sixth of advanced indexing's time on a CPU
             labels = _on(ds.y.index_select(0, _on(rows, ds.y.device)), run.device)
-            x = perturbation.draw_blocks(_on(ds.x.index_select(0, _on(rows, ds.x.device)), run.device),
-                                         [noise_generator(run, name, b) for b in mine], rows, labels)
+            x = steps.perturbation.draw_blocks(_on(ds.x.index_select(0, _on(rows, ds.x.device)), run.device),
+                                               [noise_generator(run, name, b) for b in mine], rows, labels)
             if any(k < blk for k in needed):
                 x, labels = (torch.cat([t[j * blk: j * blk + k] for j, k in enumerate(needed)]) for t in (x, labels))
             return per_rank, needed, rows, x, labels
@@ -265,7 +271,8 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
     current phase.
     """
     ds, name = run.ds if ds is None else ds, name or run.streams
-    blk = block_size(ds.x)
+    steps = Steps(run, ds, perturbation, name)
+    blk = steps.blk
     at_least = -(-at_least // blk) * blk
     gate = SequentialGate(threshold, run.alpha) if threshold is not None else None
     outcomes, indices, drawn, block = Column(bool), Column(np.int64), 0, 0
@@ -278,7 +285,7 @@ def bernoulli_stream(run: Run, perturbation: Perturbation, draws: int, threshold
         # so a gate that decides early never pays for a huge batch
         most = max(1, block) if gate is not None else block + draws
         limit = draws - drawn if _undecided(gate) else min(draws, at_least) - drawn  # decided: on to at_least
-        return launch(run, ds, perturbation, name, block, limit, most)
+        return launch(steps, block, limit, most)
 
     pending = next_step(0, 0) if going(0) else None
     while pending is not None:

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from pytest_robust.procedures.bernoulli import launch, looks_ahead, read
+from pytest_robust.procedures.bernoulli import Steps, launch, looks_ahead, read
 from pytest_robust.procedures.columns import Column
 from pytest_robust.results import Result, decide, is_good
 from pytest_robust.stats import t_quantile
@@ -46,8 +46,10 @@ def bernoulli(run, ref, perturbation, margin: float) -> Result:
     gate, draws = PairedGate(margin, run.alpha), max(1, run.args.budget // 2)
     cand, refs, drawn, block, title = Column(bool), Column(bool), 0, 0, f"{run.title} vs reference"
 
+    steps = Steps(run, run.ds, perturbation, run.streams, (ref,))
+
     def launched(drawn: int, block: int):  # steps grow by a quarter (at least one block): ~25% overshoot at most
-        return launch(run, run.ds, perturbation, run.streams, block, draws - drawn, max(1, block // 4), (ref,))
+        return launch(steps, block, draws - drawn, max(1, block // 4))
 
     pending = launched(0, 0)
     while pending is not None:
