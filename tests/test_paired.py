@@ -240,6 +240,28 @@ def test_a_better_candidate_passes_and_a_degraded_copy_fails(digits):
     assert " ".join(shown.group(1).split()) == degraded.message()  # the message docs/paired.md shows
 
 
+@pytest.mark.parametrize("max_drop", [0.5, 0.01])
+def test_a_paired_check_evaluates_its_models_on_the_draws_it_reports_and_the_label_probe_only(digits, max_drop):
+    """Every row each model sees is a reported evaluation or one of the label probe's inputs
+    (outside the budget, by design): a pass and an undecided run alike. A paired result's figures
+    are a difference, not the candidate's accuracy, so no clean accuracy is computed beside them
+    (before, 'upper < LOW_ACCURACY' held for every drop bound, and each run spent one evaluation
+    per input on it, unreported)."""
+    from pytest_robust.engine.inspect.labels import probe_rows
+
+    model, (x, y) = digits
+    rows = {"candidate": 0, "reference": 0}
+    candidate, reference = noisy_copy(model, 0.3), noisy_copy(model, 0.0)
+    for name, m in (("candidate", candidate), ("reference", reference)):
+        m.register_forward_pre_hook(lambda _m, args, name=name: rows.update({name: rows[name] + len(args[0])}))
+    r = tsrm(candidate, (x, y), perturbation=BALL, reference=reference, max_drop=max_drop, budget=6000)
+    probe = len(probe_rows(len(x)))
+    assert "clean_accuracy" not in r.details
+    for name in ("candidate", "reference"):
+        assert sum(r.details["evaluations"][name].values()) <= rows[name] <= sum(
+            r.details["evaluations"][name].values()) + probe + 1  # + the model check's one input
+
+
 def _separate_gates(model, reference, data, margin, seed, most=60_000):
     """Model evaluations two separate TSRM checks (each model on its own seed) need before their
     anytime-valid bounds decide "drop <= margin" (upper_R - lower_C <= margin) or its opposite,

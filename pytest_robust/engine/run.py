@@ -267,10 +267,9 @@ class Run:
     def _clean_context(self, verdict: str, upper: float, details: dict) -> None:
         """Beside an accuracy (direction ">=") that failed, or did not pass and is low (upper bound
         below ``LOW_ACCURACY``): the clean accuracy on the same inputs in ``details["clean_accuracy"]``
-        (the check's own, else ``clean_accuracy``, when the budget has room for it), which the
-        message states. Then, in every mode, the label sanity of ``inspect.labels`` (a probe of
-        the first inputs outside the budget): near chance or constant predictions give
-        ``details["clean_accuracy_advice"]`` and a RobustWarning."""
+        (the check's own, else ``clean_accuracy``, when the budget has room for it). Then, in every
+        mode, the label sanity of ``inspect.labels`` (a probe of the first inputs outside the
+        budget): near chance or constant predictions give ``details["clean_accuracy_advice"]`` and a RobustWarning."""
         if self.direction == ">=" and verdict != "pass" and (verdict == "fail" or upper < LOW_ACCURACY) \
                 and "clean_accuracy" not in details:
             if self.args.budget is not None and self.remaining() < len(self.ds):
@@ -342,12 +341,13 @@ class Run:
 
     def result(self, *, estimate: float, lower: float, upper: float, draws: int, perturbation: str,
                details: dict | None = None, note: str = "", healthy: bool = True, n_inputs: int | None = None,
-               example=None, gallery: dict | None = None) -> Result:
+               example=None, gallery: dict | None = None, accuracy: bool = True) -> Result:
         """The check's ``Result``: verdict by ``results.decide`` (or "estimate" without a
         threshold), spending and common facts filled in. With a per-input table in ``details``,
         ``gallery`` (when not given) shows its worst inputs perturbed by ``example`` (default: the
-        run's perturbation). Called inside the ``with Run(...)`` block: the model's state is
-        restored when the block closes, so a result after it is refused."""
+        run's perturbation). ``accuracy=False``: the figures are not the run's accuracy (a paired
+        difference), so no clean accuracy is computed beside them (``_clean_context``). Called
+        inside the ``with Run(...)`` block: the model's state is restored when it closes."""
         if self._closed:
             raise RuntimeError(f"{self.metric}: Run.result() after the run closed: return run.result(...) inside "
                                "the `with Run(...) as run:` block")
@@ -355,7 +355,7 @@ class Run:
         verdict = decide(threshold, lower, upper, self.direction, healthy)
         details = dict(details or {})
         note = "; ".join(filter(None, (note, self.clock.annotate(verdict, details))))
-        self._clean_context(verdict, float(upper), details)
+        self._clean_context(verdict if accuracy else "pass", float(upper), details)  # a difference: labels only
         gallery = self._gallery(details.get("per_input"), gallery, example)
         accounts = self._accounts()
         evaluated = sum(accounts["evaluations"].values())

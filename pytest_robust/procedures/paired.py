@@ -131,7 +131,7 @@ def paired_result(run, ref, numbers: tuple, margin: float, perturbation: str, co
     spent = {"candidate": run.spent(), "reference": ref.spent()}
     tests = {"p_values": counts.pop("p_values")} if "p_values" in counts else {}
     result = run.result(estimate=estimate, lower=lower, upper=upper, draws=counts.get("draws", counts.get("inputs")),
-                        perturbation=perturbation, details={
+                        perturbation=perturbation, accuracy=False, details={
                             "paired": {**counts, "margin": margin, "test": test, **_estimates(results, counts)},
                             **tests})
     noun = "increase" if run.direction == "<=" else "drop"
