@@ -89,19 +89,20 @@ def betaincinv(a: float, b: float, y: float) -> float:
         x = min(mean, math.exp((math.log(y) + math.log(a) + log_beta) / a))
     else:
         x = max(mean, -math.expm1((math.log1p(-y) + math.log(b) + log_beta) / b))
+    x = x if 0.0 < x < 1.0 else mean  # a tail start that underflowed to an end
     lo, hi = 0.0, 1.0
     for _ in range(MOST_STEPS):
         value = betainc(a, b, x)
         if value == y:
             return x
         lo, hi = (x, hi) if value < y else (lo, x)
-        density = math.exp((a - 1.0) * math.log(x) + (b - 1.0) * math.log1p(-x) - log_beta)
         # Newton on the log of the nearer tail, log I_x - log y or log(1 - I_x) - log(1 - y): nearly
         # linear in log x where the tail is a power of x, so steep tails take a few steps too
         try:
+            density = math.exp((a - 1.0) * math.log(x) + (b - 1.0) * math.log1p(-x) - log_beta)
             step = x - (math.log(value / y) * value if low_tail else math.log((1.0 - y) / (1.0 - value)) *
                         (1.0 - value)) / density
-        except (ValueError, ZeroDivisionError):  # I_x at 0 or 1 to double precision: bisect
+        except (ValueError, ZeroDivisionError, OverflowError):  # I_x or the density at an extreme: bisect
             step = 0.5 * (lo + hi)
         if abs(step - x) <= NEWTON_WIDTH * x:  # converged (a step within a few units in the last place)
             return step
