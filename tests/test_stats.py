@@ -77,6 +77,17 @@ def test_betaincinv_matches_scipy_beta_ppf(a, b):
         assert betainc(a, b, got) == pytest.approx(y, rel=1e-6 if a + b > 200 else 1e-9)
 
 
+@pytest.mark.parametrize("a, b, y", [(0.5, 3.0, 1e-300), (0.001, 2.0, 1e-10), (3.0, 0.5, 1 - 1e-15),
+                                     (0.5, 0.5, 1e-12), (2000.0, 0.3, 0.5), (1e-3, 1e-3, 0.3)])
+def test_betaincinv_at_extreme_shapes_and_levels_returns_the_root_or_the_end_it_underflows_to(a, b, y):
+    """Where the start or the density under- or overflows, the Newton steps fall back to bisection:
+    a root in [0, 1] within scipy's relative 1e-10, or 0 where the root lies below the smallest
+    float (scipy clamps it to the smallest normal one), never an exception."""
+    got, ref = betaincinv(a, b, y), scipy.stats.beta.ppf(y, a, b)
+    assert 0.0 <= got <= 1.0
+    assert got == pytest.approx(ref, rel=1e-10) or (got == 0.0 and ref <= 2.3e-308)
+
+
 def test_betaincinv_endpoints():
     assert 0.0 <= betaincinv(2.0, 3.0, 0.0) < 1e-50  # 200 bisection steps from [0, 1]
     # near 1, I_x(2, 3) is 1 to double precision already at 1 - 2.4e-6, so bisection stops there
