@@ -19,8 +19,9 @@ and a bare loop that does the same work per step of ``BATCH`` (512) model evalua
 - TSRM's paired gate against a reference model (``reference=``, ``max_drop``): the model under test
   is the linear model with its weights moved by 0.001 x N(0, 1) (seeded), the reference the model
   itself, and max_drop the drop both TSRM estimates find on the run's draws: the mean difference
-  sits at the margin, so the gate stays undecided at any input size and length (the run stops with
-  an error if it decides); both models evaluate each 512-draw step. Bare: the TSRM step with both models
+  sits at the margin, so the gate stays undecided at any input size and length where that drop is
+  at least the smallest margin used, 0.001 (the run stops with an error if the gate decides); both
+  models evaluate each 512-draw step. Bare: the TSRM step with both models
   evaluated and scored, the summed difference read back once per step.
 - certified accuracy's draws: ``certify(..., n0=1, n=4095)``, 4096 draws of Gaussian noise per
   input, an eighth of an input per step, counting each input's top class (the draws behind
@@ -411,5 +412,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-

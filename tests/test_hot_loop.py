@@ -100,16 +100,17 @@ def test_the_top_class_gives_the_correct_predictions_and_ties_of_the_logits(dtyp
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_models_scored_together_get_each_models_outcomes_ties_and_finiteness(dtype):
-    """``ranking.score`` (a stream's step): two models' logits of one shape stacked, one model's,
-    and logits of different class counts give each model the oracle's outcomes, its own tie
-    count (as its ``Forward.top_class`` would) and its own finiteness flag (a NaN, a +inf and a
-    -inf each found, and only in its model's flag)."""
+    """``ranking.score`` (a stream's step): two models' logits of one shape stacked, also of two
+    dtypes, one model's, and logits of different class counts give each model the oracle's
+    outcomes, its own tie count (as its ``Forward.top_class`` would) and its own finiteness flag (a
+    NaN, a +inf and a -inf each found, and only in its model's flag, stacked or not)."""
     gen = torch.Generator().manual_seed(2)
     y = torch.randint(0, 4, (200,), generator=gen)
     first, second = torch.randn(200, 4, generator=gen, dtype=dtype), torch.randn(200, 4, generator=gen, dtype=dtype)
     first[::9, 1] = first[::9, 2] = 6.0  # ties at the top of the first model only
     wider = torch.randn(200, 5, generator=gen, dtype=dtype)
-    for logits in ([first, second], [first], [second, wider]):
+    other = torch.float64 if dtype == torch.float32 else torch.float16
+    for logits in ([first, second], [first], [second, wider], [first, second.to(other)]):
         forwards = [Forward(torch.nn.Identity(), batch_size=64) for _ in logits]
         correct, finite = score(forwards, logits, y)
         assert correct.shape == (len(logits), 200) and finite.tolist() == [True] * len(logits)
@@ -119,10 +120,29 @@ def test_models_scored_together_get_each_models_outcomes_ties_and_finiteness(dty
             alone.top_class(z)
             assert (forward.ranked_rows, int(forward.ties)) == (alone.ranked_rows, int(alone.ties))
     for bad in (math.nan, math.inf, -math.inf):
-        broken = second.clone()
-        broken[17, 3] = bad
-        assert score([Forward(torch.nn.Identity(), batch_size=64) for _ in "ab"], [first, broken], y)[1].tolist() == \
-            [True, False]
+        for neighbour in (first, wider):  # stacked with it, and ranked apart from it
+            broken = second.clone()
+            broken[17, 3] = bad
+            forwards = [Forward(torch.nn.Identity(), batch_size=64) for _ in "ab"]
+            assert score(forwards, [neighbour, broken], y)[1].tolist() == [True, False]
+
+
+def test_a_stream_ranks_logits_in_the_models_own_dtype():
+    """A float32 model may return float64 logits: a stream ranks them as they come, as
+    ``Forward.correct`` does, where a cast to the working dtype would merge two classes 1e-9 apart
+    into a tie (an error): every draw is correct."""
+
+    class Fine(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            v = x.flatten(1).mean(dim=1).double() + self.w.double()
+            return torch.stack([v, v + 1e-9], dim=1)
+
+    x, y = torch.rand(64, 3, generator=torch.Generator().manual_seed(0)), torch.ones(64, dtype=torch.long)
+    assert pr.tsrm(Fine(), (x, y), perturbation=pr.UniformLinf(eps=0.05, bounds=None), budget=512).estimate == 1.0
 
 
 def test_smoothing_noise_written_in_pieces_is_the_streams():

@@ -13,6 +13,7 @@ import torch
 
 from pytest_robust.engine.interface import selected_logits, two_classes
 from pytest_robust.engine.ranking import all_finite, correct_of, top_class
+from pytest_robust.engine.ranking import correct_predictions as correct_predictions  # metrics importing it from here
 from pytest_robust.errors import (
     BudgetError,
     NotDifferentiable,
@@ -162,8 +163,9 @@ class Forward:
     def logits(self, x: torch.Tensor, raw: bool = False) -> torch.Tensor:
         """Logits for every row of x (no gradients), computed in chunks of at most ``batch_size``,
         in x's dtype (float32 for integer inputs: token ids), their shape validated; their
-        finiteness is checked and their tied rows counted unless ``raw`` (the caller ranks and
-        checks them: ``ranking.score``).
+        finiteness is checked and their tied rows counted unless ``raw``: then they come in the
+        model's own dtype, unchecked, and the caller ranks and checks them (``ranking.score``: a
+        cast could merge classes that differ below the working dtype's resolution).
 
         ``no_grad`` rather than ``inference_mode``: a model that builds a cache on its first call
         would otherwise hold inference tensors that a later gradient pass cannot use."""
@@ -173,7 +175,8 @@ class Forward:
         def run(start: int, stop: int) -> torch.Tensor:
             chunk = _rows(x, start, stop)
             with torch.no_grad():
-                return self.validated(self.called(chunk), stop - start, chunk, not raw, not raw).to(dtype)
+                z = self.validated(self.called(chunk), stop - start, chunk, not raw, not raw)
+                return z if raw else z.to(dtype)
 
         return _joined(self.chunked(x.shape[0], run), lambda: self._empty(x).to(dtype))
 

@@ -32,33 +32,40 @@ def correct_of(classes: torch.Tensor, alone: torch.Tensor, y: torch.Tensor) -> t
     return classes.eq(y).logical_and_(alone)
 
 
-def all_finite(z: torch.Tensor, dims: tuple = ()) -> torch.Tensor:
-    """Whether every value of z is finite (per index of the leading dimensions, over ``dims``;
-    over all of z when empty), on z's device, no host read: a float64 sum of narrower values is
-    finite exactly when every value is (NaN and +-inf carry through; they cannot overflow it), and
-    then times 0 it is 0 (NaN otherwise: two operations where isfinite takes four); float64
-    values could overflow it, so they are tested each."""
+def all_finite(z: torch.Tensor, leading: int = 0) -> torch.Tensor:
+    """Whether every value of z is finite, per index of its first ``leading`` dimensions (over
+    the rest), or over all of z (``leading`` 0), on z's device, no host read: a float64 sum of
+    narrower values is finite exactly when every value is (NaN and +-inf carry through; they
+    cannot overflow it), and then times 0 it is 0 (NaN otherwise: two operations where isfinite
+    takes four); float64 values could overflow it, so they are tested each."""
     if z.dtype == torch.float64:
         finite = torch.isfinite(z)
-        return finite.flatten(len(z.shape) - len(dims)).all(dim=-1) if dims else finite.all()
-    return (z.sum(dim=dims, dtype=torch.float64) if dims else z.sum(dtype=torch.float64)).mul_(0).eq(0)
+        return finite.flatten(leading).all(dim=-1) if leading else finite.all()
+    total = z.sum(dim=tuple(range(leading, z.ndim)), dtype=torch.float64) if leading else z.sum(dtype=torch.float64)
+    return total.mul_(0).eq(0)
+
+
+#: The most bytes of logits ``score`` stacks into one tensor (a copy); larger ones are ranked model
+#: by model, so a vocabulary-sized class count cannot run out of memory there.
+STACK_BYTES = 64 * 2**20
 
 
 def score(forwards: tuple, logits: list[torch.Tensor], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(correct, finite) of several models' logits of the same rows with labels y, ``logits[k]``
     those of ``forwards[k]`` (raw: ``Forward.logits(raw=True)``): each model's ``correct_of``,
     shape (models, rows), and whether its logits are all finite (``all_finite``), shape (models,),
-    both on the device until the caller's host read. Logits of one shape are stacked and checked
-    in one reduction, and several models' ranked in one ``top_class``: its operations serve every
-    model (on a CPU, where they cost by the element, about 7 µs a step less per extra model; on a
-    GPU, where each launch costs the same whatever its size, half the launches for two models);
-    one model's, and logits of different shapes, are ranked model by model. Each ``Forward``
-    counts its rows and ties as its own ``Forward.top_class`` would."""
+    both on the device until the caller's host read. Logits of one shape (up to ``STACK_BYTES``)
+    are stacked, in the wider dtype, and checked in one reduction, and several models' ranked in
+    one ``top_class``: its operations serve every model (on a CPU, where they cost by the element,
+    about 7 µs a step less per extra model; on a GPU, where each launch costs the same whatever its
+    size, half the launches for two models); one model's, and other logits, are ranked model by
+    model. Each ``Forward`` counts its rows and
+    ties as its own ``Forward.top_class`` would."""
     rows, models = logits[0].shape[0], len(logits)
-    same = all(z.shape == logits[0].shape for z in logits[1:])
-    stacked = logits[0].unsqueeze(0) if models == 1 else torch.stack(logits) if same else None
-    finite = (all_finite(stacked, tuple(range(1, stacked.ndim))) if stacked is not None
-              else torch.stack([all_finite(z) for z in logits]))
+    same = (all(z.shape == logits[0].shape for z in logits[1:])
+            and sum(z.numel() * z.element_size() for z in logits) <= STACK_BYTES)
+    stacked = logits[0].unsqueeze(0) if models == 1 else torch.stack(logits) if same else None  # stack promotes dtypes
+    finite = all_finite(stacked, 1) if stacked is not None else torch.stack([all_finite(z) for z in logits])
     if rows == 0:  # a rank whose share of the step is empty (its logits may not know the classes yet)
         return torch.zeros((models, 0), dtype=torch.bool, device=logits[0].device), finite
     if stacked is None or models == 1:

@@ -111,7 +111,7 @@ def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, tor
     lo, hi = x - eps, x + eps
     if bounds is None:
         return lo, hi
-    if type(bounds[0]) is float is type(bounds[1]) or all(isinstance(b, (int, float)) for b in bounds):
+    if all(isinstance(b, (int, float)) for b in bounds):
         return lo.clamp_(min=float(bounds[0])), hi.clamp_(max=float(bounds[1]))
     box_lo, box_hi = box_for(bounds, x)
     return torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)

@@ -56,8 +56,10 @@ def running_sum(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     import torch
 
     a = np.asarray(a, dtype=np.float64)
+    if not a.flags.writeable or any(step < 0 for step in a.strides):  # memory torch cannot take as it is
+        a = a.copy()
     out = np.empty(a.shape) if out is None else out
-    torch.cumsum(torch.from_numpy(a if a.flags.writeable else a.copy()), a.ndim - 1, out=torch.from_numpy(out))
+    torch.cumsum(torch.from_numpy(a), a.ndim - 1, out=torch.from_numpy(out))
     return out
 
 

@@ -159,10 +159,10 @@ _NO_TALLY = (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 class PairedGate:
-    """The anytime-valid gate "E[D] <= margin" over a growing stream of paired differences of two
-    outcomes, D = R - C in {-1, 0, 1} (the tests hold for D in [-1, 1]; the waiting test below
-    counts the step's draws of each value), fed step by step with ``update``: it carries the
-    running sums (``_prefix``), each side's log capital and the largest it reached, so a step
+    """The anytime-valid gate "E[D] <= margin" over a growing stream of paired differences D in
+    [-1, 1], fed step by step with ``update`` (of two outcomes, D = R - C in {-1, 0, 1}, the waiting
+    test below counts a step's draws of each value; any other step takes one more pass): it carries
+    the running sums (``_prefix``), each side's log capital and the largest it reached, so a step
     costs what its own draws cost however long the stream, and the capitals are those of
     computing the whole stream at once (``_terms``'s numbers). Both sides advance in one pass: at
     most one of them bets on a draw (``_bets``), so one log1p per draw serves both, as in
@@ -170,10 +170,10 @@ class PairedGate:
 
     Draws that provably cannot decide wait, as in ``stats.gate``. For a side with Z = m - D (pass)
     or D - m (fail), take a step of waiting draws, s and q the sums of Z and Z^2 over every draw
-    before it (computed or waiting: known exactly), P and N the sums of Z^+ and Z^- over its draws
-    and R their sum of Z^2. A bet on one of its draws has numerator s plus the Z of the step's draws
-    before it, within [s - N, s + P], and denominator 1/4 plus the sum of Z^2 before it, within
-    [1/4 + q, 1/4 + q + R], so it lies within
+    before it (computed or waiting: known up to float rounding, which ``SLACK`` covers), P and N
+    the sums of Z^+ and Z^- over its draws and R their sum of Z^2. A bet on one of its draws has
+    numerator s plus the Z of the step's draws before it, within [s - N, s + P], and denominator
+    1/4 plus the sum of Z^2 before it, within [1/4 + q, 1/4 + q + R], so it lies within
         lo = min(cap, max(0, s - N) / (1/4 + q + R)),   hi = min(cap, max(0, s + P) / (1/4 + q)).
     As log1p(y) <= y, each draw adds at most hi Z where Z > 0 and lo Z where Z < 0 to the log
     capital: over the step at most hi P - lo N (its *rise*), and at any draw within it at most the
@@ -219,18 +219,20 @@ class PairedGate:
         count, sum_z, sum_z2, rise_pass, rise_fail, peak_pass, peak_fail = self._tally
         m, k = self.margin, len(d)
         d_sum, d_squares = float(d.sum()), float(np.dot(d, d))
-        up, down = 0.5 * (d_squares + d_sum), 0.5 * (d_squares - d_sum)  # draws with D = 1 and D = -1
         shift = m * k - d_sum  # the sum of the pass side's Z = m - D over the step (the fail side's is -shift)
-        # P of the pass side, the sum of (m - D)^+ over D = -1, 0, 1; its N (the fail side's P) is P - shift
-        gains = down * max(m + 1.0, 0.0) + (k - up - down) * max(m, 0.0) + up * max(m - 1.0, 0.0)
-        losses = gains - shift
+        if np.count_nonzero(d) == d_squares:  # D in {-1, 0, 1} (|D| <= 1): P counted from the draws of each value
+            up, down = 0.5 * (d_squares + d_sum), 0.5 * (d_squares - d_sum)  # draws with D = 1 and D = -1
+            gains = down * max(m + 1.0, 0.0) + (k - up - down) * max(m, 0.0) + up * max(m - 1.0, 0.0)
+        else:
+            gains = float(np.clip(m - d, 0.0, None).sum())
+        losses = gains - shift  # P of the pass side, the sum of (m - D)^+; its N (the fail side's P) is P - sum Z
         s = m * n - total + sum_z  # the pass side's s before the step (the fail side's is -s)
-        q = 0.25 + (m * n - 2.0 * total) * m + squares + sum_z2
+        before = 0.25 + (m * n - 2.0 * total) * m + squares + sum_z2  # 1/4 + q
         r = (m * k - 2.0 * d_sum) * m + d_squares
         cap_pass, cap_fail = _cap(m, "below"), _cap(m, "above")
-        hi, lo = min(cap_pass, max(0.0, s + gains) / q), min(cap_pass, max(0.0, s - losses) / (q + r))
+        hi, lo = min(cap_pass, max(0.0, s + gains) / before), min(cap_pass, max(0.0, s - losses) / (before + r))
         peak_pass, rise_pass = max(peak_pass, rise_pass + hi * gains), rise_pass + hi * gains - lo * losses
-        hi, lo = min(cap_fail, max(0.0, losses - s) / q), min(cap_fail, max(0.0, -s - gains) / (q + r))
+        hi, lo = min(cap_fail, max(0.0, losses - s) / before), min(cap_fail, max(0.0, -s - gains) / (before + r))
         peak_fail, rise_fail = max(peak_fail, rise_fail + hi * losses), rise_fail + hi * losses - lo * gains
         return count + k, sum_z + shift, sum_z2 + r, rise_pass, rise_fail, peak_pass, peak_fail
 
