@@ -264,13 +264,13 @@ class Run:
             self._clean = float(self.gather_rows(hits.float()).mean())
         return self._clean
 
-    def _clean_context(self, verdict: str, upper: float, details: dict) -> None:
-        """Beside an accuracy (direction ">=") that failed, or did not pass and is low (upper bound
+    def _clean_context(self, verdict: str, upper: float, details: dict, accuracy: bool) -> None:
+        """Beside an ``accuracy`` (direction ">=") that failed, or did not pass and is low (upper bound
         below ``LOW_ACCURACY``): the clean accuracy on the same inputs in ``details["clean_accuracy"]``
         (the check's own, else ``clean_accuracy``, when the budget has room for it). Then, in every
         mode, the label sanity of ``inspect.labels`` (a probe of the first inputs outside the
         budget): near chance or constant predictions give ``details["clean_accuracy_advice"]`` and a RobustWarning."""
-        if self.direction == ">=" and verdict != "pass" and (verdict == "fail" or upper < LOW_ACCURACY) \
+        if accuracy and self.direction == ">=" and verdict != "pass" and (verdict == "fail" or upper < LOW_ACCURACY) \
                 and "clean_accuracy" not in details:
             if self.args.budget is not None and self.remaining() < len(self.ds):
                 details["clean_accuracy_note"] = (
@@ -355,7 +355,7 @@ class Run:
         verdict = decide(threshold, lower, upper, self.direction, healthy)
         details = dict(details or {})
         note = "; ".join(filter(None, (note, self.clock.annotate(verdict, details))))
-        self._clean_context(verdict if accuracy else "pass", float(upper), details)  # a difference: labels only
+        self._clean_context(verdict, float(upper), details, accuracy)
         gallery = self._gallery(details.get("per_input"), gallery, example)
         accounts = self._accounts()
         evaluated = sum(accounts["evaluations"].values())

@@ -104,6 +104,16 @@ def checked_box(bounds):
     return validation.box("bounds", bounds)
 
 
+def number_box(bounds) -> tuple[float, float] | None:
+    """The box ``bounds`` as two floats when both ends are numbers (a scalar clamp serves it),
+    else None (per-feature ends: ``inspect.perturbation.box_for``). Floats are tested first:
+    ``numbers.Real`` is an ABC, whose ``isinstance`` costs a microsecond in a hot loop."""
+    lo, hi = bounds
+    if type(lo) is float is type(hi) or isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
+        return float(lo), float(hi)
+    return None
+
+
 def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, torch.Tensor]:
     """Coordinate-wise [max(x - eps, lo), min(x + eps, hi)] for a batch x (bounds None: no box;
     per-channel bounds as ``inspect.perturbation.box_for``; a box of two numbers clamps in place,
@@ -111,8 +121,8 @@ def feasible_box(x: torch.Tensor, eps: float, bounds) -> tuple[torch.Tensor, tor
     lo, hi = x - eps, x + eps
     if bounds is None:
         return lo, hi
-    if all(isinstance(b, (int, float)) for b in bounds):
-        return lo.clamp_(min=float(bounds[0])), hi.clamp_(max=float(bounds[1]))
+    if (numbers_only := number_box(bounds)) is not None:
+        return lo.clamp_(min=numbers_only[0]), hi.clamp_(max=numbers_only[1])
     box_lo, box_hi = box_for(bounds, x)
     return torch.maximum(lo, box_lo), torch.minimum(hi, box_hi)
 
@@ -221,10 +231,8 @@ class Perturbation(ABC):
         ``inplace`` (the same numbers)."""
         if self.bounds is None:
             return x
-        lo, hi = self.bounds
-        # floats first: numbers.Real is an ABC, whose isinstance costs a microsecond in a hot loop
-        if type(lo) is float is type(hi) or isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real):
-            return x.clamp_(float(lo), float(hi)) if inplace else x.clamp(float(lo), float(hi))
+        if (numbers_only := number_box(self.bounds)) is not None:
+            return x.clamp_(*numbers_only) if inplace else x.clamp(*numbers_only)
         lo, hi = box_for(self.bounds, x)
         return torch.clamp(x, lo, hi, out=x) if inplace else torch.maximum(torch.minimum(x, hi), lo)
 
